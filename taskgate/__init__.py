@@ -1,0 +1,65 @@
+"""taskgate: queue tasks and run them under limits.
+
+Per-queue concurrency, rate and burst; a hard periodic quota never over-issued across
+processes; retries that tell a gateway's "busy" from a real failure; dependencies,
+cancellation, graceful shutdown, and leases that bring crashed work back. One API over
+memory, SQLite, PostgreSQL, MySQL/MariaDB and Redis.
+"""
+
+from __future__ import annotations
+
+from taskgate.brokers.base import UNSET
+from taskgate.clock import Clock, ManualClock, SystemClock
+from taskgate.config import Config, QueueConfig
+from taskgate.errors import (
+    AlreadyFinalError,
+    AlreadyReplayedError,
+    BrokerError,
+    CompletedNotAllowedError,
+    ConfigError,
+    LeaseLostError,
+    NoTaskError,
+    ReplayNotFinalError,
+    ShutdownError,
+    SkipRetry,
+    TaskCanceledError,
+    TaskExistsError,
+    TaskFailedError,
+    TaskgateError,
+    TaskNotFoundError,
+    Throttled,
+    UnknownTypeError,
+)
+from taskgate.task import Filter, QueueStats, Status, Task
+
+__all__ = [
+    "UNSET",
+    "AlreadyFinalError",
+    "AlreadyReplayedError",
+    "BrokerError",
+    "Clock",
+    "CompletedNotAllowedError",
+    "Config",
+    "ConfigError",
+    "Filter",
+    "LeaseLostError",
+    "ManualClock",
+    "NoTaskError",
+    "QueueConfig",
+    "QueueStats",
+    "ReplayNotFinalError",
+    "ShutdownError",
+    "SkipRetry",
+    "Status",
+    "SystemClock",
+    "Task",
+    "TaskCanceledError",
+    "TaskExistsError",
+    "TaskFailedError",
+    "TaskNotFoundError",
+    "TaskgateError",
+    "Throttled",
+    "UnknownTypeError",
+]
+
+__version__ = "0.1.0.dev0"

@@ -1,0 +1,360 @@
+"""The broker protocol: the repository every backend implements.
+
+A broker stores tasks and moves them between states; each method is ONE atomic state
+transition (one lock hold, one transaction, one Lua script). Brokers hold no policy: no
+limits, no retry decisions, no logging of business events -- `Gate` decides, the broker obeys.
+
+Why synchronous: the runtime must serve asyncio apps (FastAPI) and Trio apps alike, and
+SQLAlchemy's asyncio extension and redis-py's asyncio client only run on asyncio. `Gate` calls
+each method through ``anyio.to_thread.run_sync``; the thread hop costs tens of microseconds,
+far below a database round trip, and batching (claim k tasks at once) amortises it. A blocking
+client for sync code (Flask, Django, cron, scripts) falls out for free.
+
+Time: every time-dependent method reads "now" from the broker's clock: an injected `Clock`
+when one was given (the contract suite moves a `ManualClock` instead of sleeping), otherwise
+the storage medium's own clock where it has one (database server, Redis ``TIME``).
+
+Writes by a worker carry the lease token it got from `claim`; a stale token raises
+`LeaseLostError` and changes nothing, so a late or duplicate write never overwrites a newer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum, StrEnum
+from typing import Protocol, runtime_checkable
+
+from taskgate.ids import MAX_ID_LENGTH
+from taskgate.task import Filter, Status, Task
+
+__all__ = [
+    "UNSET",
+    "Broker",
+    "Capabilities",
+    "DistributedLimiter",
+    "FailureKind",
+    "Lease",
+    "NewTask",
+    "QuotaGrant",
+    "Renewal",
+    "Unset",
+    "check_identifier",
+]
+
+
+class Unset(Enum):
+    """Marker type for "argument not given" where ``None`` is a meaningful value."""
+
+    UNSET = "UNSET"
+
+
+UNSET = Unset.UNSET
+
+
+class FailureKind(StrEnum):
+    """Which counter a failed run moves.
+
+    BUSINESS and SKIP add one to ``attempts`` (the handler ran and failed); THROTTLED adds one
+    to ``throttled`` and leaves ``attempts`` alone (the gateway was busy, nothing was tried).
+    """
+
+    BUSINESS = "business"
+    THROTTLED = "throttled"
+    SKIP = "skip"
+
+
+def check_identifier(value: object, *, what: str, allow_empty: bool = False) -> str:
+    """Return ``value`` if it is a usable id/type/queue/key string, else raise naming ``what``.
+
+    Strings are limited to 255 characters so that every backend (MySQL's indexed VARCHAR)
+    can store them.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
+    if not value and not allow_empty:
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise ValueError(f"{what} is {len(value)} characters long; at most {MAX_ID_LENGTH} allowed")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters: {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """One task to enqueue, validated on construction.
+
+    ``run_at`` (absolute) wins over ``delay`` (relative to the broker's clock); with neither
+    the task is due at once. ``depends_on`` names parents that must exist already or appear
+    earlier in the same `Broker.enqueue` batch.
+    """
+
+    id: str
+    type: str
+    queue: str
+    payload: bytes | None = None
+    max_retry: int = 0
+    run_at: datetime | None = None
+    delay: timedelta | None = None
+    depends_on: tuple[str, ...] = ()
+    ignore_parent_failure: bool = False
+    business_key: str | None = None
+
+    def __post_init__(self) -> None:
+        check_identifier(self.id, what="task id")
+        check_identifier(self.type, what="task type")
+        check_identifier(self.queue, what="queue")
+        if self.business_key is not None:
+            check_identifier(self.business_key, what="business_key")
+        if self.payload is not None and not isinstance(self.payload, bytes):
+            raise TypeError(f"payload must be bytes or None, got {type(self.payload).__name__}")
+        if isinstance(self.max_retry, bool) or not isinstance(self.max_retry, int):
+            raise TypeError(f"max_retry must be an int, got {self.max_retry!r}")
+        if self.max_retry < 0:
+            raise ValueError(f"max_retry must be >= 0, got {self.max_retry}")
+        if self.run_at is not None and (not isinstance(self.run_at, datetime) or self.run_at.tzinfo is None):
+            raise ValueError(f"run_at must be a timezone-aware datetime, got {self.run_at!r}")
+        if self.delay is not None and (not isinstance(self.delay, timedelta) or self.delay < timedelta(0)):
+            raise ValueError(f"delay must be a timedelta >= 0, got {self.delay!r}")
+        if isinstance(self.depends_on, str):
+            raise TypeError("depends_on must be a sequence of ids, not a single str")
+        object.__setattr__(self, "depends_on", tuple(self.depends_on))
+        for parent in self.depends_on:
+            check_identifier(parent, what="depends_on id")
+        if self.id in self.depends_on:
+            raise ValueError(f"task {self.id} cannot depend on itself")
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A claimed task: the snapshot after the claim, the lease token and when the lease ends."""
+
+    task: Task
+    token: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """The answer to a heartbeat: the new lease end, and whether a cancel was requested."""
+
+    expires_at: datetime
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaGrant:
+    """Units taken from one quota window; ``granted`` may be fewer than asked, even 0.
+
+    ``window_start``/``window_end`` are on the medium's clock, aligned to the Unix epoch.
+    Releasing passes the grant back so units go to the window they came from.
+    """
+
+    key: str
+    window_start: datetime
+    window_end: datetime
+    granted: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a broker can do beyond the base protocol. Declared, never sniffed.
+
+    - ``shared_quota``: quota windows are counted in a medium all processes of this broker see
+      (process memory counts for the memory broker: all its users are in one process).
+    - ``cross_process``: several processes can share the tasks.
+    - ``distributed_limits``: implements `DistributedLimiter` (global workers and rps).
+    - ``push_wakeups``: `Broker.wait_for_work` is woken by other processes' submits, not polled.
+    """
+
+    shared_quota: bool = False
+    cross_process: bool = False
+    distributed_limits: bool = False
+    push_wakeups: bool = False
+    extra: frozenset[str] = field(default_factory=frozenset)
+
+
+@runtime_checkable
+class Broker(Protocol):
+    """The repository protocol. Every method is one atomic transition; see the module docstring.
+
+    Missing tasks raise `TaskNotFoundError`; stale lease tokens raise `LeaseLostError`;
+    medium failures raise `BrokerError`. No method leaves a partial change behind.
+    """
+
+    capabilities: Capabilities
+
+    # -- tasks: create ---------------------------------------------------------------------
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[Task]:
+        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+
+        Status on arrival: ``pending`` without parents; with parents, ``pending`` when every
+        parent is completed (or final, for ``ignore_parent_failure``), ``canceled`` when a
+        parent failed or was canceled (unless ``ignore_parent_failure``), else ``blocked``.
+        A used business key raises `TaskExistsError` with the key's newest execution (exactly
+        one of many racing submitters wins); an unknown parent raises `TaskNotFoundError`.
+        """
+        ...
+
+    def replay(
+        self,
+        execution_id: str,
+        *,
+        new_id: str,
+        allow_completed: bool = False,
+        payload: bytes | Unset | None = UNSET,
+    ) -> Task:
+        """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
+
+        The new execution copies type, queue, max_retry, business key, parents and (unless
+        given) payload, has ``replay_of=execution_id`` and fresh counters; its status follows
+        the `enqueue` rule. The old record never changes. Raises `ReplayNotFinalError`,
+        `AlreadyReplayedError` (not the newest of its chain) or `CompletedNotAllowedError`.
+        """
+        ...
+
+    # -- tasks: read -----------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task:
+        """The current snapshot of ``task_id``."""
+        ...
+
+    def list(self, filter: Filter) -> list[Task]:
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
+        ...
+
+    def history(self, business_key: str) -> list[Task]:
+        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
+        ...
+
+    def counts(self) -> dict[str, dict[Status, int]]:
+        """Task counts by type and status, from counters or an index -- never a payload scan.
+
+        Types and statuses with no task may be absent.
+        """
+        ...
+
+    def queue_length(self, queue: str) -> int:
+        """How many tasks of ``queue`` are pending or retrying (due or not)."""
+        ...
+
+    # -- tasks: the worker's transitions ---------------------------------------------------
+
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+        """Lease up to ``limit`` due tasks of ``queue`` (pending/retrying, ``run_at <= now``).
+
+        Oldest due first (``run_at``, then id). Each becomes ``running`` with ``claims += 1``,
+        ``started_at = now`` and a fresh token valid until ``now + lease_ttl``. A task is
+        returned to at most one claimer while its lease is valid. Never more than ``limit``.
+        """
+        ...
+
+    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
+        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested."""
+        ...
+
+    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
+        """Complete the task with ``result`` and, in the same unit, wake children now ready."""
+        ...
+
+    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
+        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
+
+        If a cancel was requested meanwhile, the task is canceled (with cascade) instead.
+        """
+        ...
+
+    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
+        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
+        ...
+
+    def requeue(self, task_id: str, token: str) -> Task:
+        """Put a running task back to ``pending``, due now, touching no counter.
+
+        Used on graceful shutdown. If a cancel was requested meanwhile, cancels instead.
+        """
+        ...
+
+    def finish_canceled(self, task_id: str, token: str) -> Task:
+        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
+        ...
+
+    # -- tasks: anyone's transitions -------------------------------------------------------
+
+    def cancel(self, task_id: str) -> Task:
+        """Cancel a task.
+
+        blocked/pending/retrying: ``canceled`` at once, with its descendants (cascade).
+        running: only marked; the holder sees the mark on its next heartbeat and stops.
+        Final: raises `AlreadyFinalError`.
+        """
+        ...
+
+    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> list[Task]:
+        """Take back up to ``limit`` running tasks whose lease ended; return their new snapshots.
+
+        Each gets ``lease_lost += 1`` and goes back to ``pending``; at ``lease_lost_max`` it
+        fails instead (with cascade); a task marked for cancel is canceled. Two reapers at once
+        count a lease once.
+        """
+        ...
+
+    # -- quota -----------------------------------------------------------------------------
+
+    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
+        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
+
+        Check and take are one atomic unit: across every process the window never grants
+        more than ``limit``. Raises `BrokerError` when the medium cannot be reached.
+        """
+        ...
+
+    def release_quota(self, grant: QuotaGrant, n: int) -> None:
+        """Give back ``n`` units of ``grant`` to the window they came from (never below 0)."""
+        ...
+
+    # -- wake-ups and lifecycle -------------------------------------------------------------
+
+    def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until work may be due in ``queues``.
+
+        Returns True when woken by an enqueue/requeue/wake-up (spurious True is allowed),
+        False on timeout. `close` wakes every waiter.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections and wake waiters. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class DistributedLimiter(Protocol):
+    """Global concurrency slots and rate for a queue, shared by every process of a broker.
+
+    Only brokers declaring ``capabilities.distributed_limits`` implement it.
+    """
+
+    def acquire_slots(self, queue: str, capacity: int, n: int, ttl: timedelta) -> list[str]:
+        """Take up to ``n`` of the queue's ``capacity`` slots, each expiring after ``ttl``."""
+        ...
+
+    def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> list[str]:
+        """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
+        ...
+
+    def release_slots(self, queue: str, tokens: Sequence[str]) -> None:
+        """Give slots back; a token not held is ignored (released at most once)."""
+        ...
+
+    def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
+        """Take up to ``n`` starts from the queue's GCRA limiter.
+
+        Returns ``(granted, retry_after_seconds)``: when ``granted < n``, the wait before the
+        next start may be allowed.
+        """
+        ...

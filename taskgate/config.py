@@ -1,0 +1,262 @@
+"""Configuration: `Config` for a gate, `QueueConfig` per queue, both validated on construction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from taskgate.durations import DurationLike, parse_duration
+from taskgate.errors import ConfigError
+from taskgate.ids import MAX_ID_LENGTH
+
+if TYPE_CHECKING:
+    from taskgate.brokers.base import Broker
+    from taskgate.task import Task
+
+__all__ = ["Config", "QueueConfig", "StateChangeHook"]
+
+StateChangeHook = Callable[["Task"], Any]
+
+DEFAULT_LEASE_TTL = timedelta(seconds=60)
+MIN_QUOTA_PERIOD = timedelta(seconds=1)
+
+
+def _int_field(owner: str, name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{owner}.{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{owner}.{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _duration_field(owner: str, name: str, value: DurationLike) -> timedelta:
+    try:
+        return parse_duration(value, field=f"{owner}.{name}")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _name_field(owner: str, name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{owner}.{name} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_ID_LENGTH:
+        raise ConfigError(f"{owner}.{name} is longer than {MAX_ID_LENGTH} characters: {value[:40]!r}…")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Limits of one queue, independent of every other queue.
+
+    - ``workers``: handlers running at once (>= 1).
+    - ``rps``/``burst``: handler starts per second (token bucket); ``rps=0`` means unlimited,
+      ``burst=0`` means ``max(1, int(rps))``.
+    - ``lease_ttl``: how long a claim holds without a heartbeat (default 60 s); heartbeats
+      every ``lease_ttl/3`` unless ``manual_heartbeat``.
+    - ``quota_limit``/``quota_period``/``quota_key``: at most ``quota_limit`` handler starts
+      per epoch-aligned window of ``quota_period`` (>= 1 s), shared by queues with the same
+      ``quota_key`` (default: the queue's name).
+    """
+
+    workers: int
+    rps: float = 0
+    burst: int = 0
+    lease_ttl: DurationLike = DEFAULT_LEASE_TTL
+    manual_heartbeat: bool = False
+    quota_limit: int = 0
+    quota_period: DurationLike | None = None
+    quota_key: str | None = None
+
+    def __post_init__(self) -> None:
+        owner = "QueueConfig"
+        _int_field(owner, "workers", self.workers, minimum=1)
+        rps = self.rps
+        if isinstance(rps, bool) or not isinstance(rps, int | float) or not math.isfinite(rps):
+            raise ConfigError(f"{owner}.rps must be a finite number, got {rps!r}")
+        if rps < 0:
+            raise ConfigError(f"{owner}.rps must be >= 0, got {rps!r}")
+        _int_field(owner, "burst", self.burst, minimum=0)
+        ttl = _duration_field(owner, "lease_ttl", self.lease_ttl)
+        if ttl <= timedelta(0):
+            raise ConfigError(f"{owner}.lease_ttl must be > 0, got {self.lease_ttl!r}")
+        object.__setattr__(self, "lease_ttl", ttl)
+        if not isinstance(self.manual_heartbeat, bool):
+            raise ConfigError(f"{owner}.manual_heartbeat must be a bool, got {self.manual_heartbeat!r}")
+        self._check_quota(owner)
+
+    def _check_quota(self, owner: str) -> None:
+        _int_field(owner, "quota_limit", self.quota_limit, minimum=0)
+        period = self.quota_period
+        if period is not None:
+            period = _duration_field(owner, "quota_period", period)
+            object.__setattr__(self, "quota_period", period)
+        if self.quota_key is not None:
+            _name_field(owner, "quota_key", self.quota_key)
+        if self.quota_limit == 0:
+            return
+        if period is None:
+            raise ConfigError(f"{owner}.quota_limit={self.quota_limit} needs a quota_period")
+        if period < MIN_QUOTA_PERIOD:
+            raise ConfigError(f"{owner}.quota_period must be >= 1s, got {self.quota_period!r}")
+
+    @property
+    def lease(self) -> timedelta:
+        """``lease_ttl`` as a timedelta."""
+        assert isinstance(self.lease_ttl, timedelta)
+        return self.lease_ttl
+
+    @property
+    def period(self) -> timedelta | None:
+        """``quota_period`` as a timedelta, or None."""
+        assert self.quota_period is None or isinstance(self.quota_period, timedelta)
+        return self.quota_period
+
+    @property
+    def effective_burst(self) -> int:
+        """The bucket size: ``burst``, or ``max(1, int(rps))`` when burst is 0."""
+        return self.burst or max(1, int(self.rps))
+
+    @property
+    def has_quota(self) -> bool:
+        """True when a periodic quota applies."""
+        return self.quota_limit > 0
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, where: str = "queue") -> QueueConfig:
+        """Build from a mapping with the keys of the YAML example; unknown keys are an error."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {sorted(known)}")
+        if "workers" not in data:
+            raise ConfigError(f"{where}: 'workers' is required")
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything a `Gate` needs; validated on construction (broker-dependent checks in `Gate`).
+
+    A task type goes to ``routes[type]``, else to the queue named like the type. A queue not in
+    ``queues`` takes ``default_queue``'s limits; without ``default_queue`` it is an error.
+    ``max_retry`` is the default per-task retry budget for business failures.
+    """
+
+    broker: Broker
+    queues: Mapping[str, QueueConfig] = field(default_factory=dict)
+    routes: Mapping[str, str] = field(default_factory=dict)
+    default_queue: QueueConfig | None = None
+    max_retry: int = 0
+    lease_lost_max: int = 3
+    throttled_max: int = 100
+    on_state_change: StateChangeHook | None = None
+
+    def __post_init__(self) -> None:
+        if self.broker is None:
+            raise ConfigError("Config.broker is required (e.g. MemoryBroker() or SQLBroker(url))")
+        if not isinstance(self.queues, Mapping):
+            raise ConfigError(f"Config.queues must be a mapping, got {self.queues!r}")
+        for name, queue in self.queues.items():
+            _name_field("Config", "queues key", name)
+            if not isinstance(queue, QueueConfig):
+                raise ConfigError(f"Config.queues[{name!r}] must be a QueueConfig, got {queue!r}")
+        if self.default_queue is not None and not isinstance(self.default_queue, QueueConfig):
+            raise ConfigError(f"Config.default_queue must be a QueueConfig, got {self.default_queue!r}")
+        self._check_routes()
+        _int_field("Config", "max_retry", self.max_retry, minimum=0)
+        _int_field("Config", "lease_lost_max", self.lease_lost_max, minimum=1)
+        _int_field("Config", "throttled_max", self.throttled_max, minimum=1)
+        if self.on_state_change is not None and not callable(self.on_state_change):
+            raise ConfigError(f"Config.on_state_change must be callable, got {self.on_state_change!r}")
+        self._check_shared_quota_keys()
+
+    def _check_routes(self) -> None:
+        if not isinstance(self.routes, Mapping):
+            raise ConfigError(f"Config.routes must be a mapping, got {self.routes!r}")
+        for task_type, queue in self.routes.items():
+            _name_field("Config", "routes key", task_type)
+            _name_field("Config", f"routes[{task_type!r}]", queue)
+            if queue not in self.queues and self.default_queue is None:
+                raise ConfigError(
+                    f"Config.routes[{task_type!r}] = {queue!r}: no such queue in Config.queues "
+                    "and no default_queue"
+                )
+
+    def _check_shared_quota_keys(self) -> None:
+        seen: dict[str, tuple[str, int, timedelta | None]] = {}
+        for name, queue in self.queues.items():
+            if not queue.has_quota:
+                continue
+            key = queue.quota_key or name
+            budget = (name, queue.quota_limit, queue.period)
+            first = seen.setdefault(key, budget)
+            if first[1:] != budget[1:]:
+                raise ConfigError(
+                    f"queues {first[0]!r} and {name!r} share quota_key {key!r} with different "
+                    f"limits ({first[1]}/{first[2]} vs {budget[1]}/{budget[2]})"
+                )
+
+    def queue_for(self, task_type: str) -> str:
+        """The queue a task type runs in: its route, else the queue named like the type."""
+        return self.routes.get(task_type, task_type)
+
+    def queue_config(self, queue: str) -> QueueConfig | None:
+        """The limits of ``queue``: its own entry, else ``default_queue``, else None."""
+        return self.queues.get(queue, self.default_queue)
+
+    def quota_key(self, queue: str) -> str | None:
+        """The quota budget ``queue`` draws from, or None when it has no quota."""
+        conf = self.queue_config(queue)
+        if conf is None or not conf.has_quota:
+            return None
+        return conf.quota_key or queue
+
+    @classmethod
+    def from_mapping(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        broker: Broker,
+        on_state_change: StateChangeHook | None = None,
+    ) -> Config:
+        """Build from a dict shaped like the YAML example (``queues``, ``routes``, ...).
+
+        The library reads no file: an app loads its own (e.g. ``yaml.safe_load``) and passes
+        the result. Unknown keys raise `ConfigError`.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config must be a mapping, got {type(data).__name__}: {data!r}")
+        known = {"queues", "routes", "default_queue", "max_retry", "lease_lost_max", "throttled_max"}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise ConfigError(f"config: unknown key(s) {', '.join(unknown)}; known: {sorted(known)}")
+        raw_queues = data.get("queues") or {}
+        if not isinstance(raw_queues, Mapping):
+            raise ConfigError(f"config.queues must be a mapping, got {raw_queues!r}")
+        queues = {
+            name: QueueConfig.from_mapping(body, where=f"queues.{name}") for name, body in raw_queues.items()
+        }
+        raw_default = data.get("default_queue")
+        default = (
+            None if raw_default is None else QueueConfig.from_mapping(raw_default, where="default_queue")
+        )
+        routes = data.get("routes") or {}
+        if not isinstance(routes, Mapping):
+            raise ConfigError(f"config.routes must be a mapping, got {routes!r}")
+        options = {k: data[k] for k in ("max_retry", "lease_lost_max", "throttled_max") if k in data}
+        return cls(
+            broker=broker,
+            queues=queues,
+            routes=dict(routes),
+            default_queue=default,
+            on_state_change=on_state_change,
+            **options,
+        )

@@ -1,0 +1,135 @@
+"""Every error taskgate raises, under one root, plus the two a handler raises to steer retries."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from taskgate.task import Status, Task
+
+__all__ = [
+    "AlreadyFinalError",
+    "AlreadyReplayedError",
+    "BrokerError",
+    "CompletedNotAllowedError",
+    "ConfigError",
+    "LeaseLostError",
+    "NoTaskError",
+    "ReplayNotFinalError",
+    "ShutdownError",
+    "SkipRetry",
+    "TaskCanceledError",
+    "TaskExistsError",
+    "TaskFailedError",
+    "TaskNotFoundError",
+    "TaskgateError",
+    "Throttled",
+    "UnknownTypeError",
+]
+
+
+class TaskgateError(Exception):
+    """Root of every error raised by taskgate."""
+
+
+class ConfigError(TaskgateError, ValueError):
+    """Raised when a `Config`, `QueueConfig` or broker option is invalid; names field and value."""
+
+
+class BrokerError(TaskgateError):
+    """Raised when the storage medium fails (unreachable, timed out, rejected a statement).
+
+    The original driver exception is chained as ``__cause__``.
+    """
+
+
+class TaskExistsError(TaskgateError):
+    """Raised by `submit` when the business key already has an execution.
+
+    Carries the newest execution of that key, so a caller can decide to `replay` it.
+    """
+
+    def __init__(self, business_key: str, execution_id: str, status: Status) -> None:
+        super().__init__(
+            f"business key {business_key!r} already has execution {execution_id} ({status.value})"
+        )
+        self.business_key = business_key
+        self.execution_id = execution_id
+        self.status = status
+
+
+class TaskNotFoundError(TaskgateError, LookupError):
+    """Raised when an execution id (or a parent named in ``depends_on``) does not exist."""
+
+
+class LeaseLostError(TaskgateError):
+    """Raised when a lease token is stale: the task was reaped or claimed again.
+
+    The write carrying the stale token changed nothing; a handler's result is discarded.
+    """
+
+
+class TaskCanceledError(TaskgateError):
+    """Raised by `renew_lease` when the running task was canceled; its scope is being cancelled."""
+
+
+class AlreadyFinalError(TaskgateError):
+    """Raised by `cancel` (or a worker write) on a task that is already completed/failed/canceled."""
+
+
+class UnknownTypeError(TaskgateError):
+    """The claiming process has no handler for a task's type; the task is failed with this message."""
+
+
+class ShutdownError(TaskgateError):
+    """Raised by `submit` (and friends) after the gate has begun shutting down."""
+
+
+class NoTaskError(TaskgateError):
+    """Raised by `renew_lease` when called outside a running handler."""
+
+
+class ReplayNotFinalError(TaskgateError):
+    """Raised by `replay` when the execution is not final yet."""
+
+
+class AlreadyReplayedError(TaskgateError):
+    """Raised by `replay` when the execution is not the newest of its chain."""
+
+
+class CompletedNotAllowedError(TaskgateError):
+    """Raised by `replay` of a completed execution without ``allow_completed=True``."""
+
+
+class TaskFailedError(TaskgateError):
+    """Raised by `wait` when the task ended failed or canceled; ``.task`` is its final snapshot."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(f"task {task.id} ({task.type}) ended {task.status.value}: {task.last_error}")
+        self.task = task
+
+
+class Throttled(Exception):
+    """Raised by a handler when the gateway said "busy".
+
+    The task is re-queued after ``retry_after`` seconds with ``throttled += 1``; attempts are
+    untouched. After ``Config.throttled_max`` throttles the task fails.
+    """
+
+    def __init__(self, retry_after: float = 1.0, message: str = "throttled") -> None:
+        if retry_after < 0:
+            raise ValueError(f"retry_after must be >= 0 seconds, got {retry_after!r}")
+        super().__init__(message)
+        self.retry_after = float(retry_after)
+
+
+class SkipRetry(Exception):
+    """Raised by a handler for a hopeless failure: the task fails at once, no retry.
+
+    Accepts a message or the exception that made it hopeless (kept as ``__cause__``).
+    """
+
+    def __init__(self, reason: str | BaseException = "skip retry") -> None:
+        super().__init__(str(reason))
+        if isinstance(reason, BaseException):
+            self.__cause__ = reason

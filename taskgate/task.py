@@ -1,0 +1,109 @@
+"""The task snapshot and its small companions: `Status`, `Filter`, `QueueStats`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["FINAL_STATUSES", "Filter", "QueueStats", "Status", "Task"]
+
+
+class Status(StrEnum):
+    """Where a task stands. Values are the lower-case names, as stored."""
+
+    BLOCKED = "blocked"
+    PENDING = "pending"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def is_final(self) -> bool:
+        """True for completed, failed and canceled: no transition leaves these."""
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELED})
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A frozen snapshot of one execution, as the broker stored it at read time.
+
+    Datetimes are timezone-aware UTC. ``attempts`` counts business failures, ``throttled``
+    gateway "busy" answers, ``lease_lost`` reaped leases and ``claims`` every claim.
+    """
+
+    id: str
+    type: str
+    queue: str
+    payload: bytes | None
+    status: Status
+    created_at: datetime
+    run_at: datetime
+    result: bytes | None = None
+    last_error: str | None = None
+    attempts: int = 0
+    max_retry: int = 0
+    throttled: int = 0
+    lease_lost: int = 0
+    claims: int = 0
+    depends_on: tuple[str, ...] = ()
+    ignore_parent_failure: bool = False
+    business_key: str | None = None
+    replay_of: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    cancel_requested: bool = field(default=False, compare=False)
+
+    def json(self) -> Any:
+        """Decode the payload as JSON (``None`` when there is no payload)."""
+        return None if self.payload is None else json.loads(self.payload)
+
+    def result_json(self) -> Any:
+        """Decode the result as JSON (``None`` when there is no result)."""
+        return None if self.result is None else json.loads(self.result)
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Selects tasks for `list`: filter, sort by ``(created_at, id)``, skip ``offset``, take ``limit``.
+
+    ``limit=0`` means all. ``None`` fields match anything.
+    """
+
+    type: str | None = None
+    queue: str | None = None
+    status: Status | None = None
+    business_key: str | None = None
+    limit: int = 0
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.limit < 0:
+            raise ValueError(f"Filter.limit must be >= 0, got {self.limit!r}")
+        if self.offset < 0:
+            raise ValueError(f"Filter.offset must be >= 0, got {self.offset!r}")
+        if self.status is not None and not isinstance(self.status, Status):
+            object.__setattr__(self, "status", Status(self.status))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A queue's state as one process sees it.
+
+    ``running`` is this process's running count; ``queue_len`` = pending + retrying in the
+    broker; ``rps`` the configured rate; the two flags tell why a queue is not claiming.
+    """
+
+    workers: int
+    running: int
+    queue_len: int
+    rps: float
+    quota_exhausted: bool = False
+    quota_stalled: bool = False
