@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from taskgate.brokers.memory import MemoryBroker
+
+from taskgate import Config, ConfigError, QueueConfig
+
+BROKER = MemoryBroker()
+
+
+def test_queue_config_defaults_match_the_spec() -> None:
+    q = QueueConfig(workers=2)
+    assert q.lease == timedelta(seconds=60)
+    assert (q.rps, q.burst, q.quota_limit, q.quota_period, q.manual_heartbeat) == (0, 0, 0, None, False)
+    assert q.effective_burst == 1
+    assert QueueConfig(workers=1, rps=3.5).effective_burst == 3
+    assert QueueConfig(workers=1, rps=3, burst=7).effective_burst == 7
+
+
+def test_durations_accept_strings_seconds_and_timedeltas() -> None:
+    q = QueueConfig(workers=1, lease_ttl="1h30m", quota_limit=10, quota_period="24h")
+    assert q.lease == timedelta(hours=1, minutes=30)
+    assert q.period == timedelta(hours=24)
+    assert QueueConfig(workers=1, lease_ttl=5).lease == timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"workers": 0}, r"QueueConfig\.workers must be >= 1, got 0"),
+        ({"workers": 2.5}, r"QueueConfig\.workers must be an integer, got 2\.5"),
+        ({"workers": 1, "rps": -1}, r"QueueConfig\.rps must be >= 0, got -1"),
+        ({"workers": 1, "rps": float("inf")}, r"QueueConfig\.rps must be a finite number"),
+        ({"workers": 1, "burst": -2}, r"QueueConfig\.burst must be >= 0, got -2"),
+        ({"workers": 1, "lease_ttl": -5}, r"QueueConfig\.lease_ttl must be > 0, got -5"),
+        ({"workers": 1, "lease_ttl": "soon"}, r"QueueConfig\.lease_ttl: cannot read 'soon'"),
+        ({"workers": 1, "quota_limit": -1}, r"QueueConfig\.quota_limit must be >= 0, got -1"),
+        ({"workers": 1, "quota_limit": 5}, r"quota_limit=5 needs a quota_period"),
+        ({"workers": 1, "quota_limit": 5, "quota_period": "500ms"}, r"quota_period must be >= 1s"),
+        ({"workers": 1, "manual_heartbeat": "yes"}, r"manual_heartbeat must be a bool"),
+    ],
+)
+def test_bad_queue_config_names_field_and_value(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        QueueConfig(**kwargs)
+
+
+def test_route_to_an_unconfigured_queue_needs_a_default_queue() -> None:
+    with pytest.raises(ConfigError, match=r"routes\['generate'\] = 'llm': no such queue"):
+        Config(broker=BROKER, queues={"cpu": QueueConfig(workers=1)}, routes={"generate": "llm"})
+    conf = Config(broker=BROKER, routes={"generate": "llm"}, default_queue=QueueConfig(workers=2))
+    assert conf.queue_for("generate") == "llm"
+    assert conf.queue_config("llm") == QueueConfig(workers=2)
+
+
+def test_types_without_a_route_go_to_the_queue_of_their_own_name() -> None:
+    conf = Config(broker=BROKER, queues={"ocr": QueueConfig(workers=1)})
+    assert conf.queue_for("ocr") == "ocr"
+    assert conf.queue_config("ocr") == QueueConfig(workers=1)
+    assert conf.queue_config("other") is None
+
+
+def test_queues_sharing_a_quota_key_must_share_the_limit() -> None:
+    a = QueueConfig(workers=1, quota_limit=10, quota_period="1h", quota_key="gw")
+    b = QueueConfig(workers=1, quota_limit=20, quota_period="1h", quota_key="gw")
+    with pytest.raises(ConfigError, match="share quota_key 'gw' with different limits"):
+        Config(broker=BROKER, queues={"a": a, "b": b})
+    conf = Config(broker=BROKER, queues={"a": a, "c": a})
+    assert conf.quota_key("a") == conf.quota_key("c") == "gw"
+
+
+def test_config_counters_are_validated() -> None:
+    with pytest.raises(ConfigError, match=r"Config\.lease_lost_max must be >= 1, got 0"):
+        Config(broker=BROKER, lease_lost_max=0)
+    with pytest.raises(ConfigError, match=r"Config\.max_retry must be >= 0, got -1"):
+        Config(broker=BROKER, max_retry=-1)
+    with pytest.raises(ConfigError, match="broker is required"):
+        Config(broker=None)  # type: ignore[arg-type]
+
+
+def test_from_mapping_reads_the_seed_yaml_shape() -> None:
+    data = {
+        "queues": {
+            "llm": {
+                "workers": 2,
+                "rps": 3,
+                "burst": 3,
+                "lease_ttl": "60s",
+                "quota_limit": 5000,
+                "quota_period": "24h",
+                "quota_key": "my-gw",
+            },
+            "cpu": {"workers": 4},
+        },
+        "routes": {"generate": "llm"},
+        "default_queue": {"workers": 2},
+        "lease_lost_max": 3,
+        "throttled_max": 100,
+    }
+    conf = Config.from_mapping(data, broker=BROKER)
+    assert conf.queues["llm"].period == timedelta(hours=24)
+    assert conf.queues["llm"].quota_key == "my-gw"
+    assert conf.default_queue == QueueConfig(workers=2)
+    assert conf.queue_for("generate") == "llm"
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"queuez": {}}, r"unknown key\(s\) queuez"),
+        ({"queues": {"llm": {"workers": 1, "rsp": 3}}}, r"queues\.llm: unknown key\(s\) rsp"),
+        ({"queues": {"llm": {"rps": 3}}}, r"queues\.llm: 'workers' is required"),
+        ({"queues": {"llm": {"workers": 0}}}, r"queues\.llm: QueueConfig\.workers must be >= 1"),
+        ({"queues": ["llm"]}, r"config\.queues must be a mapping"),
+        ({"routes": "llm"}, r"config\.routes must be a mapping"),
+        ({"default_queue": 3}, r"default_queue must be a mapping"),
+    ],
+)
+def test_from_mapping_errors_say_where(data: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Config.from_mapping(data, broker=BROKER)
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+_queue_keys = st.sampled_from(
+    [
+        "workers",
+        "rps",
+        "burst",
+        "lease_ttl",
+        "manual_heartbeat",
+        "quota_limit",
+        "quota_period",
+        "quota_key",
+        "bogus",
+    ]
+)
+_queue_bodies = st.one_of(_values, st.dictionaries(_queue_keys, _values, max_size=6))
+_top_keys = st.sampled_from(
+    ["queues", "routes", "default_queue", "max_retry", "lease_lost_max", "throttled_max", "other"]
+)
+_configs = st.dictionaries(
+    _top_keys,
+    st.one_of(_values, st.dictionaries(st.text(max_size=6), _queue_bodies, max_size=3)),
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_configs)
+def test_from_mapping_either_builds_or_raises_config_error(data: dict[str, Any]) -> None:
+    """Whatever an app's YAML holds, the answer is a Config or a ConfigError -- never a crash."""
+    try:
+        conf = Config.from_mapping(data, broker=BROKER)
+    except ConfigError as exc:
+        assert str(exc)
+    else:
+        for queue in conf.queues.values():
+            assert queue.workers >= 1 and queue.rps >= 0 and queue.lease > timedelta(0)

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from taskgate.clock import ManualClock, utc
+from taskgate.codec import encode_value
+from taskgate.ids import new_id
+
+
+def test_ids_are_26_character_ulids_sorted_by_creation() -> None:
+    ids = [new_id() for _ in range(2000)]
+    assert all(len(i) == 26 for i in ids)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_ids_made_by_many_threads_are_unique() -> None:
+    made: list[str] = []
+    lock = threading.Lock()
+
+    def make() -> None:
+        batch = [new_id() for _ in range(500)]
+        with lock:
+            made.extend(batch)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == 4000
+
+
+def test_payload_encoding_keeps_bytes_and_none_and_json_encodes_the_rest() -> None:
+    assert encode_value(b"\x00raw") == b"\x00raw"
+    assert encode_value(None) is None
+    assert json.loads(encode_value({"q": "x", "n": [1, 2]}) or b"") == {"q": "x", "n": [1, 2]}
+    assert encode_value(bytearray(b"ab")) == b"ab"
+
+
+@pytest.mark.parametrize("bad", [object(), {1, 2}, float("nan"), {"k": object()}])
+def test_unserialisable_payloads_raise_type_error_naming_the_payload(bad: object) -> None:
+    with pytest.raises(TypeError, match="payload"):
+        encode_value(bad)
+
+
+def test_manual_clock_moves_only_forward_when_told() -> None:
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    assert clock.now() == datetime(2030, 1, 1, tzinfo=UTC)
+    assert clock.advance(1.5) == datetime(2030, 1, 1, 0, 0, 1, 500000, tzinfo=UTC)
+    clock.advance(timedelta(minutes=1))
+    assert clock.now() == datetime(2030, 1, 1, 0, 1, 1, 500000, tzinfo=UTC)
+    with pytest.raises(ValueError, match="cannot go back"):
+        clock.advance(-1)
+    with pytest.raises(ValueError, match="cannot go back"):
+        clock.set(datetime(2029, 1, 1, tzinfo=UTC))
+
+
+def test_utc_normalises_naive_and_foreign_zones() -> None:
+    naive = datetime(2030, 1, 1, 12)
+    assert utc(naive).tzinfo is UTC
+    from datetime import timezone
+
+    plus2 = datetime(2030, 1, 1, 14, tzinfo=timezone(timedelta(hours=2)))
+    assert utc(plus2) == datetime(2030, 1, 1, 12, tzinfo=UTC)

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import taskgate
+from taskgate import Filter, Status, Task, TaskExistsError, TaskFailedError
+from taskgate.brokers.base import NewTask, check_identifier
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def test_status_is_a_lower_case_str_enum_with_finality() -> None:
+    assert Status("pending") is Status.PENDING
+    assert Status.COMPLETED == "completed"
+    assert [s for s in Status if s.is_final] == [Status.COMPLETED, Status.FAILED, Status.CANCELED]
+
+
+def test_task_decodes_payload_and_result_as_json() -> None:
+    task = Task(
+        id="a",
+        type="t",
+        queue="q",
+        payload=b'{"x":1}',
+        status=Status.COMPLETED,
+        created_at=NOW,
+        run_at=NOW,
+        result=b"[1,2]",
+    )
+    assert task.json() == {"x": 1}
+    assert task.result_json() == [1, 2]
+    empty = Task(id="b", type="t", queue="q", payload=None, status=Status.PENDING, created_at=NOW, run_at=NOW)
+    assert empty.json() is None
+    assert empty.result_json() is None
+
+
+def test_filter_rejects_negative_paging_and_reads_status_strings() -> None:
+    with pytest.raises(ValueError, match="limit"):
+        Filter(limit=-1)
+    with pytest.raises(ValueError, match="offset"):
+        Filter(offset=-1)
+    assert Filter(status="failed").status is Status.FAILED  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Filter(status="nope")  # type: ignore[arg-type]
+
+
+def test_errors_share_one_root_and_carry_their_data() -> None:
+    exists = TaskExistsError("order-42", "01ABC", Status.FAILED)
+    assert isinstance(exists, taskgate.TaskgateError)
+    assert (exists.business_key, exists.execution_id, exists.status) == ("order-42", "01ABC", Status.FAILED)
+    task = Task(
+        id="x",
+        type="t",
+        queue="q",
+        payload=None,
+        status=Status.FAILED,
+        created_at=NOW,
+        run_at=NOW,
+        last_error="boom",
+    )
+    failed = TaskFailedError(task)
+    assert failed.task is task and "boom" in str(failed)
+
+
+def test_throttled_and_skip_retry_carry_their_reason() -> None:
+    assert taskgate.Throttled(retry_after=30).retry_after == 30.0
+    with pytest.raises(ValueError, match="retry_after"):
+        taskgate.Throttled(retry_after=-1)
+    cause = RuntimeError("card declined")
+    skip = taskgate.SkipRetry(cause)
+    assert skip.__cause__ is cause and "card declined" in str(skip)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"type": ""}, "task type must not be empty"),
+        ({"type": "x" * 256}, "at most 255"),
+        ({"queue": 5}, "queue must be a str"),
+        ({"business_key": ""}, "business_key must not be empty"),
+        ({"payload": "text"}, "payload must be bytes"),
+        ({"max_retry": -1}, "max_retry must be >= 0"),
+        ({"max_retry": True}, "max_retry must be an int"),
+        ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"delay": timedelta(seconds=-1)}, "delay"),
+        ({"depends_on": "abc"}, "not a single str"),
+        ({"depends_on": ("id1",)}, "cannot depend on itself"),
+    ],
+)
+def test_new_task_rejects_bad_fields_by_name(kwargs: dict[str, object], match: str) -> None:
+    fields: dict[str, object] = {"id": "id1", "type": "t", "queue": "q"} | kwargs
+    with pytest.raises((TypeError, ValueError), match=match):
+        NewTask(**fields)  # type: ignore[arg-type]
+
+
+def test_identifiers_refuse_nul_characters() -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        check_identifier("a\x00b", what="task id")
