@@ -1,0 +1,80 @@
+"""Argument checks shared by the memory broker's methods: bad input fails before any change."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import timedelta
+
+from taskgate.brokers.base import FailureKind, NewTask, Unset, check_identifier
+
+__all__ = [
+    "check_bytes",
+    "check_count",
+    "check_duration",
+    "check_failure",
+    "check_new_tasks",
+    "check_queues",
+    "check_timeout",
+]
+
+
+def check_count(value: object, *, what: str, minimum: int) -> int:
+    """``value`` as an int >= ``minimum`` (bools are refused), else TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_duration(value: object, *, what: str, positive: bool) -> timedelta:
+    """``value`` as a timedelta that is > 0 (``positive``) or >= 0."""
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{what} must be a timedelta, got {value!r}")
+    if value < timedelta(0) or (positive and value == timedelta(0)):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{what} must be {bound}, got {value!r}")
+    return value
+
+
+def check_bytes(value: object, *, what: str, allow_unset: bool = False) -> bytes | Unset | None:
+    """``value`` if it is bytes or None (or UNSET when allowed)."""
+    if value is None or isinstance(value, bytes) or (allow_unset and isinstance(value, Unset)):
+        return value
+    raise TypeError(f"{what} must be bytes or None, got {type(value).__name__}")
+
+
+def check_failure(kind: object, error: object) -> tuple[FailureKind, str]:
+    """A valid ``(kind, error)`` pair for `retry`/`fail`."""
+    if not isinstance(kind, FailureKind):
+        raise TypeError(f"kind must be a FailureKind, got {kind!r}")
+    if not isinstance(error, str):
+        raise TypeError(f"error must be a str, got {type(error).__name__}")
+    return kind, error
+
+
+def check_new_tasks(tasks: object) -> list[NewTask]:
+    """``tasks`` as a list of `NewTask`, refusing a lone NewTask or other objects."""
+    if isinstance(tasks, NewTask) or not isinstance(tasks, Sequence):
+        raise TypeError(f"enqueue takes a sequence of NewTask, got {type(tasks).__name__}")
+    items = list(tasks)
+    for item in items:
+        if not isinstance(item, NewTask):
+            raise TypeError(f"enqueue takes NewTask items, got {type(item).__name__}")
+    return items
+
+
+def check_queues(queues: object) -> list[str]:
+    """Queue names to wait on; a bare str is refused (it would be read as its characters)."""
+    if isinstance(queues, str) or not isinstance(queues, Collection):
+        raise TypeError(f"queues must be a collection of queue names, got {queues!r}")
+    return [check_identifier(q, what="queue") for q in queues]
+
+
+def check_timeout(timeout: object) -> float:
+    """A wait timeout in seconds, >= 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return float(timeout)

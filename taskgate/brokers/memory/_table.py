@@ -1,0 +1,148 @@
+"""The memory broker's storage: task records plus every index a transition needs.
+
+All methods assume the caller holds the broker's lock. `set_status` is the only way a
+record's status changes, so the counters, the ready heaps and the running set can never
+disagree with the records.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from datetime import datetime
+
+from taskgate.brokers.memory._record import Record
+from taskgate.errors import TaskNotFoundError
+from taskgate.task import Filter, Status, Task
+
+__all__ = ["READY_STATUSES", "TaskTable"]
+
+READY_STATUSES = frozenset({Status.PENDING, Status.RETRYING})
+
+# (run_at, id, ready_seq): heap order is the claim order; the seq detects stale entries.
+_ReadyEntry = tuple[datetime, str, int]
+
+
+class TaskTable:
+    """Records and indexes of one memory broker. Not thread-safe on its own."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, Record] = {}
+        self.children: defaultdict[str, list[str]] = defaultdict(list)
+        self.by_key: dict[str, list[str]] = {}
+        self.replayed_by: dict[str, str] = {}
+        self.running: dict[str, None] = {}
+        self._ready: defaultdict[str, list[_ReadyEntry]] = defaultdict(list)
+        self._counts: defaultdict[str, defaultdict[Status, int]] = defaultdict(lambda: defaultdict(int))
+        self._queue_len: defaultdict[str, int] = defaultdict(int)
+
+    # -- records ---------------------------------------------------------------------------
+
+    def find(self, task_id: str) -> Record:
+        """The record of ``task_id``; raises `TaskNotFoundError`."""
+        record = self.records.get(task_id)
+        if record is None:
+            raise TaskNotFoundError(f"no task with id {task_id!r}")
+        return record
+
+    def add(self, record: Record) -> None:
+        """Store a new record and index it under its parents and business key."""
+        self.records[record.id] = record
+        for parent in dict.fromkeys(record.depends_on):  # a parent named twice wakes once
+            self.children[parent].append(record.id)
+        if record.business_key is not None:
+            self.by_key.setdefault(record.business_key, []).append(record.id)
+        self._count(record, +1)
+        self._enter(record)
+
+    def set_status(self, record: Record, status: Status) -> None:
+        """Move ``record`` to ``status``, keeping counters, ready heaps and running set in step."""
+        self._count(record, -1)
+        self._leave(record)
+        record.status = status
+        self._count(record, +1)
+        self._enter(record)
+
+    def _count(self, record: Record, delta: int) -> None:
+        self._counts[record.type][record.status] += delta
+        if record.status in READY_STATUSES:
+            self._queue_len[record.queue] += delta
+
+    def _leave(self, record: Record) -> None:
+        if record.status is Status.RUNNING:
+            del self.running[record.id]
+            record.token = None
+            record.lease_expires_at = None
+        # A ready-heap entry is not removed here: its seq goes stale and claim drops it.
+
+    def _enter(self, record: Record) -> None:
+        if record.status is Status.RUNNING:
+            self.running[record.id] = None
+        elif record.status in READY_STATUSES:
+            record.ready_seq += 1
+            heapq.heappush(self._ready[record.queue], (record.run_at, record.id, record.ready_seq))
+
+    # -- ready heaps -----------------------------------------------------------------------
+
+    def pop_due(self, queue: str, now: datetime, limit: int) -> list[Record]:
+        """Remove and return up to ``limit`` due ready records of ``queue``, oldest due first."""
+        heap = self._ready.get(queue)
+        due: list[Record] = []
+        while heap and len(due) < limit:
+            head = self._live_head(heap)
+            if head is None or head.run_at > now:
+                break
+            heapq.heappop(heap)
+            due.append(head)
+        return due
+
+    def next_run_at(self, queue: str) -> datetime | None:
+        """When the earliest ready record of ``queue`` is due, or None when it has none."""
+        heap = self._ready.get(queue)
+        head = self._live_head(heap) if heap else None
+        return None if head is None else head.run_at
+
+    def _live_head(self, heap: list[_ReadyEntry]) -> Record | None:
+        """The record at the top of ``heap`` after discarding stale entries."""
+        while heap:
+            run_at, task_id, seq = heap[0]
+            record = self.records[task_id]
+            if record.status in READY_STATUSES and record.ready_seq == seq and record.run_at == run_at:
+                return record
+            heapq.heappop(heap)
+        return None
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, dict[Status, int]]:
+        """Type x status counts, without zero entries."""
+        result: dict[str, dict[Status, int]] = {}
+        for task_type, by_status in self._counts.items():
+            nonzero = {status: n for status, n in by_status.items() if n}
+            if nonzero:
+                result[task_type] = nonzero
+        return result
+
+    def queue_length(self, queue: str) -> int:
+        """Pending plus retrying tasks of ``queue``."""
+        return self._queue_len.get(queue, 0)
+
+    def select(self, flt: Filter) -> list[Task]:
+        """Snapshots matching ``flt``, sorted by ``(created_at, id)``, then offset and limit."""
+        if flt.business_key is not None:
+            candidates = [self.records[i] for i in self.by_key.get(flt.business_key, [])]
+        else:
+            candidates = list(self.records.values())
+        matching = [r for r in candidates if _matches(r, flt)]
+        matching.sort(key=lambda r: (r.created_at, r.id))
+        end = None if flt.limit == 0 else flt.offset + flt.limit
+        return [r.snapshot() for r in matching[flt.offset : end]]
+
+
+def _matches(record: Record, flt: Filter) -> bool:
+    return (
+        (flt.type is None or record.type == flt.type)
+        and (flt.queue is None or record.queue == flt.queue)
+        and (flt.status is None or record.status is flt.status)
+        and (flt.business_key is None or record.business_key == flt.business_key)
+    )

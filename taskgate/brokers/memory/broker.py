@@ -1,0 +1,510 @@
+"""`MemoryBroker`: the broker protocol over dicts and heaps in this process, under one lock."""
+
+from __future__ import annotations
+
+import builtins
+import secrets
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime, timedelta
+
+from taskgate.brokers.base import (
+    UNSET,
+    Capabilities,
+    FailureKind,
+    Lease,
+    NewTask,
+    QuotaGrant,
+    Renewal,
+    Unset,
+    check_identifier,
+)
+from taskgate.brokers.memory._checks import (
+    check_bytes,
+    check_count,
+    check_duration,
+    check_failure,
+    check_new_tasks,
+    check_queues,
+    check_timeout,
+)
+from taskgate.brokers.memory._dependencies import arrival_status, settle_children
+from taskgate.brokers.memory._quota import QuotaBook
+from taskgate.brokers.memory._record import Record
+from taskgate.brokers.memory._table import READY_STATUSES, TaskTable
+from taskgate.clock import Clock, SystemClock, utc
+from taskgate.errors import (
+    AlreadyFinalError,
+    AlreadyReplayedError,
+    BrokerError,
+    CompletedNotAllowedError,
+    LeaseLostError,
+    ReplayNotFinalError,
+    TaskExistsError,
+    TaskNotFoundError,
+)
+from taskgate.task import Filter, Status, Task
+
+__all__ = ["MemoryBroker"]
+
+_CANCELED_ERROR = "canceled"
+
+
+class MemoryBroker:
+    """Tasks in this process's memory; thread-safe, one lock per broker.
+
+    Every method holds one `threading.Condition` for its whole transition, so each is atomic
+    with respect to every other thread. Claims pop per-queue heaps ordered by
+    ``(run_at, id)``; counts and queue lengths are maintained counters. Times come from
+    ``clock`` (default: the system clock). All users live in one process, so quota counts
+    are shared by construction (``shared_quota=True``).
+    """
+
+    capabilities = Capabilities(shared_quota=True)
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._cond = threading.Condition(threading.Lock())
+        self._table = TaskTable()
+        self._quota = QuotaBook()
+        # Bumped (under the lock) whenever a queue may have new work; waiters compare.
+        self._signals: defaultdict[str, int] = defaultdict(int)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._table.records)} tasks"
+        return f"<MemoryBroker {state}>"
+
+    # -- tasks: create ---------------------------------------------------------------------
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> builtins.list[Task]:
+        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+
+        Besides the protocol's errors: an id already in use, or two tasks of the batch with
+        one id or one business key, raise `ValueError`.
+        """
+        items = check_new_tasks(tasks)
+        with self._cond:
+            now = self._now()
+            records = self._build_batch(items, now)
+            for record in records:
+                self._table.add(record)
+            self._signal(r.queue for r in records if r.status in READY_STATUSES)
+            return [r.snapshot() for r in records]
+
+    def _build_batch(self, items: builtins.list[NewTask], now: datetime) -> builtins.list[Record]:
+        """Records for ``items``, checked against the store and each other; changes nothing."""
+        batch: dict[str, Record] = {}
+        keys: set[str] = set()
+        for item in items:
+            self._check_new_id(item.id, batch)
+            self._check_business_key(item.business_key, keys)
+            parents = [self._parent(p, batch) for p in item.depends_on]
+            status, error = arrival_status(parents, item.ignore_parent_failure)
+            batch[item.id] = _new_record(item, now, status, error)
+        return list(batch.values())
+
+    def _check_new_id(self, task_id: str, batch: Collection[str] = ()) -> None:
+        if task_id in self._table.records or task_id in batch:
+            raise ValueError(f"task id {task_id!r} is already in use")
+
+    def _check_business_key(self, key: str | None, batch_keys: set[str]) -> None:
+        if key is None:
+            return
+        executions = self._table.by_key.get(key)
+        if executions:
+            newest = self._table.records[executions[-1]]
+            raise TaskExistsError(key, newest.id, newest.status)
+        if key in batch_keys:
+            raise ValueError(f"business_key {key!r} appears twice in one enqueue batch")
+        batch_keys.add(key)
+
+    def _parent(self, parent_id: str, batch: dict[str, Record]) -> Record:
+        found = batch.get(parent_id) or self._table.records.get(parent_id)
+        if found is None:
+            raise TaskNotFoundError(f"parent task {parent_id!r} does not exist")
+        return found
+
+    def replay(
+        self,
+        execution_id: str,
+        *,
+        new_id: str,
+        allow_completed: bool = False,
+        payload: bytes | Unset | None = UNSET,
+    ) -> Task:
+        """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
+
+        Checks in this order: `TaskNotFoundError`, `ReplayNotFinalError`,
+        `AlreadyReplayedError`, `CompletedNotAllowedError`; ``new_id`` in use: `ValueError`.
+        """
+        check_identifier(execution_id, what="execution_id")
+        check_identifier(new_id, what="new_id")
+        check_bytes(payload, what="payload", allow_unset=True)
+        with self._cond:
+            now = self._now()
+            old = self._table.find(execution_id)
+            self._check_replayable(old, allow_completed)
+            self._check_new_id(new_id)
+            record = _replay_record(old, new_id, now, payload, self._table)
+            self._table.add(record)
+            self._table.replayed_by[old.id] = new_id
+            if record.status in READY_STATUSES:
+                self._signal([record.queue])
+            return record.snapshot()
+
+    def _check_replayable(self, old: Record, allow_completed: bool) -> None:
+        if not old.status.is_final:
+            raise ReplayNotFinalError(f"execution {old.id} is {old.status.value}, not final")
+        newer = self._table.replayed_by.get(old.id)
+        if newer is not None:
+            raise AlreadyReplayedError(f"execution {old.id} was already replayed by {newer}")
+        if old.status is Status.COMPLETED and not allow_completed:
+            raise CompletedNotAllowedError(f"execution {old.id} completed; pass allow_completed=True")
+
+    # -- tasks: read -----------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task:
+        """The current snapshot of ``task_id``."""
+        check_identifier(task_id, what="task id")
+        with self._cond:
+            self._check_open()
+            return self._table.find(task_id).snapshot()
+
+    def history(self, business_key: str) -> builtins.list[Task]:
+        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
+        check_identifier(business_key, what="business_key")
+        with self._cond:
+            self._check_open()
+            ids = self._table.by_key.get(business_key, [])
+            return [self._table.records[i].snapshot() for i in ids]
+
+    def counts(self) -> dict[str, dict[Status, int]]:
+        """Task counts by type and status, from maintained counters; zero counts are absent."""
+        with self._cond:
+            self._check_open()
+            return self._table.counts()
+
+    def queue_length(self, queue: str) -> int:
+        """How many tasks of ``queue`` are pending or retrying (due or not)."""
+        check_identifier(queue, what="queue")
+        with self._cond:
+            self._check_open()
+            return self._table.queue_length(queue)
+
+    # -- tasks: the worker's transitions ---------------------------------------------------
+
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
+        """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
+        check_identifier(queue, what="queue")
+        check_count(limit, what="claim limit", minimum=1)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        with self._cond:
+            now = self._now()
+            return [self._lease(r, now, lease_ttl) for r in self._table.pop_due(queue, now, limit)]
+
+    def _lease(self, record: Record, now: datetime, lease_ttl: timedelta) -> Lease:
+        self._table.set_status(record, Status.RUNNING)
+        record.claims += 1
+        record.started_at = now
+        record.token = secrets.token_hex(16)
+        record.lease_expires_at = now + lease_ttl
+        return Lease(task=record.snapshot(), token=record.token, expires_at=record.lease_expires_at)
+
+    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
+        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
+
+        An expired lease that no reaper took back yet is still held and can be renewed.
+        """
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        with self._cond:
+            now = self._now()
+            record = self._held(task_id, token)
+            record.lease_expires_at = now + lease_ttl
+            return Renewal(expires_at=record.lease_expires_at, cancel_requested=record.cancel_requested)
+
+    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
+        """Complete the task with ``result`` and, in the same unit, wake children now ready.
+
+        A cancel mark does not stop an ack: the work is done, so the task completes.
+        """
+        check_bytes(result, what="result")
+        with self._cond:
+            now = self._now()
+            record = self._held(task_id, token)
+            record.result = result
+            self._finish(record, Status.COMPLETED, now)
+            return record.snapshot()
+
+    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
+        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
+
+        If a cancel was requested meanwhile, the failure is still counted and recorded, and
+        the task is canceled (with cascade) instead of retried.
+        """
+        check_failure(kind, error)
+        check_duration(delay, what="delay", positive=False)
+        with self._cond:
+            now = self._now()
+            record = self._held(task_id, token)
+            _count_failure(record, kind, error)
+            if record.cancel_requested:
+                self._finish(record, Status.CANCELED, now)
+            else:
+                record.run_at = now + delay
+                self._table.set_status(record, Status.RETRYING)
+                self._signal([record.queue])
+            return record.snapshot()
+
+    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
+        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
+        check_failure(kind, error)
+        with self._cond:
+            now = self._now()
+            record = self._held(task_id, token)
+            _count_failure(record, kind, error)
+            self._finish(record, Status.FAILED, now)
+            return record.snapshot()
+
+    def requeue(self, task_id: str, token: str) -> Task:
+        """Put a running task back to ``pending``, due now, touching no counter.
+
+        If a cancel was requested meanwhile, cancels instead (with cascade).
+        """
+        with self._cond:
+            now = self._now()
+            record = self._held(task_id, token)
+            self._back_to_pending_or_cancel(record, now)
+            return record.snapshot()
+
+    def finish_canceled(self, task_id: str, token: str) -> Task:
+        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
+        with self._cond:
+            now = self._now()
+            record = self._held(task_id, token)
+            record.last_error = _CANCELED_ERROR
+            self._finish(record, Status.CANCELED, now)
+            return record.snapshot()
+
+    def _held(self, task_id: str, token: str) -> Record:
+        """The record of ``task_id`` if ``token`` is its current lease, else `LeaseLostError`."""
+        check_identifier(task_id, what="task id")
+        if not isinstance(token, str):
+            raise TypeError(f"lease token must be a str, got {type(token).__name__}")
+        record = self._table.find(task_id)
+        if record.status is not Status.RUNNING or record.token is None:
+            raise LeaseLostError(f"task {task_id} is {record.status.value}; the lease is gone")
+        if not secrets.compare_digest(record.token, token):
+            raise LeaseLostError(f"task {task_id} is held under another lease")
+        return record
+
+    # -- tasks: anyone's transitions -------------------------------------------------------
+
+    def cancel(self, task_id: str) -> Task:
+        """Cancel a task.
+
+        blocked/pending/retrying: ``canceled`` at once, with its descendants (cascade).
+        running: only marked (again: no error); the holder sees it on its next heartbeat.
+        Final: raises `AlreadyFinalError`.
+        """
+        check_identifier(task_id, what="task id")
+        with self._cond:
+            now = self._now()
+            record = self._table.find(task_id)
+            if record.status.is_final:
+                raise AlreadyFinalError(f"task {task_id} is already {record.status.value}")
+            if record.status is Status.RUNNING:
+                record.cancel_requested = True
+            else:
+                record.last_error = _CANCELED_ERROR
+                self._finish(record, Status.CANCELED, now)
+            return record.snapshot()
+
+    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+        """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
+
+        Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
+        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        """
+        check_count(lease_lost_max, what="lease_lost_max", minimum=1)
+        check_count(limit, what="reap limit", minimum=1)
+        with self._cond:
+            now = self._now()
+            expired = [
+                r for r in self._running() if r.lease_expires_at is not None and r.lease_expires_at <= now
+            ]
+            expired.sort(key=lambda r: (r.lease_expires_at, r.id))
+            return [self._reap_one(r, now, lease_lost_max) for r in expired[:limit]]
+
+    def _running(self) -> Iterable[Record]:
+        return (self._table.records[i] for i in self._table.running)
+
+    def _reap_one(self, record: Record, now: datetime, lease_lost_max: int) -> Task:
+        record.lease_lost += 1
+        if record.lease_lost >= lease_lost_max and not record.cancel_requested:
+            record.last_error = f"lease lost {record.lease_lost} times (lease_lost_max={lease_lost_max})"
+            self._finish(record, Status.FAILED, now)
+        else:
+            self._back_to_pending_or_cancel(record, now)
+        return record.snapshot()
+
+    def _back_to_pending_or_cancel(self, record: Record, now: datetime) -> None:
+        if record.cancel_requested:
+            record.last_error = _CANCELED_ERROR
+            self._finish(record, Status.CANCELED, now)
+            return
+        record.run_at = now
+        self._table.set_status(record, Status.PENDING)
+        self._signal([record.queue])
+
+    def _finish(self, record: Record, status: Status, now: datetime) -> None:
+        """Make ``record`` final and settle its dependants in the same lock hold."""
+        record.finished_at = now
+        self._table.set_status(record, status)
+        woken = settle_children(self._table, record, now)
+        self._signal(r.queue for r in woken if r.status in READY_STATUSES)
+
+    # -- quota -----------------------------------------------------------------------------
+
+    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
+        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
+
+        ``limit`` must be >= 1, ``n`` >= 0 and ``period`` > 0.
+        """
+        check_identifier(key, what="quota key")
+        check_count(limit, what="quota limit", minimum=1)
+        check_duration(period, what="quota period", positive=True)
+        check_count(n, what="quota units n", minimum=0)
+        with self._cond:
+            return self._quota.reserve(key, limit, period, n, self._now())
+
+    def release_quota(self, grant: QuotaGrant, n: int) -> None:
+        """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
+        if not isinstance(grant, QuotaGrant):
+            raise TypeError(f"grant must be a QuotaGrant, got {type(grant).__name__}")
+        check_count(n, what="released units n", minimum=0)
+        if n > grant.granted:
+            raise ValueError(f"cannot release {n} units of a grant of {grant.granted}")
+        with self._cond:
+            self._check_open()
+            self._quota.release(grant, n)
+
+    # -- wake-ups and lifecycle -------------------------------------------------------------
+
+    def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until work may be due in ``queues``.
+
+        True when an enqueue/requeue/retry/wake-up touched one of ``queues``, or when the
+        earliest delayed task of one of them fell due (by the broker's clock, measured when
+        the wait began); False on timeout, and at once or on wake-up once the broker is closed.
+        """
+        names = check_queues(queues)
+        seconds = check_timeout(timeout)
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            seen = [self._signals.get(q, 0) for q in names]
+            due_at = self._monotonic_due(names)
+            wake_at = deadline if due_at is None else min(deadline, due_at)
+            while not self._closed:
+                if [self._signals.get(q, 0) for q in names] != seen:
+                    return True
+                remaining = wake_at - time.monotonic()
+                if remaining <= 0:
+                    return wake_at < deadline
+                self._cond.wait(remaining)
+            return False
+
+    def _monotonic_due(self, queues: builtins.list[str]) -> float | None:
+        """When, on ``time.monotonic``, the earliest not-yet-due ready task becomes due."""
+        now = self._clock.now()
+        future = [t for t in (self._table.next_run_at(q) for q in queues) if t is not None and t > now]
+        if not future:
+            return None
+        return time.monotonic() + (min(future) - now).total_seconds()
+
+    def close(self) -> None:
+        """Wake every waiter; later calls raise `BrokerError` (waits return False). Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def list(self, filter: Filter) -> builtins.list[Task]:
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
+        if not isinstance(filter, Filter):
+            raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
+        with self._cond:
+            self._check_open()
+            return self._table.select(filter)
+
+    def _now(self) -> datetime:
+        """The clock's time, after checking the broker is open (call under the lock)."""
+        self._check_open()
+        return utc(self._clock.now())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BrokerError("MemoryBroker is closed")
+
+    def _signal(self, queues: Iterable[str]) -> None:
+        """Tell waiters that ``queues`` may have work (call under the lock)."""
+        touched = False
+        for queue in queues:
+            self._signals[queue] += 1
+            touched = True
+        if touched:
+            self._cond.notify_all()
+
+
+def _new_record(item: NewTask, now: datetime, status: Status, error: str | None) -> Record:
+    run_at = utc(item.run_at) if item.run_at is not None else now + (item.delay or timedelta(0))
+    return Record(
+        id=item.id,
+        type=item.type,
+        queue=item.queue,
+        payload=item.payload,
+        status=status,
+        created_at=now,
+        run_at=run_at,
+        max_retry=item.max_retry,
+        depends_on=item.depends_on,
+        ignore_parent_failure=item.ignore_parent_failure,
+        business_key=item.business_key,
+        replay_of=None,
+        last_error=error,
+        finished_at=now if status.is_final else None,
+    )
+
+
+def _replay_record(
+    old: Record, new_id: str, now: datetime, payload: bytes | Unset | None, table: TaskTable
+) -> Record:
+    parents = [table.records[p] for p in old.depends_on]
+    status, error = arrival_status(parents, old.ignore_parent_failure)
+    return Record(
+        id=new_id,
+        type=old.type,
+        queue=old.queue,
+        payload=old.payload if isinstance(payload, Unset) else payload,
+        status=status,
+        created_at=now,
+        run_at=now,
+        max_retry=old.max_retry,
+        depends_on=old.depends_on,
+        ignore_parent_failure=old.ignore_parent_failure,
+        business_key=old.business_key,
+        replay_of=old.id,
+        last_error=error,
+        finished_at=now if status.is_final else None,
+    )
+
+
+def _count_failure(record: Record, kind: FailureKind, error: str) -> None:
+    if kind is FailureKind.THROTTLED:
+        record.throttled += 1
+    else:
+        record.attempts += 1
+    record.last_error = error
