@@ -1,0 +1,1 @@
+"""End-to-end tests: taskgate against a misbehaving mock gateway, on every backend."""
