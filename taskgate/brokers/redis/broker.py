@@ -1,0 +1,362 @@
+"""`RedisBroker`: the broker protocol over Redis, one Lua script per transition."""
+
+from __future__ import annotations
+
+import builtins
+import secrets
+import threading
+from collections.abc import Collection, Sequence
+from datetime import timedelta
+from typing import Any
+
+from taskgate.brokers.base import (
+    UNSET,
+    Capabilities,
+    FailureKind,
+    Lease,
+    NewTask,
+    QuotaGrant,
+    Renewal,
+    Unset,
+    check_identifier,
+)
+from taskgate.brokers.memory._checks import (
+    check_bytes,
+    check_count,
+    check_duration,
+    check_failure,
+    check_new_tasks,
+    check_queues,
+    check_timeout,
+)
+from taskgate.brokers.redis.codec import (
+    from_us,
+    lease_from_flat,
+    new_task_args,
+    task_from_flat,
+    to_us,
+    ttl_us,
+)
+from taskgate.brokers.redis.connection import check_timeout as check_socket_timeout
+from taskgate.brokers.redis.connection import open_clients
+from taskgate.brokers.redis.keys import DEFAULT_PREFIX, KeySpace
+from taskgate.brokers.redis.limits import RedisLimits
+from taskgate.brokers.redis.replies import unwrap
+from taskgate.brokers.redis.scripts import ScriptBook, redis_errors
+from taskgate.brokers.redis.waiter import SignalWaiter
+from taskgate.clock import Clock
+from taskgate.errors import BrokerError, TaskNotFoundError
+from taskgate.task import Filter, Status, Task
+
+__all__ = ["RedisBroker"]
+
+DEFAULT_SOCKET_TIMEOUT = 5.0
+
+
+class RedisBroker:
+    """Tasks in Redis, shared by every process using the same server and ``key_prefix``.
+
+    ``url_or_client`` is a ``redis://``/``rediss://``/``unix://`` URL (the broker opens and
+    closes its own connection pools) or a redis-py ``Redis``/``RedisCluster`` client with
+    ``decode_responses=False`` (the caller keeps owning it). Every multi-step transition is
+    one Lua script. Time is Redis's ``TIME``, read inside the scripts, unless ``clock`` is
+    given; then every time read or written is ``clock.now()``. ``socket_timeout`` (seconds)
+    bounds every call: an unreachable server raises `BrokerError` within it. Key layout:
+    this package's README.
+    """
+
+    capabilities = Capabilities(
+        shared_quota=True, cross_process=True, distributed_limits=True, push_wakeups=True
+    )
+
+    def __init__(
+        self,
+        url_or_client: Any,
+        *,
+        key_prefix: str = DEFAULT_PREFIX,
+        clock: Clock | None = None,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+    ) -> None:
+        self._keys = KeySpace(key_prefix)
+        self._clock = clock
+        self._clients = open_clients(url_or_client, check_socket_timeout(socket_timeout))
+        self._client = self._clients.main
+        self._scripts = ScriptBook(self._client)
+        self._waiter = SignalWaiter(self._clients.waits, self._keys, self._run)
+        self._limits = RedisLimits(self._run, self._client, self._keys)
+        self._close_lock = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<RedisBroker prefix={self._keys.prefix!r}{state}>"
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix given at construction; keys live under ``<prefix>{<tag>}:``."""
+        return self._keys.prefix
+
+    # -- the one place that decides "now" and runs scripts ----------------------------------
+
+    def _now_arg(self) -> str:
+        """ARGV[1] of every script: the injected clock's µs, or "" to use Redis ``TIME``."""
+        return "" if self._clock is None else str(to_us(self._clock.now()))
+
+    def _run(self, name: str, args: Sequence[Any]) -> builtins.list[Any]:
+        self._check_open()
+        return unwrap(self._scripts.run(name, self._keys.base, [self._now_arg(), *args]))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BrokerError("RedisBroker is closed")
+
+    # -- tasks: create ---------------------------------------------------------------------
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> builtins.list[Task]:
+        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+
+        Besides the protocol's errors: an id already in use, or two tasks of the batch with
+        one id or one business key, raise `ValueError`.
+        """
+        items = check_new_tasks(tasks)
+        if not items:
+            return []
+        args: builtins.list[Any] = [len(items)]
+        for item in items:
+            args.extend(new_task_args(item))
+        return [task_from_flat(flat) for flat in self._run("enqueue", args)]
+
+    def replay(
+        self,
+        execution_id: str,
+        *,
+        new_id: str,
+        allow_completed: bool = False,
+        payload: bytes | Unset | None = UNSET,
+    ) -> Task:
+        """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
+
+        Checks in this order: `TaskNotFoundError`, `ReplayNotFinalError`,
+        `AlreadyReplayedError`, `CompletedNotAllowedError`; ``new_id`` in use: `ValueError`.
+        """
+        check_identifier(execution_id, what="execution_id")
+        check_identifier(new_id, what="new_id")
+        check_bytes(payload, what="payload", allow_unset=True)
+        if isinstance(payload, Unset):
+            mode, body = "keep", b""
+        else:
+            mode, body = ("none", b"") if payload is None else ("bytes", payload)
+        args = [execution_id, new_id, 1 if allow_completed else 0, mode, body]
+        (flat,) = self._run("replay", args)
+        return task_from_flat(flat)
+
+    # -- tasks: read -----------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task:
+        """The current snapshot of ``task_id`` (one ``HGETALL``)."""
+        check_identifier(task_id, what="task id")
+        self._check_open()
+        with redis_errors("get"):
+            flat = self._client.execute_command("HGETALL", self._keys.task(task_id))
+        if not flat:
+            raise TaskNotFoundError(f"no task with id {task_id!r}")
+        return task_from_flat(_flat_list(flat))
+
+    def list(self, filter: Filter) -> builtins.list[Task]:
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit.
+
+        Cost: one filter (or none) reads O(log N + page) from its index; several intersect
+        their indexes, O(candidates); a business key reads its executions only.
+        """
+        if not isinstance(filter, Filter):
+            raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
+        args: builtins.list[Any] = [filter.offset, filter.limit]
+        for name in ("type", "queue", "status", "business_key"):
+            value = getattr(filter, name)
+            if value is not None:
+                args.extend([name, str(value)])
+        return [task_from_flat(flat) for flat in self._run("list", args)]
+
+    def history(self, business_key: str) -> builtins.list[Task]:
+        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
+        check_identifier(business_key, what="business_key")
+        return [task_from_flat(flat) for flat in self._run("history", [business_key])]
+
+    def counts(self) -> dict[str, dict[Status, int]]:
+        """Task counts by type and status from the ``stats`` HASH; zero counts are absent."""
+        self._check_open()
+        with redis_errors("counts"):
+            flat = self._client.execute_command("HGETALL", self._keys.stats())
+        result: dict[str, dict[Status, int]] = {}
+        for name, value in _pairs(flat):
+            status, _, task_type = name.decode().partition(":")
+            if int(value):
+                result.setdefault(task_type, {})[Status(status)] = int(value)
+        return result
+
+    def queue_length(self, queue: str) -> int:
+        """How many tasks of ``queue`` are pending or retrying (due or not): one ``ZCARD``."""
+        check_identifier(queue, what="queue")
+        self._check_open()
+        with redis_errors("queue_length"):
+            return int(self._client.zcard(self._keys.queue(queue)))
+
+    # -- tasks: the worker's transitions ---------------------------------------------------
+
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
+        """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
+        check_identifier(queue, what="queue")
+        check_count(limit, what="claim limit", minimum=1)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        return [lease_from_flat(flat) for flat in self._run("claim", [queue, ttl_us(lease_ttl), *tokens])]
+
+    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
+        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
+
+        An expired lease that no reaper took back yet is still held and can be renewed.
+        """
+        _check_lease(task_id, token)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        until, cancel = self._run("heartbeat", [task_id, token, ttl_us(lease_ttl)])
+        return Renewal(expires_at=from_us(until), cancel_requested=cancel == b"1")
+
+    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
+        """Complete the task with ``result`` and, in the same script, wake children now ready.
+
+        A cancel mark does not stop an ack: the work is done, so the task completes.
+        """
+        _check_lease(task_id, token)
+        check_bytes(result, what="result")
+        args = [task_id, token, 0 if result is None else 1, result or b""]
+        return self._transition("ack", args)
+
+    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
+        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
+
+        If a cancel was requested meanwhile, the failure is still counted and recorded, and
+        the task is canceled (with cascade) instead of retried.
+        """
+        _check_lease(task_id, token)
+        check_failure(kind, error)
+        check_duration(delay, what="delay", positive=False)
+        return self._transition("retry", [task_id, token, kind.value, error, ttl_us(delay)])
+
+    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
+        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
+        _check_lease(task_id, token)
+        check_failure(kind, error)
+        return self._transition("fail", [task_id, token, kind.value, error])
+
+    def requeue(self, task_id: str, token: str) -> Task:
+        """Put a running task back to ``pending``, due now, touching no counter.
+
+        If a cancel was requested meanwhile, cancels instead (with cascade).
+        """
+        _check_lease(task_id, token)
+        return self._transition("requeue", [task_id, token])
+
+    def finish_canceled(self, task_id: str, token: str) -> Task:
+        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
+        _check_lease(task_id, token)
+        return self._transition("finish_canceled", [task_id, token])
+
+    def _transition(self, name: str, args: Sequence[Any]) -> Task:
+        (flat,) = self._run(name, args)
+        return task_from_flat(flat)
+
+    # -- tasks: anyone's transitions -------------------------------------------------------
+
+    def cancel(self, task_id: str) -> Task:
+        """Cancel a task.
+
+        blocked/pending/retrying: ``canceled`` at once, with its descendants (cascade).
+        running: only marked (again: no error); the holder sees it on its next heartbeat.
+        Final: raises `AlreadyFinalError`.
+        """
+        check_identifier(task_id, what="task id")
+        return self._transition("cancel", [task_id])
+
+    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+        """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
+
+        Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
+        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        """
+        check_count(lease_lost_max, what="lease_lost_max", minimum=1)
+        check_count(limit, what="reap limit", minimum=1)
+        return [task_from_flat(flat) for flat in self._run("reap", [lease_lost_max, limit])]
+
+    # -- quota and distributed limits (see limits.py) --------------------------------------
+
+    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
+        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
+
+        Fails closed: Redis unreachable raises `BrokerError`, never a grant.
+        """
+        return self._limits.reserve_quota(key, limit, period, n)
+
+    def release_quota(self, grant: QuotaGrant, n: int) -> None:
+        """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
+        self._limits.release_quota(grant, n)
+
+    def acquire_slots(self, queue: str, capacity: int, n: int, ttl: timedelta) -> builtins.list[str]:
+        """Take up to ``n`` of the queue's ``capacity`` slots (global), each expiring after ``ttl``."""
+        return self._limits.acquire_slots(queue, capacity, n, ttl)
+
+    def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
+        """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
+        return self._limits.renew_slots(queue, tokens, ttl)
+
+    def release_slots(self, queue: str, tokens: Sequence[str]) -> None:
+        """Give slots back; a token not held is ignored (released at most once)."""
+        self._check_open()
+        self._limits.release_slots(queue, tokens)
+
+    def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
+        """Take up to ``n`` starts from the queue's global GCRA limiter: ``(granted, retry_after)``."""
+        return self._limits.take_rate(queue, rps, burst, n)
+
+    # -- wake-ups and lifecycle -------------------------------------------------------------
+
+    def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until work may be due in ``queues``.
+
+        True when an enqueue/requeue/retry/wake-up in any process signalled one of
+        ``queues``, or when the earliest delayed task of one of them fell due (by the
+        broker's clock, measured when the wait began); False on timeout, and within a
+        fraction of a second once the broker is closed.
+        """
+        names = check_queues(queues)
+        seconds = check_timeout(timeout)
+        if self._closed:
+            return False
+        return self._waiter.wait(names, seconds)
+
+    def close(self) -> None:
+        """Wake every waiter and close the pools this broker opened; later calls raise. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._waiter.close()
+        with redis_errors("close"):
+            self._clients.close()
+
+
+def _check_lease(task_id: object, token: object) -> None:
+    check_identifier(task_id, what="task id")
+    if not isinstance(token, str):
+        raise TypeError(f"lease token must be a str, got {type(token).__name__}")
+
+
+def _flat_list(reply: Any) -> builtins.list[bytes]:
+    """A ``HGETALL`` reply as the flat list the codec reads (redis-py may give a dict)."""
+    if isinstance(reply, dict):
+        return [item for pair in reply.items() for item in pair]
+    return builtins.list(reply)
+
+
+def _pairs(reply: Any) -> builtins.list[tuple[bytes, bytes]]:
+    flat = _flat_list(reply)
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]

@@ -1,0 +1,112 @@
+"""Converting between Python values and what the scripts store: µs integers, flat hashes.
+
+Times are integer microseconds since the Unix epoch (UTC), exact in a Redis ZSET score (a
+double holds integers up to 2**53 µs, i.e. beyond the year 2200) and in a Lua number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from taskgate.brokers.base import Lease, NewTask
+from taskgate.clock import utc
+from taskgate.task import Status, Task
+
+__all__ = [
+    "from_us",
+    "lease_from_flat",
+    "new_task_args",
+    "task_from_flat",
+    "to_us",
+    "ttl_us",
+]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+# enqueue.lua reads this many ARGV values per task; keep the two in step.
+NEW_TASK_FIELDS = 12
+
+
+def to_us(when: datetime) -> int:
+    """``when`` as integer microseconds since the epoch."""
+    return (utc(when) - _EPOCH) // _MICROSECOND
+
+
+def ttl_us(duration: timedelta) -> int:
+    """``duration`` in whole microseconds."""
+    return duration // _MICROSECOND
+
+
+def from_us(value: bytes | str | int) -> datetime:
+    """The aware UTC datetime of a stored microsecond count."""
+    return _EPOCH + timedelta(microseconds=int(value))
+
+
+def _text(fields: dict[str, bytes], name: str) -> str | None:
+    raw = fields.get(name)
+    return None if raw is None else raw.decode()
+
+
+def _time(fields: dict[str, bytes], name: str) -> datetime | None:
+    raw = fields.get(name)
+    return None if raw is None else from_us(raw)
+
+
+def fields_of(flat: Sequence[bytes]) -> dict[str, bytes]:
+    """A ``HGETALL`` reply (flat list of name, value, …) as a dict with str names."""
+    return {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def task_from_flat(flat: Sequence[bytes]) -> Task:
+    """The `Task` snapshot stored in a task hash, given as a flat ``HGETALL`` reply."""
+    f = fields_of(flat)
+    return Task(
+        id=f["id"].decode(),
+        type=f["type"].decode(),
+        queue=f["queue"].decode(),
+        payload=f.get("payload"),
+        status=Status(f["status"].decode()),
+        created_at=from_us(f["created_at"]),
+        run_at=from_us(f["run_at"]),
+        result=f.get("result"),
+        last_error=_text(f, "last_error"),
+        attempts=int(f["attempts"]),
+        max_retry=int(f["max_retry"]),
+        throttled=int(f["throttled"]),
+        lease_lost=int(f["lease_lost"]),
+        claims=int(f["claims"]),
+        depends_on=tuple(json.loads(f["depends_on"])),
+        ignore_parent_failure=f["ignore_parent_failure"] == b"1",
+        business_key=_text(f, "business_key"),
+        replay_of=_text(f, "replay_of"),
+        started_at=_time(f, "started_at"),
+        finished_at=_time(f, "finished_at"),
+        cancel_requested=f.get("cancel_requested") == b"1",
+    )
+
+
+def lease_from_flat(flat: Sequence[bytes]) -> Lease:
+    """The `Lease` of a task hash just claimed (it carries ``token`` and ``lease_until``)."""
+    f = fields_of(flat)
+    return Lease(task=task_from_flat(flat), token=f["token"].decode(), expires_at=from_us(f["lease_until"]))
+
+
+def new_task_args(task: NewTask) -> list[str | bytes | int]:
+    """The `NEW_TASK_FIELDS` ARGV values enqueue.lua reads for one task."""
+    return [
+        task.id,
+        task.type,
+        task.queue,
+        0 if task.payload is None else 1,
+        b"" if task.payload is None else task.payload,
+        task.max_retry,
+        "" if task.run_at is None else to_us(task.run_at),
+        "" if task.delay is None else ttl_us(task.delay),
+        1 if task.ignore_parent_failure else 0,
+        0 if task.business_key is None else 1,
+        task.business_key or "",
+        json.dumps(list(task.depends_on)),
+    ]

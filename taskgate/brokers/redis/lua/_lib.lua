@@ -1,0 +1,182 @@
+-- _lib.lua: helpers shared by every taskgate script. NOT a script on its own: the loader
+-- (scripts.py) prepends this file to each script, so every script runs with these locals.
+--
+-- Conventions every script follows:
+--   KEYS[1]  the broker's hash-tagged base, e.g. "tg:{tg}:". Every key a script touches is
+--            KEYS[1] .. <suffix>, so all keys share the hash tag and live in one Cluster slot.
+--   ARGV[1]  "now" in integer microseconds since the Unix epoch, or "" to read the server's
+--            TIME (Redis 7 replicates scripts by effects, so TIME is allowed anywhere).
+--   Replies  {"ok", ...} on success, {"<error code>", args...} when a check fails. Checks run
+--            before the first write, so a failed check changes nothing.
+--
+-- Key patterns (all under KEYS[1]):
+--   task:<id>          HASH   one execution: id type queue [payload] status created_at run_at
+--                             [result] [last_error] attempts max_retry throttled lease_lost
+--                             claims depends_on(JSON array) ignore_parent_failure(0/1)
+--                             [business_key] [replay_of] [started_at] [finished_at]
+--                             cancel_requested(0/1) [token] [lease_until]; times in µs
+--   queue:<queue>      ZSET   pending+retrying ids, score run_at (µs): the claim order
+--   leases             ZSET   running ids, score lease end (µs): what reap scans
+--   children:<id>      SET    ids of the tasks that depend on <id>
+--   bkey:<key>         LIST   executions of a business key, oldest first
+--   replays            HASH   execution id -> id of the execution that replayed it
+--   stats              HASH   "<status>:<type>" -> count, maintained by every transition
+--   idx:all            ZSET   every id, score created_at (µs)
+--   idx:type:<type>    ZSET   ids of one type, score created_at
+--   idx:queue:<queue>  ZSET   ids of one queue, score created_at
+--   idx:status:<st>    ZSET   ids in one status, score created_at
+--   signal:<queue>     LIST   wake-up tokens for wait_for_work (BLPOP), capped at SIGNAL_CAP
+
+local B = KEYS[1]
+local SIGNAL_CAP = 16
+local READY = { pending = true, retrying = true }
+local FINAL = { completed = true, failed = true, canceled = true }
+local CANCELED_ERROR = { 'last_error', 'canceled' }
+
+local function int_str(n)
+  -- Lua's tostring() prints large numbers in exponent form; stored times must stay exact.
+  return string.format('%.0f', n)
+end
+
+local function clock_now()
+  if ARGV[1] ~= '' then
+    return tonumber(ARGV[1])
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local NOW = clock_now()
+local NOW_S = int_str(NOW)
+
+local function task_key(id)
+  return B .. 'task:' .. id
+end
+
+local function load(id)
+  local flat = redis.call('HGETALL', task_key(id))
+  if #flat == 0 then
+    return nil
+  end
+  local t = {}
+  for i = 1, #flat, 2 do
+    t[flat[i]] = flat[i + 1]
+  end
+  return t
+end
+
+local function snapshot(id)
+  return redis.call('HGETALL', task_key(id))
+end
+
+local function signal(queue)
+  local key = B .. 'signal:' .. queue
+  redis.call('LPUSH', key, '1')
+  redis.call('LTRIM', key, 0, SIGNAL_CAP - 1)
+end
+
+-- Take the task out of the structure its current status keeps it in.
+local function leave(t)
+  if READY[t.status] then
+    redis.call('ZREM', B .. 'queue:' .. t.queue, t.id)
+  elseif t.status == 'running' then
+    redis.call('ZREM', B .. 'leases', t.id)
+    redis.call('HDEL', task_key(t.id), 'token', 'lease_until')
+  end
+end
+
+-- The only place a status changes: counters and the status index move with it.
+-- `t.status` may be nil for a task being created.
+local function set_status(t, to)
+  local stats = B .. 'stats'
+  if t.status then
+    leave(t)
+    redis.call('HINCRBY', stats, t.status .. ':' .. t.type, -1)
+    redis.call('ZREM', B .. 'idx:status:' .. t.status, t.id)
+  end
+  redis.call('HINCRBY', stats, to .. ':' .. t.type, 1)
+  redis.call('ZADD', B .. 'idx:status:' .. to, t.created_at, t.id)
+  redis.call('HSET', task_key(t.id), 'status', to)
+  t.status = to
+end
+
+-- Make the task claimable at `run_at` (µs string) and wake waiters of its queue.
+local function make_ready(t, to, run_at)
+  set_status(t, to)
+  redis.call('HSET', task_key(t.id), 'run_at', run_at)
+  t.run_at = run_at
+  redis.call('ZADD', B .. 'queue:' .. t.queue, run_at, t.id)
+  signal(t.queue)
+end
+
+-- Status on arrival given the parents' statuses (same rule as the memory broker).
+local function arrival_status(depends_on, ignore_parent_failure)
+  local verdict = 'pending'
+  for _, parent in ipairs(depends_on) do
+    local st = redis.call('HGET', task_key(parent), 'status')
+    if st == 'failed' or st == 'canceled' then
+      if not ignore_parent_failure then
+        return 'canceled', 'canceled because parent ' .. parent .. ' ' .. st
+      end
+    elseif st ~= 'completed' then
+      verdict = 'blocked'
+    end
+  end
+  return verdict, nil
+end
+
+local function end_task(t, to, fields)
+  set_status(t, to)
+  redis.call('HSET', task_key(t.id), 'finished_at', NOW_S, unpack(fields))
+end
+
+-- After `root` became final: wake its ready children, cancel the broken ones, recursively.
+-- Only blocked children move: a child is blocked until every parent is final.
+local function settle_children(root)
+  local stack = { root }
+  while #stack > 0 do
+    local parent = table.remove(stack)
+    for _, child_id in ipairs(redis.call('SMEMBERS', B .. 'children:' .. parent.id)) do
+      local child = load(child_id)
+      if child and child.status == 'blocked' then
+        local ignore = child.ignore_parent_failure == '1'
+        if parent.status == 'completed' or ignore then
+          local verdict = arrival_status(cjson.decode(child.depends_on), ignore)
+          if verdict == 'pending' then
+            make_ready(child, 'pending', child.run_at)
+          end
+        else
+          end_task(child, 'canceled', { 'last_error', 'canceled because parent ' .. parent.id .. ' ' .. parent.status })
+          table.insert(stack, child)
+        end
+      end
+    end
+  end
+end
+
+-- End a task in a final status and settle its descendants, in this same script.
+local function finish(t, to, fields)
+  end_task(t, to, fields)
+  settle_children(t)
+end
+
+-- Load a task a worker writes to: it must be running under `token`.
+-- Returns the task, or nil and an error reply.
+local function load_leased(id, token)
+  local t = load(id)
+  if not t then
+    return nil, { 'notfound', id }
+  end
+  if t.status ~= 'running' or t.token ~= token then
+    return nil, { 'leaselost', id, t.status }
+  end
+  return t, nil
+end
+
+-- Count a failure by kind: business and skip move attempts, throttled moves throttled.
+local function count_failure(t, kind)
+  local field = (kind == 'throttled') and 'throttled' or 'attempts'
+  redis.call('HINCRBY', task_key(t.id), field, 1)
+end
+
+-- ---------------------------------------------------------------------------------------

@@ -1,0 +1,30 @@
+-- claim.lua: lease up to `limit` due tasks of one queue, oldest due first (run_at, then id).
+-- Taking a task off the queue and giving it a lease happen in this one script, so there is
+-- no moment at which a task has left the queue without a lease.
+--
+-- KEYS[1]  base (hash-tagged prefix)
+-- ARGV[1]  now in µs, or "" for the server's TIME
+-- ARGV[2]  queue
+-- ARGV[3]  lease ttl in µs
+-- ARGV[4..] one fresh lease token per task that may be claimed (their count is the limit)
+-- Returns  {"ok", snapshot...}: one HGETALL array per claimed task (token and lease_until
+--          included), oldest due first
+--
+-- Touches: queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET.
+
+local queue = ARGV[2]
+local ttl = tonumber(ARGV[3])
+local limit = #ARGV - 3
+local lease_until = int_str(NOW + ttl)
+local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
+local reply = { 'ok' }
+for i, id in ipairs(ids) do
+  local t = load(id)
+  local token = ARGV[3 + i]
+  set_status(t, 'running')
+  redis.call('HSET', task_key(id), 'token', token, 'lease_until', lease_until, 'started_at', NOW_S)
+  redis.call('HINCRBY', task_key(id), 'claims', 1)
+  redis.call('ZADD', B .. 'leases', lease_until, id)
+  reply[#reply + 1] = snapshot(id)
+end
+return reply

@@ -1,0 +1,118 @@
+-- enqueue.lua: store a batch of new tasks, all or nothing.
+--
+-- KEYS[1]  base (hash-tagged prefix, e.g. "tg:{tg}:")
+-- ARGV[1]  now in µs, or "" for the server's TIME
+-- ARGV[2]  number of tasks N; then N groups of 12 values, one per task, in batch order:
+--          id, type, queue, has_payload (0/1), payload, max_retry, run_at (µs or ""),
+--          delay (µs or ""), ignore_parent_failure (0/1), has_business_key (0/1),
+--          business_key, depends_on (JSON array of ids)
+-- Returns  {"ok", snapshot...} with one HGETALL array per task, in batch order; or
+--          {"duplicate", id}                 an id exists already or twice in the batch
+--          {"exists", key, newest_id, status} a business key is used already
+--          {"dupkey", key}                    a business key appears twice in the batch
+--          {"notfound", parent_id}            a parent neither exists nor comes earlier
+--
+-- Touches: task:<id> HASH (write), task:<parent> HASH (read), children:<parent> SET,
+--          bkey:<key> LIST, stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
+--          idx:status:<s> ZSET, queue:<q> ZSET, signal:<q> LIST.
+
+local FIELDS = 12
+
+local function read_batch()
+  local count = tonumber(ARGV[2])
+  local batch = {}
+  for i = 0, count - 1 do
+    local a = 3 + i * FIELDS
+    batch[#batch + 1] = {
+      id = ARGV[a], type = ARGV[a + 1], queue = ARGV[a + 2],
+      has_payload = ARGV[a + 3] == '1', payload = ARGV[a + 4], max_retry = ARGV[a + 5],
+      run_at = ARGV[a + 6], delay = ARGV[a + 7], ignore = ARGV[a + 8],
+      has_key = ARGV[a + 9] == '1', key = ARGV[a + 10], depends_on = ARGV[a + 11],
+    }
+  end
+  return batch
+end
+
+-- Every check before any write: a failed check leaves the store untouched.
+local function check(batch)
+  local ids, keys = {}, {}
+  for _, n in ipairs(batch) do
+    if ids[n.id] or redis.call('EXISTS', task_key(n.id)) == 1 then
+      return { 'duplicate', n.id }
+    end
+    if n.has_key then
+      local newest = redis.call('LINDEX', B .. 'bkey:' .. n.key, -1)
+      if newest then
+        return { 'exists', n.key, newest, redis.call('HGET', task_key(newest), 'status') }
+      end
+      if keys[n.key] then
+        return { 'dupkey', n.key }
+      end
+      keys[n.key] = n.id
+    end
+    for _, parent in ipairs(cjson.decode(n.depends_on)) do
+      if not ids[parent] and redis.call('EXISTS', task_key(parent)) == 0 then
+        return { 'notfound', parent }
+      end
+    end
+    ids[n.id] = true
+  end
+  return nil
+end
+
+local function due_at(n)
+  if n.run_at ~= '' then
+    return n.run_at
+  end
+  if n.delay ~= '' then
+    return int_str(NOW + tonumber(n.delay))
+  end
+  return NOW_S
+end
+
+local function store(n)
+  local key = task_key(n.id)
+  local run_at = due_at(n)
+  redis.call('HSET', key, 'id', n.id, 'type', n.type, 'queue', n.queue, 'created_at', NOW_S,
+    'run_at', run_at, 'attempts', '0', 'max_retry', n.max_retry, 'throttled', '0',
+    'lease_lost', '0', 'claims', '0', 'depends_on', n.depends_on,
+    'ignore_parent_failure', n.ignore, 'cancel_requested', '0')
+  if n.has_payload then
+    redis.call('HSET', key, 'payload', n.payload)
+  end
+  if n.has_key then
+    redis.call('HSET', key, 'business_key', n.key)
+    redis.call('RPUSH', B .. 'bkey:' .. n.key, n.id)
+  end
+  local parents = cjson.decode(n.depends_on)
+  for _, parent in ipairs(parents) do
+    redis.call('SADD', B .. 'children:' .. parent, n.id)
+  end
+  redis.call('ZADD', B .. 'idx:all', NOW_S, n.id)
+  redis.call('ZADD', B .. 'idx:type:' .. n.type, NOW_S, n.id)
+  redis.call('ZADD', B .. 'idx:queue:' .. n.queue, NOW_S, n.id)
+  local t = { id = n.id, type = n.type, queue = n.queue, created_at = NOW_S }
+  local status, err = arrival_status(parents, n.ignore == '1')
+  if status == 'pending' then
+    make_ready(t, 'pending', run_at)
+  elseif status == 'canceled' then
+    set_status(t, 'canceled')
+    redis.call('HSET', key, 'finished_at', NOW_S, 'last_error', err)
+  else
+    set_status(t, status)
+  end
+end
+
+local batch = read_batch()
+local problem = check(batch)
+if problem then
+  return problem
+end
+local reply = { 'ok' }
+for _, n in ipairs(batch) do
+  store(n)
+end
+for _, n in ipairs(batch) do
+  reply[#reply + 1] = snapshot(n.id)
+end
+return reply

@@ -1,0 +1,80 @@
+-- list.lua: tasks matching a filter, sorted by (created_at, id), then offset, then limit.
+-- Read-only; one script so the page is a consistent snapshot.
+--
+-- Cost: with no filter or one of type/queue/status, O(log N + page) (ZRANGE on one index);
+-- with several, O(candidates) (ZINTER of the index ZSETs, sorted by score then member, which
+-- is exactly (created_at, id)); with a business key, O(executions of that key).
+--
+-- KEYS[1]  base (hash-tagged prefix)
+-- ARGV[1]  now ("" or µs; unused)
+-- ARGV[2]  offset
+-- ARGV[3]  limit (0 = all)
+-- ARGV[4..] filter pairs: "type" <t>, "queue" <q>, "status" <s>, "business_key" <k>
+-- Returns  {"ok", snapshot...}
+--
+-- Touches (read only): idx:all / idx:type:<t> / idx:queue:<q> / idx:status:<s> ZSET,
+--          bkey:<key> LIST, task:<id> HASH.
+
+local offset, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local want, indexes = {}, {}
+for i = 4, #ARGV, 2 do
+  local name, value = ARGV[i], ARGV[i + 1]
+  want[name] = value
+  if name ~= 'business_key' then
+    indexes[#indexes + 1] = B .. 'idx:' .. name .. ':' .. value
+  end
+end
+
+local function page(ids)
+  local reply = { 'ok' }
+  local last = (limit == 0) and #ids or math.min(#ids, offset + limit)
+  for i = offset + 1, last do
+    reply[#reply + 1] = snapshot(ids[i])
+  end
+  return reply
+end
+
+local function by_business_key()
+  local rows = {}
+  for _, id in ipairs(redis.call('LRANGE', B .. 'bkey:' .. want.business_key, 0, -1)) do
+    local t = load(id)
+    if (not want.type or t.type == want.type) and (not want.queue or t.queue == want.queue)
+        and (not want.status or t.status == want.status) then
+      rows[#rows + 1] = { tonumber(t.created_at), id }
+    end
+  end
+  table.sort(rows, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[2] < b[2]
+  end)
+  local ids = {}
+  for i, row in ipairs(rows) do
+    ids[i] = row[2]
+  end
+  return page(ids)
+end
+
+local function by_one_index(key)
+  local stop = (limit == 0) and -1 or (offset + limit - 1)
+  local ids = redis.call('ZRANGE', key, offset, stop)
+  offset = 0
+  limit = 0
+  return page(ids)
+end
+
+local function by_intersection()
+  local args = { 'ZINTER', #indexes }
+  for _, key in ipairs(indexes) do
+    args[#args + 1] = key
+  end
+  return page(redis.call(unpack(args)))
+end
+
+if want.business_key then
+  return by_business_key()
+elseif #indexes == 0 then
+  return by_one_index(B .. 'idx:all')
+elseif #indexes == 1 then
+  return by_one_index(indexes[1])
+end
+return by_intersection()

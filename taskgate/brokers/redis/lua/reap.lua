@@ -1,0 +1,31 @@
+-- reap.lua: take back running tasks whose lease ended (lease_until <= now).
+-- Each gets lease_lost += 1 and goes back to `pending`, due now; at lease_lost_max it fails
+-- (with cascade); one marked for cancel is canceled. The lease leaves the leases ZSET in the
+-- same script, so two reapers never count one lease twice.
+--
+-- KEYS[1]  base (hash-tagged prefix)
+-- ARGV[1]  now in µs, or "" for the server's TIME
+-- ARGV[2]  lease_lost_max
+-- ARGV[3]  limit: at most this many tasks
+-- Returns  {"ok", snapshot...}: the new snapshot of each reaped task
+--
+-- Touches: leases ZSET, task:<id> and descendants' task:<id> HASH, queue:<q> ZSET,
+--          signal:<q> LIST, children:<id> SET, stats HASH, idx:status:<s> ZSET.
+
+local lost_max = tonumber(ARGV[2])
+local ids = redis.call('ZRANGEBYSCORE', B .. 'leases', '-inf', NOW_S, 'LIMIT', 0, tonumber(ARGV[3]))
+local reply = { 'ok' }
+for _, id in ipairs(ids) do
+  local t = load(id)
+  local lost = redis.call('HINCRBY', task_key(id), 'lease_lost', 1)
+  if t.cancel_requested == '1' then
+    finish(t, 'canceled', CANCELED_ERROR)
+  elseif lost >= lost_max then
+    local why = 'lease lost ' .. lost .. ' times (lease_lost_max=' .. ARGV[2] .. ')'
+    finish(t, 'failed', { 'last_error', why })
+  else
+    make_ready(t, 'pending', NOW_S)
+  end
+  reply[#reply + 1] = snapshot(id)
+end
+return reply

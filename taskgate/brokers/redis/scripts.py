@@ -1,0 +1,75 @@
+"""Loading the Lua scripts, running them, and the one edge where redis-py errors are translated.
+
+Each script is a ``.lua`` file in ``lua/``, shipped as package data. The shared helpers in
+``lua/_lib.lua`` are prepended to every script at load time (Redis has no ``require``), so a
+script's error line numbers are offset by the library's length. Scripts are registered with
+redis-py's ``register_script``: calls go by ``EVALSHA`` and the script body is sent again only
+when the server answers ``NOSCRIPT`` (first use, or after a restart/``SCRIPT FLUSH``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from taskgate.errors import BrokerError
+
+__all__ = ["SCRIPT_NAMES", "ScriptBook", "redis_errors"]
+
+SCRIPT_NAMES = (
+    "ack",
+    "cancel",
+    "claim",
+    "enqueue",
+    "fail",
+    "finish_canceled",
+    "heartbeat",
+    "history",
+    "list",
+    "next_due",
+    "quota_release",
+    "quota_reserve",
+    "rate_take",
+    "reap",
+    "replay",
+    "requeue",
+    "retry",
+    "slots_acquire",
+    "slots_renew",
+)
+
+Arg = str | bytes | int | float
+
+
+@contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Translate every redis-py error raised inside the block to `BrokerError` (chained)."""
+    try:
+        yield
+    except RedisError as exc:
+        raise BrokerError(f"Redis {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def read_lua(name: str) -> str:
+    """The text of ``lua/<name>.lua`` from the installed package."""
+    return (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+class ScriptBook:
+    """Every taskgate script registered on one client; `run` calls one by name."""
+
+    def __init__(self, client: Any) -> None:
+        library = read_lua("_lib")
+        self._scripts = {
+            name: client.register_script(f"{library}\n{read_lua(name)}") for name in SCRIPT_NAMES
+        }
+
+    def run(self, name: str, base: str, args: Sequence[Arg]) -> list[Any]:
+        """Run script ``name`` with ``KEYS[1] = base`` and ``args``; return its reply list."""
+        with redis_errors(f"script {name}"):
+            reply = self._scripts[name](keys=[base], args=list(args))
+        return list(reply)
