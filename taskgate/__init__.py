@@ -30,6 +30,8 @@ from taskgate.errors import (
     Throttled,
     UnknownTypeError,
 )
+from taskgate.gate import Gate
+from taskgate.runtime import renew_lease
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Filter",
+    "Gate",
     "LeaseLostError",
     "ManualClock",
     "NoTaskError",
@@ -60,6 +63,7 @@ __all__ = [
     "TaskgateError",
     "Throttled",
     "UnknownTypeError",
+    "renew_lease",
 ]
 
 __version__ = "0.1.0.dev0"

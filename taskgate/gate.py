@@ -1,0 +1,351 @@
+"""`Gate`: the public face of taskgate -- submit, query, cancel, replay, and run the workers.
+
+The class stays thin: argument checks live in `taskgate.runtime.submission`, everything that
+runs (schedulers, limits, leases, reaper, hooks) in `taskgate.runtime.runner.Runtime`. Every
+broker call goes through the runtime's thread door (`BrokerCalls`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from taskgate.brokers.base import UNSET, Capabilities, DistributedLimiter, Unset, check_identifier
+from taskgate.codec import encode_value
+from taskgate.config import Config
+from taskgate.durations import DurationLike
+from taskgate.errors import ConfigError, TaskFailedError, TaskNotFoundError
+from taskgate.ids import new_id
+from taskgate.runtime.executor import Handler
+from taskgate.runtime.runner import Runtime
+from taskgate.runtime.submission import build_tasks, route
+from taskgate.task import Filter, QueueStats, Status, Task
+
+__all__ = ["DEFAULT_POLL_INTERVAL", "Gate"]
+
+DEFAULT_POLL_INTERVAL = 0.2
+
+H = TypeVar("H", bound=Handler)
+
+
+class Gate:
+    """Queues tasks and runs their handlers under the limits of ``config``.
+
+    ``poll_interval`` (seconds) is how often idle queues look for delayed, retrying or
+    other processes' tasks; ``reap_interval`` overrides the reaper period (default: half
+    the smallest ``lease_ttl``).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        reap_interval: float | None = None,
+    ) -> None:
+        if not isinstance(config, Config):
+            raise ConfigError(f"Gate needs a taskgate.Config, got {type(config).__name__}")
+        _check_broker(config)
+        _check_positive("poll_interval", poll_interval)
+        if reap_interval is not None:
+            _check_positive("reap_interval", reap_interval)
+        self.config = config
+        self._handlers: dict[str, Handler] = {}
+        self._runtime = Runtime(
+            config, self._handlers, poll_interval=poll_interval, reap_interval=reap_interval
+        )
+        self._task_group: TaskGroup | None = None
+
+    # -- handlers --------------------------------------------------------------------------------
+
+    def handle(self, task_type: str, fn: Handler) -> None:
+        """Register ``fn`` for ``task_type``: ``async def fn(task)`` awaited, plain ``def`` in a thread.
+
+        Raises `ConfigError` when the type's queue has no limits configured or the type has a
+        handler already.
+        """
+        route(self.config, task_type)
+        if not callable(fn):
+            raise TypeError(f"handler for {task_type!r} must be callable, got {fn!r}")
+        if task_type in self._handlers:
+            raise ConfigError(f"task type {task_type!r} already has a handler")
+        self._handlers[task_type] = fn
+        self._runtime.add_queue_for(task_type)
+
+    def handler(self, task_type: str) -> Callable[[H], H]:
+        """Decorator form of `handle`."""
+
+        def register(fn: H) -> H:
+            self.handle(task_type, fn)
+            return fn
+
+        return register
+
+    # -- submitting ------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        type: str,
+        payload: Any = None,
+        *,
+        business_key: str | None = None,
+        delay: DurationLike | None = None,
+        run_at: datetime | None = None,
+        max_retry: int | None = None,
+        depends_on: Iterable[str] = (),
+        ignore_parent_failure: bool = False,
+    ) -> str:
+        """Queue one task and return its execution id (a ULID).
+
+        ``run_at`` wins over ``delay`` (timedelta, seconds or "10s"); ``max_retry`` defaults to
+        ``Config.max_retry``. Raises `ShutdownError`, `TaskNotFoundError` (unknown parent),
+        `TaskExistsError` (used business key), or `TypeError`/`ValueError` naming a bad argument.
+        """
+        ids = await self._submit(
+            type,
+            [payload],
+            business_key=business_key,
+            delay=delay,
+            run_at=run_at,
+            max_retry=max_retry,
+            depends_on=depends_on,
+            ignore_parent_failure=ignore_parent_failure,
+        )
+        return ids[0]
+
+    async def submit_many(
+        self,
+        type: str,
+        payloads: Iterable[Any],
+        *,
+        delay: DurationLike | None = None,
+        run_at: datetime | None = None,
+        max_retry: int | None = None,
+        depends_on: Iterable[str] = (),
+        ignore_parent_failure: bool = False,
+    ) -> builtins.list[str]:
+        """Queue one task per payload in one all-or-nothing batch; ids in payload order.
+
+        Takes `submit`'s options except ``business_key`` (a key names one execution).
+        """
+        if isinstance(payloads, str | bytes):
+            raise TypeError("payloads must be an iterable of payloads, not a single str/bytes")
+        return await self._submit(
+            type,
+            payloads,
+            delay=delay,
+            run_at=run_at,
+            max_retry=max_retry,
+            depends_on=depends_on,
+            ignore_parent_failure=ignore_parent_failure,
+        )
+
+    async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:
+        self._runtime.check_open()
+        tasks = build_tasks(self.config, task_type, payloads, **options)
+        if not tasks:
+            return []
+        stored = await self._runtime.calls(self.config.broker.enqueue, tasks)
+        await self._runtime.observe(stored)
+        return [t.id for t in stored]
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def get(self, id: str) -> Task:
+        """The current snapshot of execution ``id``; `TaskNotFoundError` when there is none."""
+        check_identifier(id, what="execution id")
+        return await self._runtime.calls(self.config.broker.get, id)
+
+    async def list(self, filter: Filter | None = None, **filter_fields: Any) -> builtins.list[Task]:
+        """Tasks matching ``filter`` (fields may also be given as keywords, overriding it).
+
+        Sorted by ``(created_at, id)``, then ``offset`` skipped and ``limit`` taken (0 = all).
+        """
+        base = filter if filter is not None else Filter()
+        if not isinstance(base, Filter):
+            raise TypeError(f"filter must be a taskgate.Filter, got {type(base).__name__}")
+        known = {f.name for f in dataclasses.fields(Filter)}
+        unknown = sorted(set(filter_fields) - known)
+        if unknown:
+            raise TypeError(f"unknown filter field(s) {', '.join(unknown)}; known: {sorted(known)}")
+        query = dataclasses.replace(base, **filter_fields) if filter_fields else base
+        return await self._runtime.calls(self.config.broker.list, query)
+
+    async def history(self, business_key: str) -> builtins.list[Task]:
+        """Every execution of ``business_key``, oldest first (``[]`` for an unknown key)."""
+        check_identifier(business_key, what="business_key")
+        return await self._runtime.calls(self.config.broker.history, business_key)
+
+    async def stats(self, queue: str) -> QueueStats:
+        """``queue`` as this process sees it: workers, running here, backlog, rps, quota flags."""
+        conf = self.config.queue_config(check_identifier(queue, what="queue"))
+        if conf is None:
+            raise ConfigError(f"unknown queue {queue!r}: not in Config.queues and no default_queue")
+        scheduler = self._runtime.schedulers.get(queue)
+        quota = scheduler.quota if scheduler is not None else None
+        return QueueStats(
+            workers=conf.workers,
+            running=scheduler.running if scheduler is not None else 0,
+            queue_len=await self._runtime.calls(self.config.broker.queue_length, queue),
+            rps=float(conf.rps),
+            quota_exhausted=bool(quota and quota.exhausted),
+            quota_stalled=bool(quota and quota.stalled),
+        )
+
+    async def overview(self) -> dict[str, dict[Status, int]]:
+        """Task counts by type and status, from the broker's counters."""
+        return await self._runtime.calls(self.config.broker.counts)
+
+    async def wait(self, id: str, *, timeout: float | None = None) -> bytes | None:  # noqa: ASYNC109 (SPEC name)
+        """The result of ``id`` once completed; `TaskFailedError` when it failed or was canceled.
+
+        Raises `TimeoutError` after ``timeout`` seconds (the task goes on). Tasks finishing
+        in this process wake the waiter at once; others are polled every few poll intervals.
+        """
+        check_identifier(id, what="execution id")
+        with anyio.fail_after(timeout):
+            while True:
+                task = await self._wait_step(id)
+                if task is not None:
+                    break
+        if task.status is Status.COMPLETED:
+            return task.result
+        raise TaskFailedError(task)
+
+    async def _wait_step(self, task_id: str) -> Task | None:
+        waiters = self._runtime.waiters
+        event = waiters.add(task_id)
+        try:
+            task = await self.get(task_id)
+            if task.status.is_final:
+                return task
+            with anyio.move_on_after(max(self._runtime.poll_interval * 2.5, 0.1)):
+                await event.wait()
+            return None
+        finally:
+            waiters.discard(task_id, event)
+
+    # -- changing --------------------------------------------------------------------------------
+
+    async def cancel(self, id: str) -> Task:
+        """Cancel ``id`` and return its snapshot.
+
+        Waiting tasks are canceled at once with their descendants; a running task is marked and
+        its handler cancelled at once here, or within a heartbeat in another process.
+        Raises `AlreadyFinalError` on a final task, `TaskNotFoundError` on an unknown id.
+        """
+        check_identifier(id, what="execution id")
+        task = await self._runtime.calls(self.config.broker.cancel, id)
+        self._runtime.cancel_local(task)
+        await self._runtime.observe([task])
+        return task
+
+    async def replay(
+        self, execution_id: str, *, allow_completed: bool = False, payload: Any | Unset = UNSET
+    ) -> str:
+        """Re-run a final execution as a new one (``replay_of`` = ``execution_id``); returns its id.
+
+        ``payload`` replaces the old payload when given. Raises `ReplayNotFinalError`,
+        `AlreadyReplayedError` (not the newest of its chain), `CompletedNotAllowedError`.
+        """
+        self._runtime.check_open()
+        check_identifier(execution_id, what="execution id")
+        body = payload if isinstance(payload, Unset) else encode_value(payload, what="payload")
+        task = await self._runtime.calls(
+            self.config.broker.replay,
+            execution_id,
+            new_id=new_id(),
+            allow_completed=allow_completed,
+            payload=body,
+        )
+        await self._runtime.observe([task])
+        return task.id
+
+    async def replay_by_key(
+        self, business_key: str, *, allow_completed: bool = False, payload: Any | Unset = UNSET
+    ) -> str:
+        """`replay` the newest execution of ``business_key``; `TaskNotFoundError` for an unknown key."""
+        executions = await self.history(business_key)
+        if not executions:
+            raise TaskNotFoundError(f"no execution has business key {business_key!r}")
+        return await self.replay(executions[-1].id, allow_completed=allow_completed, payload=payload)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Claim and execute the queues of the registered types until `shutdown` or cancellation.
+
+        Returns after in-flight work has ended. Works with ``TaskGroup.start``.
+        """
+        await self._runtime.run(task_status=task_status)
+
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (SPEC name)
+        """Stop claiming and let running handlers finish; after ``timeout`` seconds cancel them.
+
+        Cancelled handlers' tasks go back to pending exactly as they were (no counter moves).
+        Later submits raise `ShutdownError`. Returns when the workers have stopped.
+        """
+        if timeout is not None:
+            _check_positive("timeout", timeout, allow_zero=True)
+        await self._runtime.shutdown(timeout)
+
+    async def __aenter__(self) -> Gate:
+        """Start `run` in the background; the block's end shuts down gracefully."""
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        try:
+            await group.start(self.run)
+        except BaseException as exc:
+            await group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._task_group = group
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        """Shut down (waiting for running handlers) and leave the background task group."""
+        group, self._task_group = self._task_group, None
+        with anyio.CancelScope(shield=exc_type is not None):
+            await self.shutdown()
+        if group is not None:
+            return await group.__aexit__(exc_type, exc, tb)
+        return None
+
+
+def _check_positive(name: str, value: object, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}")
+
+
+def _check_broker(config: Config) -> None:
+    """Broker-dependent config checks: declared capabilities must cover what the config needs."""
+    caps = getattr(config.broker, "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        raise ConfigError(f"Config.broker must declare `capabilities` (a Capabilities), got {caps!r}")
+    if not caps.shared_quota:
+        for name, queue in config.queues.items():
+            if queue.has_quota:
+                raise ConfigError(
+                    f"Config.queues[{name!r}].quota_limit={queue.quota_limit}: broker "
+                    f"{type(config.broker).__name__} cannot share quota counts (capabilities.shared_quota)"
+                )
+        default = config.default_queue
+        if default is not None and default.has_quota:
+            raise ConfigError(
+                f"Config.default_queue.quota_limit={default.quota_limit}: broker cannot share quota counts"
+            )
+    if caps.distributed_limits and not isinstance(config.broker, DistributedLimiter):
+        raise ConfigError(
+            f"broker {type(config.broker).__name__} declares distributed_limits but does not "
+            "implement DistributedLimiter"
+        )

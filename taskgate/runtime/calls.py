@@ -1,0 +1,46 @@
+"""The one door to the broker: every call hops to a worker thread, optionally under a deadline.
+
+The broker protocol is synchronous (see `taskgate.brokers.base`). Calls run through
+``anyio.to_thread.run_sync`` on a dedicated `CapacityLimiter`, so handler threads can never
+starve heartbeats, and with ``abandon_on_cancel=True`` so a hung driver call cannot freeze the
+coroutine waiting on it: the deadline fires, the thread is left to finish on its own, and the
+caller gets a `BrokerError`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from taskgate.errors import BrokerError
+
+__all__ = ["BrokerCalls"]
+
+T = TypeVar("T")
+
+
+class BrokerCalls:
+    """Runs broker methods in threads through one limiter; created inside the event loop."""
+
+    def __init__(self, max_threads: int) -> None:
+        self.limiter = anyio.CapacityLimiter(max_threads)
+
+    async def __call__(
+        self, fn: Callable[..., T], /, *args: Any, deadline: float | None = None, **kwargs: Any
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` in a thread; raise `BrokerError` past ``deadline`` seconds."""
+        target = functools.partial(fn, *args, **kwargs) if kwargs else fn
+        if deadline is None:
+            return await self._hop(target, args if not kwargs else ())
+        try:
+            with anyio.fail_after(deadline):
+                return await self._hop(target, args if not kwargs else ())
+        except TimeoutError:
+            name = getattr(fn, "__name__", repr(fn))
+            raise BrokerError(f"broker call {name}() did not answer within {deadline:.3g}s") from None
+
+    async def _hop(self, target: Callable[..., T], args: tuple[Any, ...]) -> T:
+        return await anyio.to_thread.run_sync(target, *args, abandon_on_cancel=True, limiter=self.limiter)

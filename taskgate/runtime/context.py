@@ -1,0 +1,123 @@
+"""The running handler's context: its lease, its cancel scope, and `renew_lease`.
+
+A `RunContext` lives as long as one claim of one task. Heartbeats (automatic or through
+`renew_lease`) go through it, and so does every reason to stop the handler from outside:
+cancel requested, lease lost (reaped or fenced), shutdown. The first reason wins.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import anyio
+import anyio.from_thread
+
+from taskgate.brokers.base import Broker, Lease
+from taskgate.errors import LeaseLostError, NoTaskError, TaskCanceledError, TaskNotFoundError
+from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.outcome import StopReason
+from taskgate.task import Task
+
+__all__ = ["RunContext", "current_context", "renew_lease", "renew_lease_sync"]
+
+_current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("taskgate_run_context")
+
+
+@dataclass(eq=False)
+class RunContext:
+    """One claim of one task, as the runtime tracks it while the handler runs."""
+
+    lease: Lease
+    broker: Broker
+    calls: BrokerCalls
+    ttl: timedelta
+    deadline: float
+    slots: Sequence[str | None] = ()
+    renew_slots: Callable[[Sequence[str | None]], Awaitable[list[str | None]]] | None = None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    stop_reason: StopReason | None = None
+    lease_deadline: float = 0.0
+
+    def __post_init__(self) -> None:
+        # The lease was granted no earlier than now; counting from now would be late, so the
+        # claimer passes its pre-claim timestamp in `lease_deadline` and we only fill a default.
+        if not self.lease_deadline:
+            self.lease_deadline = anyio.current_time() + self.ttl.total_seconds()
+
+    @property
+    def task(self) -> Task:
+        """The task snapshot taken when it was claimed."""
+        return self.lease.task
+
+    def stop(self, reason: StopReason) -> None:
+        """Stop the handler for ``reason`` (the first reason given wins)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.scope.cancel()
+
+    def raise_if_stopped(self) -> None:
+        """Raise the error `renew_lease` reports for the reason the handler is being stopped."""
+        if self.stop_reason is StopReason.LEASE_LOST:
+            raise LeaseLostError(f"task {self.task.id}: lease lost; the result will be discarded")
+        if self.stop_reason is not None:
+            raise TaskCanceledError(
+                f"task {self.task.id}: {self.stop_reason.value}; the handler is being cancelled"
+            )
+
+    async def renew(self) -> None:
+        """Extend the lease now; stop the handler and raise when it was canceled or lost.
+
+        A `BrokerError` (medium down or too slow) propagates and changes nothing.
+        """
+        self.raise_if_stopped()
+        started = anyio.current_time()
+        try:
+            renewal = await self.calls(
+                self.broker.heartbeat, self.task.id, self.lease.token, self.ttl, deadline=self.deadline
+            )
+        except (LeaseLostError, TaskNotFoundError):
+            self.stop(StopReason.LEASE_LOST)
+            raise LeaseLostError(f"task {self.task.id}: lease lost; the result will be discarded") from None
+        self.lease_deadline = max(self.lease_deadline, started + self.ttl.total_seconds())
+        if renewal.cancel_requested:
+            self.stop(StopReason.CANCELED)
+            self.raise_if_stopped()
+        if self.renew_slots is not None and self.slots:
+            await self.renew_slots(self.slots)
+
+
+def current_context() -> RunContext:
+    """The context of the handler running in this task or thread; `NoTaskError` outside one."""
+    ctx = _current.get(None)
+    if ctx is None:
+        raise NoTaskError("renew_lease() must be called from inside a running task handler")
+    return ctx
+
+
+def enter(ctx: RunContext) -> contextvars.Token[RunContext]:
+    """Make ``ctx`` the current context (the executor does this around the handler)."""
+    return _current.set(ctx)
+
+
+def leave(token: contextvars.Token[RunContext]) -> None:
+    """Undo `enter`."""
+    _current.reset(token)
+
+
+async def renew_lease() -> None:
+    """Extend the running task's lease now (for handlers of ``manual_heartbeat`` queues).
+
+    Raises `TaskCanceledError` when the task was canceled (its scope is being cancelled),
+    `LeaseLostError` when the lease was reaped (the result will be discarded), `NoTaskError`
+    outside a handler, and `BrokerError` when the broker cannot be reached in time.
+    """
+    await current_context().renew()
+
+
+def renew_lease_sync() -> None:
+    """`renew_lease` for plain ``def`` handlers, which run in a worker thread; same errors."""
+    ctx = current_context()
+    anyio.from_thread.run(ctx.renew)

@@ -1,0 +1,167 @@
+"""Running one claimed task: call its handler, keep its lease, and write the outcome.
+
+The handler runs inside the context's cancel scope, next to the lease keeper. Whatever
+stopped it decides the write: the handler's own result or exception (`decide`), or the stop
+reason (cancel -> ``finish_canceled``, shutdown -> ``requeue``, lease lost -> nothing). The
+write happens shielded, so a runtime being cancelled still puts its tasks back.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import anyio
+
+from taskgate.brokers.base import Broker
+from taskgate.codec import encode_value
+from taskgate.errors import BrokerError, LeaseLostError, TaskgateError
+from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.context import RunContext, enter, leave
+from taskgate.runtime.lease import keep_lease
+from taskgate.runtime.outcome import (
+    Ack,
+    Discard,
+    Fail,
+    Outcome,
+    Retry,
+    Stop,
+    StopReason,
+    decide,
+    describe,
+    unknown_type,
+)
+from taskgate.task import Task
+
+__all__ = ["Executor", "Handler", "is_async_handler"]
+
+log = logging.getLogger("taskgate")
+
+Handler = Callable[[Task], Any]
+Settled = Callable[[Task], Awaitable[None]]
+
+SETTLE_TRIES = 3
+
+
+def is_async_handler(fn: Handler) -> bool:
+    """True when ``fn`` is a coroutine function (or an object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+class Executor:
+    """Runs claimed tasks for every queue of one runtime."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        calls: BrokerCalls,
+        handlers: Mapping[str, Handler],
+        *,
+        throttled_max: int,
+        thread_limiter: anyio.CapacityLimiter,
+        on_settled: Settled,
+    ) -> None:
+        self._broker, self._calls, self._handlers = broker, calls, handlers
+        self._throttled_max = throttled_max
+        self._threads = thread_limiter
+        self._on_settled = on_settled
+
+    async def run(self, ctx: RunContext, *, auto_heartbeat: bool) -> None:
+        """Run ``ctx``'s task to one final write; a cancelled runtime requeues it untouched."""
+        try:
+            outcome = await self._execute(ctx, auto_heartbeat)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self.settle(ctx, Stop(StopReason.SHUTDOWN))
+            raise
+        with anyio.CancelScope(shield=True):
+            await self.settle(ctx, outcome)
+
+    async def _execute(self, ctx: RunContext, auto_heartbeat: bool) -> Outcome:
+        handler = self._handlers.get(ctx.task.type)
+        if handler is None:
+            return unknown_type(ctx.task)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(keep_lease, ctx, auto=auto_heartbeat))
+            outcome, finished = await self._call(ctx, handler)
+            tg.cancel_scope.cancel()
+        return _final_outcome(ctx, outcome, finished)
+
+    async def _call(self, ctx: RunContext, handler: Handler) -> tuple[Outcome, bool]:
+        """The handler's own outcome, and whether it returned normally (not cancelled, no raise)."""
+        token = enter(ctx)
+        outcome: Outcome = Discard()
+        finished = False
+        try:
+            with ctx.scope:
+                try:
+                    value = await self._invoke(handler, ctx.task)
+                    outcome, finished = Ack(encode_value(value, what="handler result")), True
+                except Exception as exc:
+                    outcome = decide(exc, ctx.task, throttled_max=self._throttled_max)
+        finally:
+            leave(token)
+        return outcome, finished
+
+    async def _invoke(self, handler: Handler, task: Task) -> Any:
+        if is_async_handler(handler):
+            return await handler(task)
+        # A plain function cannot be interrupted: on cancel the thread is abandoned and its
+        # result dropped, so a stuck sync handler never blocks shutdown or fencing.
+        return await anyio.to_thread.run_sync(handler, task, abandon_on_cancel=True, limiter=self._threads)
+
+    async def settle(self, ctx: RunContext, outcome: Outcome) -> None:
+        """Write ``outcome`` with the lease token; a stale token means someone else owns the task."""
+        write = self._write_for(ctx, outcome)
+        if write is None:
+            return
+        for attempt in range(1, SETTLE_TRIES + 1):
+            try:
+                task = await write()
+            except LeaseLostError:
+                log.info("task %s: lease was lost before its outcome was written; discarded", ctx.task.id)
+                return
+            except BrokerError as exc:
+                log.warning("task %s: writing the outcome failed (try %d): %s", ctx.task.id, attempt, exc)
+                await anyio.sleep(0.05 * 2**attempt)
+                continue
+            except TaskgateError as exc:
+                log.warning("task %s: outcome not written: %s", ctx.task.id, describe(exc))
+                return
+            await self._on_settled(task)
+            return
+        log.error("task %s: outcome not written; the reaper will take the task back", ctx.task.id)
+
+    def _write_for(self, ctx: RunContext, outcome: Outcome) -> Callable[[], Awaitable[Task]] | None:
+        b, task_id, token = self._broker, ctx.task.id, ctx.lease.token
+        deadline = ctx.deadline
+        match outcome:
+            case Ack(result):
+                return lambda: self._calls(b.ack, task_id, token, result, deadline=deadline)
+            case Retry(kind, error, delay):
+                wait = timedelta(seconds=delay)
+                return lambda: self._calls(
+                    b.retry, task_id, token, kind=kind, error=error, delay=wait, deadline=deadline
+                )
+            case Fail(kind, error):
+                return lambda: self._calls(b.fail, task_id, token, kind=kind, error=error, deadline=deadline)
+            case Stop(StopReason.CANCELED):
+                return lambda: self._calls(b.finish_canceled, task_id, token, deadline=deadline)
+            case Stop(StopReason.SHUTDOWN):
+                return lambda: self._calls(b.requeue, task_id, token, deadline=deadline)
+        return None
+
+
+def _final_outcome(ctx: RunContext, outcome: Outcome, finished: bool) -> Outcome:
+    """Combine the handler's outcome with a stop reason, if the runtime stopped it."""
+    reason = ctx.stop_reason
+    if reason is None:
+        return outcome
+    if reason is StopReason.LEASE_LOST:
+        return Discard()
+    # A handler that completed before the stop landed keeps its result: the work is done.
+    return outcome if finished else Stop(reason)

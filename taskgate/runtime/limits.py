@@ -1,0 +1,149 @@
+"""Concurrency slots and start rate of one queue: local to this process, or global via the broker.
+
+`LocalLimits` counts slots in memory and meters starts with a `TokenBucket`;
+`DistributedLimits` asks the broker's `DistributedLimiter` (Redis) so the limits hold across
+every process. Both speak the same small interface, so the scheduler never asks which.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Protocol
+
+import anyio
+
+from taskgate.brokers.base import DistributedLimiter
+from taskgate.config import QueueConfig
+from taskgate.errors import BrokerError
+from taskgate.runtime.bucket import TokenBucket
+from taskgate.runtime.calls import BrokerCalls
+
+__all__ = ["DistributedLimits", "Limits", "LocalLimits"]
+
+log = logging.getLogger("taskgate")
+
+Slot = str | None
+
+
+class Limits(Protocol):
+    """Slots and rate for one queue's scheduler."""
+
+    async def take_slots(self, n: int) -> list[Slot]:
+        """Up to ``n`` concurrency slots (the caller already capped ``n`` by local free workers)."""
+        ...
+
+    async def take_rate(self, n: int) -> tuple[int, float]:
+        """Up to ``n`` starts allowed now, and the wait before the next one when fewer."""
+        ...
+
+    def spent(self, granted: int, used: int) -> None:
+        """``used`` of ``granted`` starts happened (a local bucket pays only for these)."""
+        ...
+
+    async def renew(self, slots: Sequence[Slot]) -> list[Slot]:
+        """Keep ``slots`` alive; returns those that were lost."""
+        ...
+
+    async def release(self, slots: Sequence[Slot]) -> None:
+        """Give ``slots`` back (each at most once)."""
+        ...
+
+
+class LocalLimits:
+    """Per-process limits: the local worker count is the slot count, the bucket meters starts."""
+
+    def __init__(self, conf: QueueConfig) -> None:
+        self._bucket = TokenBucket(conf.rps, conf.burst, anyio.current_time())
+
+    async def take_slots(self, n: int) -> list[Slot]:
+        """Local slots are the scheduler's free workers: all ``n`` are granted."""
+        return [None] * n
+
+    async def take_rate(self, n: int) -> tuple[int, float]:
+        """Whole tokens available now (taking none yet), and the wait for the next token."""
+        now = anyio.current_time()
+        granted = self._bucket.available(now, n)
+        return granted, (0.0 if granted else self._bucket.wait_time(now))
+
+    def spent(self, granted: int, used: int) -> None:
+        """Pay for the ``used`` starts."""
+        self._bucket.take(anyio.current_time(), used)
+
+    async def renew(self, slots: Sequence[Slot]) -> list[Slot]:
+        """Local slots cannot be lost."""
+        return []
+
+    async def release(self, slots: Sequence[Slot]) -> None:
+        """Nothing to give back: the scheduler's running count is the slot count."""
+
+
+class DistributedLimits:
+    """Global limits through the broker's `DistributedLimiter`; slots expire with the lease."""
+
+    def __init__(
+        self, limiter: DistributedLimiter, calls: BrokerCalls, queue: str, conf: QueueConfig, deadline: float
+    ) -> None:
+        self._limiter, self._calls, self._queue, self._conf = limiter, calls, queue, conf
+        self._deadline = deadline
+
+    @property
+    def _ttl(self) -> timedelta:
+        return self._conf.lease
+
+    async def take_slots(self, n: int) -> list[Slot]:
+        """Up to ``n`` of the queue's global ``workers`` slots (none when the broker fails)."""
+        try:
+            tokens = await self._calls(
+                self._limiter.acquire_slots,
+                self._queue,
+                self._conf.workers,
+                n,
+                self._ttl,
+                deadline=self._deadline,
+            )
+        except BrokerError as exc:
+            log.warning("queue %r: cannot take concurrency slots: %s", self._queue, exc)
+            return []
+        return list(tokens)
+
+    async def take_rate(self, n: int) -> tuple[int, float]:
+        """Starts from the broker's GCRA limiter (spent as soon as granted)."""
+        if self._conf.rps == 0:
+            return n, 0.0
+        try:
+            return await self._calls(
+                self._limiter.take_rate,
+                self._queue,
+                self._conf.rps,
+                self._conf.effective_burst,
+                n,
+                deadline=self._deadline,
+            )
+        except BrokerError as exc:
+            log.warning("queue %r: rate limiter unreachable: %s", self._queue, exc)
+            return 0, 1.0
+
+    def spent(self, granted: int, used: int) -> None:
+        """Global starts were spent when granted; unused ones are lost (fewer starts, never more)."""
+
+    async def renew(self, slots: Sequence[Slot]) -> list[Slot]:
+        """Extend held slots; returns those no longer held (a BrokerError propagates)."""
+        tokens = [s for s in slots if s is not None]
+        if not tokens:
+            return []
+        lost = await self._calls(
+            self._limiter.renew_slots, self._queue, tokens, self._ttl, deadline=self._deadline
+        )
+        return list(lost)
+
+    async def release(self, slots: Sequence[Slot]) -> None:
+        """Give slots back; failures only delay them until they expire."""
+        tokens = [s for s in slots if s is not None]
+        if not tokens:
+            return
+        try:
+            await self._calls(self._limiter.release_slots, self._queue, tokens, deadline=self._deadline)
+        except BrokerError as exc:
+            log.warning("queue %r: could not release %d slot(s): %s", self._queue, len(tokens), exc)

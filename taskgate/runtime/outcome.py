@@ -1,0 +1,110 @@
+"""What a finished run means for its task: the retry policy, as pure decisions.
+
+`decide` maps a handler's exception to one broker transition; `Executor` carries it out.
+Nothing here touches the broker, so every path is unit-tested with plain values.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from taskgate.brokers.base import FailureKind
+from taskgate.errors import SkipRetry, Throttled, UnknownTypeError
+from taskgate.runtime.backoff import business_backoff
+from taskgate.task import Task
+
+__all__ = [
+    "Ack",
+    "Discard",
+    "Fail",
+    "Outcome",
+    "Retry",
+    "Stop",
+    "StopReason",
+    "decide",
+    "describe",
+    "unknown_type",
+]
+
+
+class StopReason(Enum):
+    """Why the runtime stopped a handler from outside (or the handler learned it must stop)."""
+
+    CANCELED = "canceled"  # a cancel was requested: finish_canceled
+    LEASE_LOST = "lease_lost"  # reaped or fenced: write nothing, the reaper owns the task
+    SHUTDOWN = "shutdown"  # shutdown timed out or the runtime was cancelled: requeue untouched
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Complete with ``result``."""
+
+    result: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Back to ``retrying`` after ``delay`` seconds, counting ``kind``."""
+
+    kind: FailureKind
+    error: str
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Failed for good, counting ``kind``."""
+
+    kind: FailureKind
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stopped from outside for ``reason``."""
+
+    reason: StopReason
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """Write nothing (the result of a run that lost its lease)."""
+
+
+Outcome = Ack | Retry | Fail | Stop | Discard
+
+
+def describe(exc: BaseException) -> str:
+    """The ``last_error`` text of an exception: ``"TypeName: message"``."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def unknown_type(task: Task) -> Fail:
+    """The outcome for a task whose type has no handler in this process."""
+    error = UnknownTypeError(f"no handler registered for task type {task.type!r} in this process")
+    return Fail(FailureKind.SKIP, describe(error))
+
+
+def decide(
+    exc: Exception, task: Task, *, throttled_max: int, rand: Callable[[], float] = random.random
+) -> Outcome:
+    """The retry path for a handler that raised ``exc`` while running ``task``.
+
+    `Throttled` retries after ``retry_after`` until ``throttled_max`` throttles; `SkipRetry`
+    fails at once; anything else counts an attempt and retries with backoff while
+    ``attempts <= max_retry``.
+    """
+    if isinstance(exc, Throttled):
+        if task.throttled + 1 > throttled_max:
+            return Fail(FailureKind.THROTTLED, describe(exc))
+        return Retry(FailureKind.THROTTLED, describe(exc), exc.retry_after)
+    if isinstance(exc, SkipRetry):
+        return Fail(FailureKind.SKIP, describe(exc))
+    attempts = task.attempts + 1
+    if attempts <= task.max_retry:
+        return Retry(FailureKind.BUSINESS, describe(exc), business_backoff(attempts, rand))
+    return Fail(FailureKind.BUSINESS, describe(exc))

@@ -1,0 +1,317 @@
+"""The runtime behind `Gate`: schedulers, executor, reaper, wake-ups and hooks, started by `run`.
+
+Layout of `Runtime.run` (outer to inner task groups): background (hook consumer, reaper,
+cross-process wake-ups) -> work (one task per running handler) -> schedulers (one per queue).
+Shutdown stops the schedulers first, lets the work group drain (cancelling and requeueing on
+timeout), then stops the background loops and lets the hook consumer deliver what is queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, MutableMapping
+from typing import cast
+
+import anyio
+from anyio.abc import TaskStatus
+
+from taskgate.brokers.base import DistributedLimiter, Lease
+from taskgate.config import Config, QueueConfig
+from taskgate.errors import BrokerError, ShutdownError, TaskgateError
+from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.context import RunContext
+from taskgate.runtime.executor import Executor, Handler
+from taskgate.runtime.hooks import HookDispatcher
+from taskgate.runtime.limits import DistributedLimits, Limits, LocalLimits, Slot
+from taskgate.runtime.outcome import StopReason
+from taskgate.runtime.quota import QuotaGate
+from taskgate.runtime.scheduler import QueueScheduler
+from taskgate.runtime.signals import TaskWaiters
+from taskgate.runtime.wakeups import reap_forever, wait_for_work_forever
+from taskgate.task import Status, Task
+
+__all__ = ["Runtime", "worker_deadline"]
+
+log = logging.getLogger("taskgate")
+
+MIN_BROKER_THREADS = 8
+
+
+def worker_deadline(conf: QueueConfig) -> float:
+    """The deadline of a worker-path broker call of a queue: shorter than ``lease_ttl/3``."""
+    return min(conf.lease.total_seconds() / 4, 30.0)
+
+
+class Runtime:
+    """Owns everything that runs; `Gate` is its public face."""
+
+    def __init__(
+        self,
+        config: Config,
+        handlers: MutableMapping[str, Handler],
+        *,
+        poll_interval: float,
+        reap_interval: float | None,
+    ) -> None:
+        self.config, self.broker, self.handlers = config, config.broker, handlers
+        self.poll_interval = poll_interval
+        self._reap_interval = reap_interval
+        self.waiters = TaskWaiters()
+        self.hooks = HookDispatcher(config.on_state_change)
+        self.schedulers: dict[str, QueueScheduler] = {}
+        self.active: dict[str, RunContext] = {}
+        self.closing = False
+        self._calls: BrokerCalls | None = None
+        self._threads: anyio.CapacityLimiter | None = None
+        self._running = False
+        self._stopped: anyio.Event | None = None
+        self._work_done: anyio.Event | None = None
+        self._work_group: anyio.abc.TaskGroup | None = None
+        self._executor_ref: Executor | None = None
+
+    # -- resources ---------------------------------------------------------------------------
+
+    @property
+    def calls(self) -> BrokerCalls:
+        """The broker door; created on first use inside the event loop."""
+        if self._calls is None:
+            workers = sum(q.workers for q in self._all_queue_configs())
+            self._calls = BrokerCalls(max(MIN_BROKER_THREADS, workers + len(self.config.queues) + 4))
+        return self._calls
+
+    def _thread_limiter(self) -> anyio.CapacityLimiter:
+        if self._threads is None:
+            self._threads = anyio.CapacityLimiter(max(1, sum(q.workers for q in self._all_queue_configs())))
+        return self._threads
+
+    def _all_queue_configs(self) -> list[QueueConfig]:
+        confs = [self.config.queue_config(self.config.queue_for(t)) for t in self.handlers]
+        return [*self.config.queues.values(), *(c for c in confs if c is not None)]
+
+    def check_open(self) -> None:
+        """Raise `ShutdownError` once shutdown has begun."""
+        if self.closing:
+            raise ShutdownError("the gate is shut down; no new tasks are accepted")
+
+    # -- observing transitions ------------------------------------------------------------------
+
+    async def observe(self, tasks: Iterable[Task]) -> None:
+        """React to snapshots this process produced: hooks, waiters, wake-ups."""
+        tasks = list(tasks)
+        cascade = False
+        for task in tasks:
+            if task.status.is_final:
+                self.waiters.notify(task.id)
+                cascade = cascade or task.status is not Status.COMPLETED
+            elif task.status in (Status.PENDING, Status.RETRYING):
+                self.wake_queue(task.queue)
+        if cascade:
+            self.waiters.notify_all()  # descendants were canceled in the same transition
+        if any(t.status is Status.COMPLETED for t in tasks):
+            self.wake_all()  # children may have become pending in any queue
+        await self.hooks.emit(tasks)
+
+    def wake_queue(self, queue: str) -> None:
+        """Wake ``queue``'s scheduler, if this process runs it."""
+        scheduler = self.schedulers.get(queue)
+        if scheduler is not None:
+            scheduler.wake()
+
+    def wake_all(self) -> None:
+        """Wake every scheduler."""
+        for scheduler in self.schedulers.values():
+            scheduler.wake()
+
+    # -- run / shutdown ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Claim and execute the handled queues until `shutdown` or cancellation."""
+        self.check_open()
+        if self._running:
+            raise RuntimeError("this gate is already running")
+        self._running = True
+        self._stopped, self._work_done = anyio.Event(), anyio.Event()
+        try:
+            await self._run(task_status)
+        finally:
+            self._running = False
+            self.schedulers = {}
+            self._work_group = self._executor_ref = None
+            self._stopped.set()
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
+        executor = self._executor()
+        async with anyio.create_task_group() as background:
+            await background.start(self.hooks.run)
+            loops = anyio.CancelScope()
+            background.start_soon(self._background_loops, loops)
+            try:
+                async with anyio.create_task_group() as work:
+                    self._start_schedulers(work, executor, task_status)
+                assert self._work_done is not None
+                self._work_done.set()
+            finally:
+                loops.cancel()
+                self.hooks.close()
+
+    def _start_schedulers(
+        self, work: anyio.abc.TaskGroup, executor: Executor, status: TaskStatus[None]
+    ) -> None:
+        for name in sorted({self.config.queue_for(t) for t in self.handlers}):
+            self._add_scheduler(work, executor, name)
+        self._work_group, self._executor_ref = work, executor
+        status.started()
+
+    def _add_scheduler(self, work: anyio.abc.TaskGroup, executor: Executor, name: str) -> None:
+        conf = self.config.queue_config(name)
+        assert conf is not None, f"queue {name!r} has no configuration"
+        scheduler = QueueScheduler(
+            name,
+            conf,
+            broker=self.broker,
+            calls=self.calls,
+            limits=self._limits(name, conf),
+            quota=self._quota(name, conf),
+            poll_interval=self.poll_interval,
+            deadline=worker_deadline(conf),
+        )
+        self.schedulers[name] = scheduler
+
+        async def start(lease: Lease, slot: Slot, claimed_at: float) -> None:
+            await self._execute(executor, scheduler, lease, slot, claimed_at)
+
+        async def requeue(lease: Lease) -> None:
+            await self._requeue(scheduler, lease)
+
+        work.start_soon(scheduler.run, work, start, requeue)
+
+    def add_queue_for(self, task_type: str) -> None:
+        """Start the scheduler of a type registered while running (no-op when not running)."""
+        name = self.config.queue_for(task_type)
+        work, executor = self._work_group, self._executor_ref
+        if self._running and work is not None and executor is not None and name not in self.schedulers:
+            if not self.closing:
+                self._add_scheduler(work, executor, name)
+
+    async def _background_loops(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reap_forever, self, self._reap_every())
+                if self.broker.capabilities.cross_process:
+                    tg.start_soon(wait_for_work_forever, self, self.poll_interval)
+
+    def _reap_every(self) -> float:
+        if self._reap_interval is not None:
+            return self._reap_interval
+        ttls = [c.lease.total_seconds() for c in self._all_queue_configs()] or [60.0]
+        return max(0.01, min(ttls) / 2)
+
+    async def shutdown(self, grace: float | None) -> None:
+        """Stop claiming, drain running handlers, requeue the rest after ``grace`` seconds."""
+        self.closing = True
+        if not self._running or self._stopped is None or self._work_done is None:
+            return
+        for scheduler in self.schedulers.values():
+            scheduler.stop()
+        with anyio.move_on_after(grace):
+            await self._work_done.wait()
+        for ctx in list(self.active.values()):
+            ctx.stop(StopReason.SHUTDOWN)
+        await self._stopped.wait()
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _executor(self) -> Executor:
+        return Executor(
+            self.broker,
+            self.calls,
+            self.handlers,
+            throttled_max=self.config.throttled_max,
+            thread_limiter=self._thread_limiter(),
+            on_settled=lambda task: self.observe([task]),
+        )
+
+    def _limits(self, name: str, conf: QueueConfig) -> Limits:
+        if self.broker.capabilities.distributed_limits:
+            limiter = cast(DistributedLimiter, self.broker)
+            return DistributedLimits(limiter, self.calls, name, conf, worker_deadline(conf))
+        return LocalLimits(conf)
+
+    def _quota(self, name: str, conf: QueueConfig) -> QuotaGate | None:
+        key = self.config.quota_key(name)
+        if key is None or conf.period is None:
+            return None
+        return QuotaGate(
+            self.broker,
+            self.calls,
+            key=key,
+            limit=conf.quota_limit,
+            period=conf.period,
+            deadline=worker_deadline(conf),
+            recheck=max(self.poll_interval * 5, 0.05),
+        )
+
+    async def _execute(
+        self, executor: Executor, scheduler: QueueScheduler, lease: Lease, slot: Slot, claimed_at: float
+    ) -> None:
+        conf = scheduler.conf
+        ctx = RunContext(
+            lease=lease,
+            broker=self.broker,
+            calls=self.calls,
+            ttl=conf.lease,
+            deadline=worker_deadline(conf),
+            slots=[slot] if slot is not None else [],
+            renew_slots=scheduler.limits.renew if slot is not None else None,
+            lease_deadline=claimed_at + conf.lease.total_seconds(),
+        )
+        self.active[lease.task.id] = ctx
+        try:
+            await self.observe([lease.task])
+            await executor.run(ctx, auto_heartbeat=not conf.manual_heartbeat)
+        finally:
+            if self.active.get(lease.task.id) is ctx:
+                del self.active[lease.task.id]
+            scheduler.running -= 1
+            with anyio.CancelScope(shield=True):
+                await scheduler.limits.release([slot])
+            scheduler.wake()
+
+    async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
+        try:
+            task = await self.calls(
+                self.broker.requeue, lease.task.id, lease.token, deadline=worker_deadline(scheduler.conf)
+            )
+        except TaskgateError as exc:
+            log.warning("task %s: could not requeue during shutdown: %s", lease.task.id, exc)
+            return
+        await self.hooks.emit([task])
+
+    def cancel_local(self, task: Task) -> None:
+        """Cancel the handler of ``task`` at once when it runs in this process."""
+        ctx = self.active.get(task.id)
+        if ctx is not None and task.status is Status.RUNNING:
+            ctx.stop(StopReason.CANCELED)
+
+    def lost_leases(self, reaped: Iterable[Task]) -> None:
+        """Stop local handlers whose leases the reaper just took back (same claim only)."""
+        for task in reaped:
+            ctx = self.active.get(task.id)
+            if ctx is not None and ctx.task.claims == task.claims:
+                ctx.stop(StopReason.LEASE_LOST)
+
+    async def reap_once(self) -> list[Task]:
+        """One reaper pass: take back expired leases and react to the result."""
+        deadline = min((worker_deadline(c) for c in self._all_queue_configs()), default=15.0)
+        try:
+            reaped = await self.calls(
+                self.broker.reap, lease_lost_max=self.config.lease_lost_max, deadline=deadline
+            )
+        except BrokerError as exc:
+            log.warning("reaper: %s", exc)
+            return []
+        if reaped:
+            log.info("reaper took back %d expired lease(s)", len(reaped))
+            self.lost_leases(reaped)
+            await self.observe(reaped)
+        return reaped

@@ -1,0 +1,146 @@
+"""One queue's claim loop: free workers -> rate -> quota -> ``claim`` k tasks at once.
+
+Each queue has its own scheduler task, limits and quota, so a slow, rate-limited or
+quota-exhausted queue never delays another. A same-process submit fires the queue's
+`Signal` (no polling delay); delayed and retrying tasks become due by polling every
+``poll_interval``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from taskgate.brokers.base import Broker, Lease
+from taskgate.config import QueueConfig
+from taskgate.errors import BrokerError
+from taskgate.runtime.backoff import exponential
+from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.limits import Limits, Slot
+from taskgate.runtime.quota import QuotaGate
+from taskgate.runtime.signals import Signal
+
+__all__ = ["QueueScheduler"]
+
+log = logging.getLogger("taskgate")
+
+# Runs one claimed lease until its task is settled: (lease, its concurrency slot, the local
+# time the claim began -- the lease cannot end earlier than that plus its TTL).
+StartLease = Callable[[Lease, Slot, float], Coroutine[Any, Any, None]]
+Requeue = Callable[[Lease], Coroutine[Any, Any, None]]
+
+
+class QueueScheduler:
+    """Claims tasks of one queue within its limits and hands them to the executor."""
+
+    def __init__(
+        self,
+        name: str,
+        conf: QueueConfig,
+        *,
+        broker: Broker,
+        calls: BrokerCalls,
+        limits: Limits,
+        quota: QuotaGate | None,
+        poll_interval: float,
+        deadline: float,
+    ) -> None:
+        self.name, self.conf = name, conf
+        self._broker, self._calls = broker, calls
+        self.limits, self.quota = limits, quota
+        self._poll, self._deadline = poll_interval, deadline
+        self.signal = Signal()
+        self.running = 0
+        self._stopping = False
+        self._paused_until = 0.0
+        self._claim_failures = 0
+        self._claim_started = 0.0
+
+    def stop(self) -> None:
+        """Stop claiming; the loop ends at its next check."""
+        self._stopping = True
+        self.signal.fire()
+
+    def wake(self) -> None:
+        """Work may be due now (a submit, a freed slot, a woken child)."""
+        self.signal.fire()
+
+    async def run(self, work: TaskGroup, start: StartLease, requeue: Requeue) -> None:
+        """Claim until `stop`; claimed leases run in ``work`` through ``start``."""
+        while not self._stopping:
+            await self._cycle(work, start, requeue)
+
+    async def _cycle(self, work: TaskGroup, start: StartLease, requeue: Requeue) -> None:
+        now = anyio.current_time()
+        free = self.conf.workers - self.running
+        if now < self._paused_until:
+            await self.signal.wait(self._paused_until - now)
+            return
+        if free <= 0:
+            await self.signal.wait(None)
+            return
+        claimed = await self._claim_within_limits(free)
+        if claimed is None:
+            return
+        leases, slots = claimed
+        for lease, slot in zip(leases, slots, strict=False):
+            if self._stopping:
+                await requeue(lease)  # claimed while stopping: put it back untouched
+                await self.limits.release([slot])
+                continue
+            self.running += 1
+            work.start_soon(start, lease, slot, self._claim_started)
+        if len(leases) < len(slots):
+            await self.signal.wait(self._poll)
+
+    async def _claim_within_limits(self, free: int) -> tuple[list[Lease], list[Slot]] | None:
+        """Take slots, rate and quota for up to ``free`` starts, then claim; None when paused."""
+        slots = await self.limits.take_slots(free)
+        if not slots:
+            self._pause(self._poll)
+            return None
+        granted, wait = await self.limits.take_rate(len(slots))
+        if granted <= 0:
+            await self.limits.release(slots)
+            self._pause(max(wait, 0.001))
+            return None
+        wanted = granted
+        grant = None
+        if self.quota is not None:
+            grant = await self.quota.reserve(granted)
+            if grant is None:
+                await self.limits.release(slots)
+                self.limits.spent(granted, 0)
+                self._pause(self.quota.pause)
+                return None
+            wanted = min(granted, grant.granted)
+        leases = await self._claim(wanted)
+        if grant is not None and leases is not None:
+            # A failed claim keeps its units: on a fault the quota issues fewer, never more.
+            await self.quota.release(grant, grant.granted - len(leases))  # type: ignore[union-attr]
+        got = leases or []
+        self.limits.spent(granted, len(got))
+        await self.limits.release(slots[len(got) :])
+        return got, slots[:wanted]
+
+    async def _claim(self, n: int) -> list[Lease] | None:
+        self._claim_started = anyio.current_time()
+        try:
+            leases = await self._calls(
+                self._broker.claim, self.name, n, self.conf.lease, deadline=self._deadline
+            )
+        except BrokerError as exc:
+            self._claim_failures += 1
+            backoff = exponential(self._claim_failures, base=self._poll / 2, cap=10.0)
+            log.warning("queue %r: claim failed (retry in %.2fs): %s", self.name, backoff, exc)
+            self._pause(backoff)
+            return None
+        self._claim_failures = 0
+        return leases
+
+    def _pause(self, seconds: float) -> None:
+        self._paused_until = anyio.current_time() + seconds

@@ -1,0 +1,70 @@
+"""Wake-up signals inside one event loop: a re-armable flag for schedulers, events for waiters.
+
+All methods must be called from the event loop's thread (anyio events are not thread-safe);
+threads hand results back by returning from ``to_thread.run_sync``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import anyio
+
+__all__ = ["Signal", "TaskWaiters"]
+
+
+class Signal:
+    """A flag one consumer waits on; `fire` before the wait is remembered, not lost."""
+
+    def __init__(self) -> None:
+        self._fired = False
+        self._event: anyio.Event | None = None
+
+    def fire(self) -> None:
+        """Wake the consumer now, or at its next `wait`."""
+        self._fired = True
+        if self._event is not None:
+            self._event.set()
+
+    async def wait(self, seconds: float | None) -> bool:
+        """Wait up to ``seconds`` (None: forever) for a fire; True when one came."""
+        if not self._fired and (seconds is None or seconds > 0):
+            self._event = anyio.Event()
+            with anyio.move_on_after(seconds):
+                await self._event.wait()
+            self._event = None
+        fired, self._fired = self._fired, False
+        return fired
+
+
+class TaskWaiters:
+    """Events for `Gate.wait` callers, set when this process sees a task reach a final state."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, set[anyio.Event]] = defaultdict(set)
+
+    def add(self, task_id: str) -> anyio.Event:
+        """A fresh event that is set on the next `notify` of ``task_id`` (or `notify_all`)."""
+        event = anyio.Event()
+        self._events[task_id].add(event)
+        return event
+
+    def discard(self, task_id: str, event: anyio.Event) -> None:
+        """Forget ``event`` (the waiter gave up or was answered)."""
+        events = self._events.get(task_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._events[task_id]
+
+    def notify(self, task_id: str) -> None:
+        """Wake the waiters of ``task_id`` so they re-read it."""
+        for event in self._events.pop(task_id, ()):
+            event.set()
+
+    def notify_all(self) -> None:
+        """Wake every waiter (a cascade may have finished tasks this process never saw)."""
+        events, self._events = self._events, defaultdict(set)
+        for group in events.values():
+            for event in group:
+                event.set()

@@ -1,0 +1,113 @@
+"""Turning `Gate.submit` arguments into validated `NewTask`s, before anything is stored."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from taskgate.brokers.base import NewTask, check_identifier
+from taskgate.clock import utc
+from taskgate.codec import encode_value
+from taskgate.config import Config
+from taskgate.durations import DurationLike, parse_duration
+from taskgate.errors import ConfigError
+from taskgate.ids import new_id
+
+__all__ = ["build_tasks", "route"]
+
+
+def route(config: Config, task_type: str) -> str:
+    """The queue of ``task_type``; `ConfigError` when that queue has no limits configured."""
+    check_identifier(task_type, what="task type")
+    queue = config.queue_for(task_type)
+    if config.queue_config(queue) is None:
+        raise ConfigError(
+            f"task type {task_type!r} goes to queue {queue!r}, which is not in Config.queues, "
+            "and there is no default_queue"
+        )
+    return queue
+
+
+def _delay(delay: DurationLike | None) -> timedelta | None:
+    if delay is None:
+        return None
+    if not isinstance(delay, timedelta | int | float | str) or isinstance(delay, bool):
+        raise TypeError(f"delay must be a timedelta, seconds or a string like '10s', got {delay!r}")
+    value = parse_duration(delay, field="delay")
+    if value < timedelta(0):
+        raise ValueError(f"delay must be >= 0, got {delay!r}")
+    return value
+
+
+def _run_at(run_at: datetime | None) -> datetime | None:
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}: {run_at!r}")
+    if run_at.tzinfo is None:
+        raise ValueError(f"run_at must be timezone-aware (e.g. UTC), got naive {run_at!r}")
+    return utc(run_at)
+
+
+def _max_retry(config: Config, max_retry: int | None) -> int:
+    if max_retry is None:
+        return config.max_retry
+    if isinstance(max_retry, bool) or not isinstance(max_retry, int):
+        raise TypeError(f"max_retry must be an int, got {max_retry!r}")
+    if max_retry < 0:
+        raise ValueError(f"max_retry must be >= 0, got {max_retry}")
+    return max_retry
+
+
+def _parents(depends_on: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(depends_on, str | bytes):
+        raise TypeError("depends_on must be a sequence of execution ids, not a single string")
+    parents = tuple(depends_on)
+    for parent in parents:
+        check_identifier(parent, what="depends_on id")
+    return parents
+
+
+def build_tasks(
+    config: Config,
+    task_type: str,
+    payloads: Iterable[Any],
+    *,
+    business_key: str | None = None,
+    delay: DurationLike | None = None,
+    run_at: datetime | None = None,
+    max_retry: int | None = None,
+    depends_on: Iterable[str] = (),
+    ignore_parent_failure: bool = False,
+) -> list[NewTask]:
+    """One `NewTask` per payload; raises `TypeError`/`ValueError`/`ConfigError` naming the argument.
+
+    ``run_at`` wins over ``delay``. Nothing is stored here, so bad input changes nothing.
+    """
+    queue = route(config, task_type)
+    if business_key is not None:
+        check_identifier(business_key, what="business_key")
+    if not isinstance(ignore_parent_failure, bool):
+        raise TypeError(f"ignore_parent_failure must be a bool, got {ignore_parent_failure!r}")
+    when = _run_at(run_at)
+    wait = _delay(delay)
+    if when is not None:
+        wait = None
+    retries = _max_retry(config, max_retry)
+    parents = _parents(depends_on)
+    return [
+        NewTask(
+            id=new_id(),
+            type=task_type,
+            queue=queue,
+            payload=encode_value(payload, what="payload"),
+            max_retry=retries,
+            run_at=when,
+            delay=wait,
+            depends_on=parents,
+            ignore_parent_failure=ignore_parent_failure,
+            business_key=business_key,
+        )
+        for payload in payloads
+    ]

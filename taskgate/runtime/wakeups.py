@@ -1,0 +1,54 @@
+"""Background loops of a running gate: the reaper, and wake-ups for work from other processes."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+
+from taskgate.errors import BrokerError
+
+if TYPE_CHECKING:
+    from taskgate.runtime.runner import Runtime
+
+__all__ = ["WAIT_FOR_WORK_TIMEOUT", "reap_forever", "wait_for_work_forever"]
+
+log = logging.getLogger("taskgate")
+
+# How long one blocking `wait_for_work` call may last; an abandoned call (shutdown) lingers
+# in its thread at most this long.
+WAIT_FOR_WORK_TIMEOUT = 1.0
+
+
+async def reap_forever(runtime: Runtime, interval: float) -> None:
+    """Every ``interval`` seconds, take back expired leases (``broker.reap``)."""
+    while True:
+        await anyio.sleep(interval)
+        await runtime.reap_once()
+
+
+async def wait_for_work_forever(runtime: Runtime, poll_interval: float) -> None:
+    """Block in a thread on ``broker.wait_for_work`` and wake the schedulers when it answers.
+
+    Runs on its own one-thread limiter, so it never takes a broker-call thread. After a wake it
+    pauses ``poll_interval`` so a broker answering "work may be due" at once cannot spin.
+    """
+    limiter = anyio.CapacityLimiter(1)
+    while True:
+        queues = sorted(runtime.schedulers)
+        try:
+            woke = await anyio.to_thread.run_sync(
+                runtime.broker.wait_for_work,
+                queues,
+                WAIT_FOR_WORK_TIMEOUT,
+                abandon_on_cancel=True,
+                limiter=limiter,
+            )
+        except BrokerError as exc:
+            log.warning("wait_for_work failed: %s", exc)
+            woke = False
+            await anyio.sleep(max(poll_interval, 0.5))
+        if woke:
+            runtime.wake_all()
+            await anyio.sleep(poll_interval)
