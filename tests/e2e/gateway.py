@@ -60,8 +60,9 @@ class Counters:
 
     ``requests`` counts every request received, ``in_flight`` those not yet answered and
     ``max_concurrency`` the most ever in flight at once (busy and dropped ones included).
-    ``by_tag`` counts requests per body tag; ``ok + busy + failures + crashes == requests``
-    once nothing is in flight.
+    ``held`` counts requests that waited for `Gateway.release`, ``gone`` answers whose client
+    had already disconnected. ``by_tag`` counts requests per body tag;
+    ``ok + busy + failures + crashes == requests`` once nothing is in flight.
     """
 
     requests: int = 0
@@ -72,6 +73,7 @@ class Counters:
     failures: int = 0
     crashes: int = 0
     held: int = 0
+    gone: int = 0
     by_tag: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def tag(self, tag: str) -> int:
@@ -145,6 +147,7 @@ class _State:
             failures=c[FAIL],
             crashes=c[CRASH],
             held=c["held"],
+            gone=c["gone"],
             by_tag=MappingProxyType(dict(self.by_tag)),
         )
 
@@ -183,6 +186,11 @@ class _Handler(BaseHTTPRequestHandler):
         outcome = self.state.arrive(str(body.get("tag", "")))
         try:
             self._answer(outcome, body)
+        except OSError:
+            # The client went away first (e.g. its process was killed mid-request): count it,
+            # and keep the traceback out of the test output.
+            self.state.note("gone", 1)
+            self.close_connection = True
         finally:
             self.state.leave()
 
