@@ -20,6 +20,7 @@ Writes by a worker carry the lease token it got from `claim`; a stale token rais
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -227,7 +228,7 @@ class Broker(Protocol):
         """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
         ...
 
-    def history(self, business_key: str) -> list[Task]:
+    def history(self, business_key: str) -> builtins.list[Task]:
         """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
         ...
 
@@ -244,7 +245,7 @@ class Broker(Protocol):
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
         """Lease up to ``limit`` due tasks of ``queue`` (pending/retrying, ``run_at <= now``).
 
         Oldest due first (``run_at``, then id). Each becomes ``running`` with ``claims += 1``,
@@ -294,7 +295,7 @@ class Broker(Protocol):
         """
         ...
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> list[Task]:
+    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended; return their new snapshots.
 
         Each gets ``lease_lost += 1`` and goes back to ``pending``; at ``lease_lost_max`` it

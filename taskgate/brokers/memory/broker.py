@@ -396,16 +396,22 @@ class MemoryBroker:
     def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
         """Block up to ``timeout`` seconds until work may be due in ``queues``.
 
-        True when an enqueue/requeue/retry/wake-up touched one of ``queues``, or when the
-        earliest delayed task of one of them fell due (by the broker's clock, measured when
-        the wait began); False on timeout, and at once or on wake-up once the broker is closed.
+        True at once when a task of ``queues`` is due already (so work enqueued between a
+        claim and this wait is never missed); else True when an enqueue/requeue/retry/wake-up
+        touches one of ``queues`` or the earliest delayed task falls due (by the broker's
+        clock, measured when the wait began). False on timeout, and at once or on wake-up
+        once the broker is closed.
         """
         names = check_queues(queues)
         seconds = check_timeout(timeout)
         deadline = time.monotonic() + seconds
         with self._cond:
+            if self._closed:
+                return False
             seen = [self._signals.get(q, 0) for q in names]
             due_at = self._monotonic_due(names)
+            if due_at is not None and due_at <= time.monotonic():
+                return True
             wake_at = deadline if due_at is None else min(deadline, due_at)
             while not self._closed:
                 if [self._signals.get(q, 0) for q in names] != seen:
@@ -417,12 +423,12 @@ class MemoryBroker:
             return False
 
     def _monotonic_due(self, queues: builtins.list[str]) -> float | None:
-        """When, on ``time.monotonic``, the earliest not-yet-due ready task becomes due."""
-        now = self._clock.now()
-        future = [t for t in (self._table.next_run_at(q) for q in queues) if t is not None and t > now]
-        if not future:
+        """When, on ``time.monotonic``, the earliest ready task of ``queues`` is due (maybe past)."""
+        now = utc(self._clock.now())
+        run_ats = [t for t in (self._table.next_run_at(q) for q in queues) if t is not None]
+        if not run_ats:
             return None
-        return time.monotonic() + (min(future) - now).total_seconds()
+        return time.monotonic() + (min(run_ats) - now).total_seconds()
 
     def close(self) -> None:
         """Wake every waiter; later calls raise `BrokerError` (waits return False). Idempotent."""

@@ -1,0 +1,60 @@
+"""The broker contract suite: one pytest class stating every behaviour a broker must have.
+
+Use it from a backend's test file::
+
+    import pytest
+    from taskgate.testing import BrokerContract
+
+    class TestMyBroker(BrokerContract):
+        @pytest.fixture
+        def broker_factory(self, clock):
+            store = ...                        # ONE isolated store for this test
+            opened = []
+            def open_broker():                 # each call: a NEW broker on that store
+                broker = MyBroker(..., clock=clock)
+                opened.append(broker)
+                return broker
+            yield open_broker
+            for broker in opened:
+                broker.close()
+
+Tests are synchronous and never sleep: time moves on the ``clock`` fixture (a `ManualClock`)
+which every broker of the factory must read for every time it stores or compares. Races run
+real threads released by a barrier, one broker object per thread, `RACE_ROUNDS` times each.
+Tests that need an optional capability skip, naming it, when ``broker.capabilities`` lacks it.
+"""
+
+from __future__ import annotations
+
+from taskgate.testing.contract._fixtures import BrokerFactory, ContractFixtures
+from taskgate.testing.contract._support import RACE_ROUNDS
+from taskgate.testing.contract.cancel import CancelContract
+from taskgate.testing.contract.claims import ClaimContract, WaitContract
+from taskgate.testing.contract.dependencies import DependencyContract
+from taskgate.testing.contract.leases import LeaseContract
+from taskgate.testing.contract.lifecycle import LifecycleContract
+from taskgate.testing.contract.quota import QuotaContract
+from taskgate.testing.contract.races import RaceContract
+from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
+from taskgate.testing.contract.replay import ReplayContract
+from taskgate.testing.contract.validation import ValidationContract
+
+__all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory"]
+
+
+class BrokerContract(
+    ContractFixtures,
+    LifecycleContract,
+    ClaimContract,
+    WaitContract,
+    DependencyContract,
+    CancelContract,
+    LeaseContract,
+    ReadContract,
+    BusinessKeyContract,
+    ReplayContract,
+    QuotaContract,
+    ValidationContract,
+    RaceContract,
+):
+    """Every broker contract test; subclass it as ``Test<Backend>`` and define ``broker_factory``."""

@@ -1,0 +1,198 @@
+"""Contract: reads -- counts, queue length, list filters and paging, business keys and history."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from taskgate.brokers.base import Broker, FailureKind
+from taskgate.clock import ManualClock
+from taskgate.errors import TaskExistsError
+from taskgate.task import Filter, Status, Task
+from taskgate.testing.contract._support import TTL, claim_one, new_task, nonzero_counts, submit
+
+__all__ = ["BusinessKeyContract", "ReadContract"]
+
+
+def _mixed_history(broker: Broker, clock: ManualClock) -> None:
+    """Tasks of two types in every status, each reached through a real transition."""
+    for task_type in ("alpha", "beta"):
+        parent = submit(broker, type=task_type, queue=f"{task_type}-work")
+        submit(broker, type=task_type, queue="side", depends_on=(parent.id,))
+        for _ in range(4):
+            submit(broker, type=task_type, queue=f"{task_type}-work")
+        leases = broker.claim(f"{task_type}-work", 4, TTL)
+        broker.ack(leases[1].task.id, leases[1].token, None)
+        broker.fail(leases[2].task.id, leases[2].token, kind=FailureKind.BUSINESS, error="x")
+        broker.retry(leases[3].task.id, leases[3].token, kind=FailureKind.THROTTLED, error="x", delay=TTL)
+        broker.cancel(submit(broker, type=task_type).id)
+        clock.advance(1)
+
+
+def _counted(tasks: list[Task]) -> dict[str, dict[Status, int]]:
+    tally = Counter((t.type, t.status) for t in tasks)
+    result: dict[str, dict[Status, int]] = {}
+    for (task_type, status), n in tally.items():
+        result.setdefault(task_type, {})[status] = n
+    return result
+
+
+class ReadContract:
+    """Counts and lists (seed: CountsConsistency, ListFilter, ListPagination)."""
+
+    def test_counts_of_an_empty_broker_are_empty(self, broker: Broker) -> None:
+        assert nonzero_counts(broker) == {}
+
+    def test_counts_match_what_list_shows_after_mixed_transitions(
+        self, broker: Broker, clock: ManualClock
+    ) -> None:
+        _mixed_history(broker, clock)
+        tasks = broker.list(Filter())
+        assert nonzero_counts(broker) == _counted(tasks)
+        assert {t.status for t in tasks} == set(Status)
+
+    def test_counts_follow_each_transition(self, broker: Broker) -> None:
+        task = submit(broker)
+        assert nonzero_counts(broker) == {"t": {Status.PENDING: 1}}
+        lease = claim_one(broker)
+        assert nonzero_counts(broker) == {"t": {Status.RUNNING: 1}}
+        broker.ack(task.id, lease.token, None)
+        assert nonzero_counts(broker) == {"t": {Status.COMPLETED: 1}}
+
+    def test_queue_length_counts_pending_and_retrying_due_or_not(self, broker: Broker) -> None:
+        submit(broker)
+        submit(broker, delay=timedelta(hours=1))
+        retried = submit(broker)
+        submit(broker, depends_on=(retried.id,))
+        leases = broker.claim("q", 2, TTL)
+        lease = next(x for x in leases if x.task.id == retried.id)
+        broker.retry(retried.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
+        # pending (delayed), retrying; the other claimed one is running, the child blocked.
+        assert broker.queue_length("q") == 2
+        assert broker.queue_length("unknown-queue") == 0
+
+    def test_list_without_filter_returns_everything_in_creation_order(
+        self, broker: Broker, clock: ManualClock
+    ) -> None:
+        ids = []
+        for _ in range(3):
+            ids.append(submit(broker).id)
+            clock.advance(1)
+        assert [t.id for t in broker.list(Filter())] == ids
+
+    def test_list_breaks_created_at_ties_by_id(self, broker: Broker) -> None:
+        broker.enqueue([new_task(id=i) for i in ("id-c", "id-a", "id-b")])
+        assert [t.id for t in broker.list(Filter())] == ["id-a", "id-b", "id-c"]
+
+    def test_list_returns_current_snapshots(self, broker: Broker) -> None:
+        task = submit(broker)
+        lease = claim_one(broker)
+        assert broker.list(Filter()) == [lease.task]
+        assert broker.list(Filter())[0] == broker.get(task.id)
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [("type", "alpha"), ("queue", "side"), ("status", Status.RETRYING), ("status", Status.BLOCKED)],
+    )
+    def test_list_filters_by_one_field(
+        self, broker: Broker, clock: ManualClock, field: str, value: Any
+    ) -> None:
+        _mixed_history(broker, clock)
+        everything = broker.list(Filter())
+        expected = [t.id for t in everything if getattr(t, field) == value]
+        assert expected
+        assert [t.id for t in broker.list(Filter(**{field: value}))] == expected
+
+    def test_list_combines_filters(self, broker: Broker, clock: ManualClock) -> None:
+        _mixed_history(broker, clock)
+        found = broker.list(Filter(type="beta", status=Status.PENDING, queue="beta-work"))
+        assert len(found) == 1
+        assert (found[0].type, found[0].status, found[0].queue) == ("beta", Status.PENDING, "beta-work")
+
+    def test_list_filters_by_business_key(self, broker: Broker) -> None:
+        keyed = submit(broker, business_key="k-1")
+        submit(broker, business_key="k-2")
+        submit(broker)
+        assert broker.list(Filter(business_key="k-1")) == [keyed]
+
+    def test_list_of_no_match_is_empty(self, broker: Broker) -> None:
+        submit(broker)
+        assert broker.list(Filter(type="nothing-like-this")) == []
+
+    def test_list_pages_are_stable_and_cover_everything(self, broker: Broker, clock: ManualClock) -> None:
+        for n in range(7):
+            submit(broker)
+            if n % 3 == 0:
+                clock.advance(1)
+        everything = [t.id for t in broker.list(Filter())]
+        pages = [broker.list(Filter(limit=2, offset=offset)) for offset in range(0, 8, 2)]
+        assert [len(p) for p in pages] == [2, 2, 2, 1]
+        assert [t.id for page in pages for t in page] == everything
+
+    def test_list_offset_past_the_end_is_empty(self, broker: Broker) -> None:
+        submit(broker)
+        assert broker.list(Filter(offset=1)) == []
+        assert broker.list(Filter(offset=50, limit=5)) == []
+
+    def test_list_limit_zero_means_all(self, broker: Broker) -> None:
+        for _ in range(4):
+            submit(broker)
+        assert len(broker.list(Filter(limit=0, offset=1))) == 3
+
+
+class BusinessKeyContract:
+    """Business keys make submission idempotent (seed: BusinessKeyIdempotent, BusinessKeyQuery)."""
+
+    def test_second_submit_of_a_key_raises_task_exists_naming_the_first(self, broker: Broker) -> None:
+        first = submit(broker, business_key="order-7")
+        with pytest.raises(TaskExistsError) as caught:
+            submit(broker, business_key="order-7")
+        error = caught.value
+        assert (error.business_key, error.execution_id, error.status) == ("order-7", first.id, Status.PENDING)
+        assert nonzero_counts(broker) == {"t": {Status.PENDING: 1}}
+
+    def test_task_exists_reports_the_current_status(self, broker: Broker) -> None:
+        first = submit(broker, business_key="order-8")
+        broker.ack(first.id, claim_one(broker).token, None)
+        with pytest.raises(TaskExistsError) as caught:
+            submit(broker, business_key="order-8")
+        assert caught.value.status is Status.COMPLETED
+
+    def test_task_exists_names_the_newest_execution_after_a_replay(self, broker: Broker) -> None:
+        first = submit(broker, business_key="order-9")
+        broker.fail(first.id, claim_one(broker).token, kind=FailureKind.SKIP, error="x")
+        newest = broker.replay(first.id, new_id=new_task().id)
+        with pytest.raises(TaskExistsError) as caught:
+            submit(broker, business_key="order-9")
+        assert (caught.value.execution_id, caught.value.status) == (newest.id, Status.PENDING)
+
+    def test_a_used_key_in_a_batch_stores_nothing_of_the_batch(self, broker: Broker) -> None:
+        submit(broker, business_key="dup")
+        fresh = new_task(business_key="fresh")
+        with pytest.raises(TaskExistsError):
+            broker.enqueue([fresh, new_task(business_key="dup")])
+        assert broker.history("fresh") == []
+        assert len(broker.list(Filter())) == 1
+
+    def test_different_keys_do_not_collide(self, broker: Broker) -> None:
+        submit(broker, business_key="a")
+        submit(broker, business_key="b")
+        assert len(broker.list(Filter())) == 2
+
+    def test_history_of_an_unknown_key_is_empty(self, broker: Broker) -> None:
+        assert broker.history("never-used") == []
+
+    def test_history_lists_every_execution_oldest_first(self, broker: Broker, clock: ManualClock) -> None:
+        first = submit(broker, business_key="report")
+        ids = [first.id]
+        for _ in range(2):
+            broker.fail(ids[-1], claim_one(broker).token, kind=FailureKind.SKIP, error="x")
+            clock.advance(1)
+            ids.append(broker.replay(ids[-1], new_id=new_task().id).id)
+        history = broker.history("report")
+        assert [t.id for t in history] == ids
+        assert [t.replay_of for t in history] == [None, ids[0], ids[1]]
+        assert history[-1] == broker.get(ids[-1])
