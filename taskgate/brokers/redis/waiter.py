@@ -1,10 +1,12 @@
-"""`wait_for_work` over Redis: BLPOP on the queues' signal lists, in short slices.
+"""`wait_for_work` over Redis Pub/Sub: no lost wake-ups and no stale ones.
 
-Every script that makes a task ready (enqueue, retry, requeue, reap, a woken child) pushes a
-token onto ``signal:<queue>``, capped at a few entries. A waiter BLPOPs those lists on its own
-connection, in slices of `SLICE` seconds so that `close` (which cannot interrupt a blocked
-socket) is noticed within one slice. It also wakes when the earliest delayed task of its
-queues falls due, measured once when the wait begins.
+Every script that makes a task ready (enqueue, retry, requeue, reap, replay, a woken child)
+``PUBLISH``es on the channel ``<base>signal:<queue>``. A waiter first SUBSCRIBEs (on a
+connection of its own), THEN asks Redis whether work is due already, then reads messages:
+an enqueue before the subscription shows in the due check, one after it arrives as a message,
+so nothing falls in between. It reads in slices of `SLICE` seconds so that `close` is noticed
+within one slice, and it also wakes when the earliest delayed task of its queues falls due
+(by the broker's clock, measured when the wait began).
 """
 
 from __future__ import annotations
@@ -19,16 +21,14 @@ from taskgate.brokers.redis.scripts import redis_errors
 
 __all__ = ["SLICE", "SignalWaiter"]
 
-# Longest single BLPOP, in seconds: the latency of `close` waking a waiter.
+# Longest single read of the subscription, in seconds: the latency of `close` waking a waiter.
 SLICE = 0.25
-# BLPOP treats 0 as "forever" and rounds to milliseconds; never ask for less than this.
-_MIN_BLOCK = 0.01
 
 Runner = Callable[[str, Sequence[Any]], list[Any]]
 
 
 class SignalWaiter:
-    """Blocks until a queue is signalled, its earliest delayed task is due, or timeout/close."""
+    """Blocks until a queue is signalled or has due work, or until timeout or close."""
 
     def __init__(self, client: Any, keys: KeySpace, run: Runner) -> None:
         self._client = client
@@ -41,31 +41,36 @@ class SignalWaiter:
         self._closed.set()
 
     def wait(self, queues: Sequence[str], timeout: float) -> bool:
-        """True when woken by a signal or a task falling due; False on timeout or close."""
-        if self._closed.is_set():
-            return False
+        """True when work is due or a queue was signalled; False on timeout or close."""
         deadline = time.monotonic() + timeout
         if not queues:
             self._closed.wait(timeout)
             return False
+        with redis_errors("wait_for_work"):
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(*(self._keys.signal(q) for q in queues))
+                return self._wait_subscribed(pubsub, queues, deadline)
+            finally:
+                pubsub.close()
+
+    def _wait_subscribed(self, pubsub: Any, queues: Sequence[str], deadline: float) -> bool:
         due = self._due_monotonic(queues)
+        if due is not None and due <= time.monotonic():
+            return True
         wake_at = deadline if due is None else min(deadline, due)
-        signals = [self._keys.signal(q) for q in queues]
         while not self._closed.is_set():
             remaining = wake_at - time.monotonic()
             if remaining <= 0:
                 return wake_at < deadline
-            if self._pop(signals, max(_MIN_BLOCK, min(SLICE, remaining))):
+            message = pubsub.get_message(timeout=min(SLICE, remaining))
+            if message is not None and message.get("type") == "message":
                 return True
         return False
 
-    def _pop(self, signals: list[str], seconds: float) -> bool:
-        with redis_errors("wait_for_work"):
-            return self._client.blpop(signals, timeout=seconds) is not None
-
     def _due_monotonic(self, queues: Sequence[str]) -> float | None:
-        """When, on ``time.monotonic``, the earliest not-yet-due ready task becomes due."""
+        """When, on ``time.monotonic``, the earliest ready task of ``queues`` is (or was) due."""
         now_us, earliest_us = self._run("next_due", list(queues))
-        if not earliest_us or int(earliest_us) <= int(now_us):
+        if not earliest_us:
             return None
         return time.monotonic() + (int(earliest_us) - int(now_us)) / 1_000_000

@@ -25,10 +25,10 @@
 --   idx:type:<type>    ZSET   ids of one type, score created_at
 --   idx:queue:<queue>  ZSET   ids of one queue, score created_at
 --   idx:status:<st>    ZSET   ids in one status, score created_at
---   signal:<queue>     LIST   wake-up tokens for wait_for_work (BLPOP), capped at SIGNAL_CAP
+--   signal:<queue>     Pub/Sub CHANNEL (not a key): PUBLISHed when a task of <queue> becomes
+--                             ready; wait_for_work subscribes to it
 
 local B = KEYS[1]
-local SIGNAL_CAP = 16
 local READY = { pending = true, retrying = true }
 local FINAL = { completed = true, failed = true, canceled = true }
 local CANCELED_ERROR = { 'last_error', 'canceled' }
@@ -69,10 +69,9 @@ local function snapshot(id)
   return redis.call('HGETALL', task_key(id))
 end
 
+-- Wake wait_for_work callers of this queue in every process (a Pub/Sub message, not a key).
 local function signal(queue)
-  local key = B .. 'signal:' .. queue
-  redis.call('LPUSH', key, '1')
-  redis.call('LTRIM', key, 0, SIGNAL_CAP - 1)
+  redis.call('PUBLISH', B .. 'signal:' .. queue, '1')
 end
 
 -- Take the task out of the structure its current status keeps it in.
@@ -146,7 +145,8 @@ local function settle_children(root)
             make_ready(child, 'pending', child.run_at)
           end
         else
-          end_task(child, 'canceled', { 'last_error', 'canceled because parent ' .. parent.id .. ' ' .. parent.status })
+          local why = 'canceled because parent ' .. parent.id .. ' ' .. parent.status
+          end_task(child, 'canceled', { 'last_error', why })
           table.insert(stack, child)
         end
       end

@@ -9,7 +9,7 @@
 -- Returns  {"ok", snapshot}; or {"notfound", id}; or {"leaselost", id, status}
 --
 -- Touches: task:<id> and task:<child> HASH, leases ZSET, children:<id> SET, stats HASH,
---          idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> LIST (woken children).
+--          idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> channel (PUBLISH) for woken children.
 
 local id, token = ARGV[2], ARGV[3]
 local t, err = load_leased(id, token)

@@ -7,7 +7,7 @@
 -- Returns  {"ok", snapshot}; or {"notfound", id}; or {"final", id, status}
 --
 -- Touches: task:<id> and descendants' task:<id> HASH, queue:<q> ZSET, children:<id> SET,
---          stats HASH, idx:status:<s> ZSET, signal:<q> LIST.
+--          stats HASH, idx:status:<s> ZSET, signal:<q> channel (PUBLISH).
 
 local id = ARGV[2]
 local t = load(id)

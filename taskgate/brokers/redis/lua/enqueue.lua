@@ -14,7 +14,7 @@
 --
 -- Touches: task:<id> HASH (write), task:<parent> HASH (read), children:<parent> SET,
 --          bkey:<key> LIST, stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
---          idx:status:<s> ZSET, queue:<q> ZSET, signal:<q> LIST.
+--          idx:status:<s> ZSET, queue:<q> ZSET, signal:<q> channel (PUBLISH).
 
 local FIELDS = 12
 

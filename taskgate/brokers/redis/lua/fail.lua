@@ -9,8 +9,8 @@
 -- Returns  {"ok", snapshot}; or {"notfound", id}; or {"leaselost", id, status}
 --
 -- Touches: task:<id> and descendants' task:<id> HASH, leases ZSET, children:<id> SET,
---          stats HASH, idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> LIST (children
---          that ignore parent failure and become ready).
+--          stats HASH, idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> channel (PUBLISH)
+--          for children that ignore parent failure and become ready.
 
 local id, token = ARGV[2], ARGV[3]
 local t, err = load_leased(id, token)

@@ -8,7 +8,7 @@
 -- Returns  {"ok", snapshot}; or {"notfound", id}; or {"leaselost", id, status}
 --
 -- Touches: task:<id> and descendants' task:<id> HASH, leases ZSET, children:<id> SET,
---          stats HASH, idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> LIST.
+--          stats HASH, idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> channel (PUBLISH).
 
 local id, token = ARGV[2], ARGV[3]
 local t, err = load_leased(id, token)

@@ -10,7 +10,7 @@
 -- Returns  {"ok", snapshot...}: the new snapshot of each reaped task
 --
 -- Touches: leases ZSET, task:<id> and descendants' task:<id> HASH, queue:<q> ZSET,
---          signal:<q> LIST, children:<id> SET, stats HASH, idx:status:<s> ZSET.
+--          signal:<q> channel (PUBLISH), children:<id> SET, stats HASH, idx:status:<s> ZSET.
 
 local lost_max = tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', B .. 'leases', '-inf', NOW_S, 'LIMIT', 0, tonumber(ARGV[3]))

@@ -16,7 +16,8 @@
 --
 -- Touches: task:<old> HASH (read), task:<new> HASH, replays HASH, bkey:<key> LIST,
 --          children:<parent> SET, task:<parent> HASH (read), stats HASH, idx:all /
---          idx:type:<t> / idx:queue:<q> / idx:status:<s> ZSET, queue:<q> ZSET, signal:<q> LIST.
+--          idx:type:<t> / idx:queue:<q> / idx:status:<s> ZSET, queue:<q> ZSET,
+--          signal:<q> channel (PUBLISH).
 
 local old_id, new_id = ARGV[2], ARGV[3]
 
