@@ -117,3 +117,13 @@ def gateway() -> Iterator[Gateway]:
     """A well-behaved mock gateway; each scenario turns on the misbehaviour it needs."""
     with Gateway() as gw:
         yield gw
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep ``real_gateway`` tests out of every run that does not select them with ``-m``."""
+    if "real_gateway" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="talks to a real gateway; run with -m real_gateway")
+    for item in items:
+        if item.get_closest_marker("real_gateway"):
+            item.add_marker(skip)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -165,3 +166,15 @@ def test_close_wakes_held_requests(pool: ThreadPoolExecutor) -> None:
     gw.wait_until(lambda c: c.held == 1)
     gw.close()
     assert future.result(timeout=10) == "X"
+
+
+def test_a_client_that_hangs_up_mid_request_does_not_disturb_the_gateway(gateway: Gateway) -> None:
+    gateway.configure(hold=True)
+    with socket.create_connection(("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]))) as sock:
+        body = b'{"tag": "gone", "prompt": "x"}'
+        head = f"POST /v1/complete HTTP/1.0\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        sock.sendall(head + body)
+        gateway.wait_until(lambda c: c.held == 1)
+    gateway.release()
+    assert gateway.settled().tag("gone") == 1
+    assert complete(gateway.url, "after", "still here") == "STILL HERE"
