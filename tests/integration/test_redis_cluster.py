@@ -1,0 +1,102 @@
+"""The contract's round-trip, claim, wake-up and dependency cases on a real 3-node Redis Cluster.
+
+The test starts its own cluster (three ``redis-server --cluster-enabled yes`` on free loopback
+ports, joined by ``redis-cli --cluster create``), so it never touches the shared Redis. Every
+broker key carries one hash tag, so each Lua script's keys live in one slot; each test uses a
+fresh prefix, whose slot differs from test to test, so the cases land on different nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from helpers.redis_servers import RedisClusterNodes, have_redis_server, purge_keys
+from redis.cluster import RedisCluster
+
+from taskgate.brokers.base import NewTask
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.clock import ManualClock
+from taskgate.testing.contract import BrokerFactory
+from taskgate.testing.contract._fixtures import ContractFixtures
+from taskgate.testing.contract.claims import ClaimContract, WaitContract
+from taskgate.testing.contract.dependencies import DependencyContract
+from taskgate.testing.contract.lifecycle import LifecycleContract
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """A private 3-node cluster for this module, stopped at the end."""
+    if not have_redis_server():
+        message = "redis-server/redis-cli not installed: cannot start a test cluster"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    nodes = RedisClusterNodes(Path(tmp_path_factory.mktemp("redis-cluster"))).start()
+    yield nodes
+    nodes.stop()
+
+
+def _cluster_client(nodes: RedisClusterNodes) -> RedisCluster:
+    host, port = nodes.startup
+    return RedisCluster(host=host, port=port, socket_timeout=5)
+
+
+class TestRedisClusterBroker(
+    ContractFixtures, LifecycleContract, ClaimContract, WaitContract, DependencyContract
+):
+    """Round trip, claims, wake-ups and dependencies through ``RedisCluster`` clients."""
+
+    @pytest.fixture
+    def broker_factory(self, clock: ManualClock, cluster: RedisClusterNodes) -> Iterator[BrokerFactory]:
+        prefix = f"c{secrets.token_hex(4)}:"
+        opened: list[tuple[RedisBroker, RedisCluster]] = []
+
+        def open_broker() -> RedisBroker:
+            client = _cluster_client(cluster)
+            broker = RedisBroker(client, key_prefix=prefix, clock=clock)
+            opened.append((broker, client))
+            return broker
+
+        yield open_broker
+        for broker, client in opened:
+            broker.close()
+            client.close()
+        cleanup = _cluster_client(cluster)
+        try:
+            purge_keys(cleanup, KeySpace(prefix).pattern())
+        finally:
+            cleanup.close()
+
+
+def test_every_key_of_a_broker_lives_in_one_cluster_slot(cluster: RedisClusterNodes) -> None:
+    client = _cluster_client(cluster)
+    keys = KeySpace(f"c{secrets.token_hex(4)}:")
+    broker = RedisBroker(client, key_prefix=keys.prefix)
+    try:
+        parent, _child = broker.enqueue(
+            [
+                NewTask(id="p", type="t", queue="q", business_key="k"),
+                NewTask(id="c", type="t", queue="q", depends_on=("p",)),
+            ]
+        )
+        (lease,) = broker.claim("q", 1, timedelta(seconds=30))
+        broker.ack(parent.id, lease.token, b"done")
+        broker.reserve_quota("budget", 10, timedelta(hours=1))
+        broker.acquire_slots("q", 2, 1, timedelta(seconds=30))
+        broker.take_rate("q", 5, 1, 1)
+        stored = [k.decode() for k in client.scan_iter(match=keys.pattern())]
+        assert len(stored) >= 10, stored
+        assert all(k.startswith(keys.base) for k in stored)
+        assert {client.keyslot(k) for k in stored} == {client.keyslot(keys.base)}
+    finally:
+        broker.close()
+        purge_keys(client, keys.pattern())
+        client.close()
