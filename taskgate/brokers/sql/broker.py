@@ -1,0 +1,389 @@
+"""`SQLBroker`: the broker protocol over SQLite, PostgreSQL and MySQL/MariaDB, written once.
+
+Each public method validates its arguments, then runs ONE transaction (`_run`) that calls a
+transition from the modules named by noun (`create`, `reads`, `leases`, `finish`, `quotas`).
+`_run` is also where the three cross-cutting concerns live, each once: the retry of
+transactions a deadlock or write conflict rolled back (`retry`), the translation of driver
+errors into `BrokerError` (`edge`), and the wake-ups announced on commit (`wakeups`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from sqlalchemy import URL, Connection, Engine
+
+from taskgate.brokers.base import (
+    UNSET,
+    Capabilities,
+    FailureKind,
+    Lease,
+    NewTask,
+    QuotaGrant,
+    Renewal,
+    Unset,
+    check_identifier,
+)
+from taskgate.brokers.memory._checks import (
+    check_bytes,
+    check_count,
+    check_duration,
+    check_failure,
+    check_new_tasks,
+    check_queues,
+    check_timeout,
+)
+from taskgate.brokers.sql import create, finish, leases, quotas, reads
+from taskgate.brokers.sql.dialects import Traits, traits_for
+from taskgate.brokers.sql.edge import translated
+from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
+from taskgate.brokers.sql.retry import run_with_retries
+from taskgate.brokers.sql.schema import prepare_schema
+from taskgate.brokers.sql.tx import Tx
+from taskgate.brokers.sql.wakeups import Listener, Signals
+from taskgate.clock import Clock, utc
+from taskgate.errors import BrokerError, ConfigError
+from taskgate.models import DEFAULT_PREFIX, check_prefix, models_for
+from taskgate.task import Filter, Status, Task
+
+__all__ = ["SQLBroker"]
+
+_T = TypeVar("_T")
+
+
+class SQLBroker:
+    """Tasks in a SQL database, shared by every process that opens it.
+
+    ``url_or_engine``: a URL (``sqlite:///tasks.db``, ``postgresql://…`` which uses psycopg 3,
+    ``mysql://…`` which uses PyMySQL) or an existing `Engine`, whose pool is then shared with
+    the application (taskgate's settings go on an option view of it; `close` leaves it open).
+    ``table_prefix`` names the tables (an identifier, never interpolated raw into SQL).
+    ``create_tables=True`` creates missing tables on first use, safely when several processes
+    start at once; ``False`` expects a schema migrated with ``taskgate-migrate upgrade`` and
+    raises `SchemaError` saying so if it is missing or behind.
+    ``poll_interval`` (seconds) paces `wait_for_work` where no push wake-ups exist.
+    ``clock``: when given, every time read or written comes from ``clock.now()`` (tests);
+    otherwise from the database server's clock (the host's clock for SQLite).
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | URL | Engine,
+        *,
+        table_prefix: str = DEFAULT_PREFIX,
+        create_tables: bool = True,
+        poll_interval: float = 0.2,
+        clock: Clock | None = None,
+    ) -> None:
+        self._models = models_for(check_prefix(table_prefix))
+        self._poll = _check_poll_interval(poll_interval)
+        self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
+        self._reader = self._engine.execution_options(taskgate_read_only=True)
+        self._traits: Traits = traits_for(self._engine.dialect.name)
+        self._clock = clock
+        # One shared connection (in-memory SQLite) must not interleave two transactions.
+        self._serial = threading.Lock() if memory else None
+        self._signals = Signals()
+        self._listener: Listener | None = None
+        self._listener_lock = threading.Lock()
+        self._channel = f"{self._models.prefix}work"
+        self._closed = False
+        self.capabilities = Capabilities(
+            shared_quota=True, cross_process=not memory, push_wakeups=self._traits.push_wakeups
+        )
+        try:
+            self._value_limit = self._setup(create_tables)
+        except BaseException:
+            self._dispose()
+            raise
+
+    def __repr__(self) -> str:
+        url = self._engine.url.render_as_string(hide_password=True)
+        return f"<SQLBroker {url} prefix={self._models.prefix!r}{' closed' if self._closed else ''}>"
+
+    def _setup(self, create_tables: bool) -> int | None:
+        with translated("preparing the taskgate schema"):
+            run_with_retries(
+                lambda: prepare_schema(self._engine, self._models, self._traits, create=create_tables),
+                self._traits.is_retryable,
+            )
+            with self._engine.connect() as conn:
+                return self._traits.value_limit(conn)
+
+    # -- tasks: create ---------------------------------------------------------------------
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> builtins.list[Task]:
+        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+
+        Besides the protocol's errors: an id already in use, two tasks of the batch with one
+        id or one business key, or a payload larger than the server accepts raise `ValueError`.
+        """
+        items = check_new_tasks(tasks)
+        for item in items:
+            create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        if not items:
+            return []
+        return self._run("enqueue", lambda tx: create.enqueue(tx, items))
+
+    def replay(
+        self,
+        execution_id: str,
+        *,
+        new_id: str,
+        allow_completed: bool = False,
+        payload: bytes | Unset | None = UNSET,
+    ) -> Task:
+        """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
+
+        Checks in this order: `TaskNotFoundError`, `ReplayNotFinalError`,
+        `AlreadyReplayedError`, `CompletedNotAllowedError`; ``new_id`` in use: `ValueError`.
+        """
+        check_identifier(execution_id, what="execution_id")
+        check_identifier(new_id, what="new_id")
+        check_bytes(payload, what="payload", allow_unset=True)
+        if not isinstance(payload, Unset):
+            create.check_value_size(payload, self._value_limit, what="payload")
+        return self._run(
+            "replay", lambda tx: create.replay(tx, execution_id, new_id, bool(allow_completed), payload)
+        )
+
+    # -- tasks: read -----------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task:
+        """The current snapshot of ``task_id``."""
+        check_identifier(task_id, what="task id")
+        return self._run("get", lambda tx: reads.get(tx, task_id), read_only=True)
+
+    def list(self, filter: Filter) -> builtins.list[Task]:
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
+        if not isinstance(filter, Filter):
+            raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
+        return self._run("list", lambda tx: reads.list_tasks(tx, filter), read_only=True)
+
+    def history(self, business_key: str) -> builtins.list[Task]:
+        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
+        check_identifier(business_key, what="business_key")
+        return self._run("history", lambda tx: reads.history(tx, business_key), read_only=True)
+
+    def counts(self) -> dict[str, dict[Status, int]]:
+        """Task counts by type and status, from the (type, status) index; zero counts are absent."""
+        return self._run("counts", reads.counts, read_only=True)
+
+    def queue_length(self, queue: str) -> int:
+        """How many tasks of ``queue`` are pending or retrying (due or not)."""
+        check_identifier(queue, what="queue")
+        return self._run("queue_length", lambda tx: reads.queue_length(tx, queue), read_only=True)
+
+    # -- tasks: the worker's transitions ---------------------------------------------------
+
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
+        """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
+        check_identifier(queue, what="queue")
+        check_count(limit, what="claim limit", minimum=1)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        return self._run("claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl))
+
+    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
+        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
+
+        An expired lease that no reaper took back yet is still held and can be renewed.
+        """
+        _check_lease(task_id, token)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        return self._run("heartbeat", lambda tx: leases.heartbeat(tx, task_id, token, lease_ttl))
+
+    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
+        """Complete the task with ``result`` and, in the same unit, wake children now ready.
+
+        A cancel mark does not stop an ack: the work is done, so the task completes.
+        """
+        _check_lease(task_id, token)
+        check_bytes(result, what="result")
+        create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
+        return self._run("ack", lambda tx: finish.ack(tx, task_id, token, result))
+
+    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
+        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
+
+        If a cancel was requested meanwhile, the failure is still counted and recorded, and
+        the task is canceled (with cascade) instead of retried.
+        """
+        _check_lease(task_id, token)
+        check_failure(kind, error)
+        check_duration(delay, what="delay", positive=False)
+        return self._run("retry", lambda tx: finish.retry(tx, task_id, token, kind, error, delay))
+
+    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
+        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
+        _check_lease(task_id, token)
+        check_failure(kind, error)
+        return self._run("fail", lambda tx: finish.fail(tx, task_id, token, kind, error))
+
+    def requeue(self, task_id: str, token: str) -> Task:
+        """Put a running task back to ``pending``, due now, touching no counter.
+
+        If a cancel was requested meanwhile, cancels instead (with cascade).
+        """
+        _check_lease(task_id, token)
+        return self._run("requeue", lambda tx: finish.requeue(tx, task_id, token))
+
+    def finish_canceled(self, task_id: str, token: str) -> Task:
+        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
+        _check_lease(task_id, token)
+        return self._run("finish_canceled", lambda tx: finish.finish_canceled(tx, task_id, token))
+
+    # -- tasks: anyone's transitions -------------------------------------------------------
+
+    def cancel(self, task_id: str) -> Task:
+        """Cancel a task.
+
+        blocked/pending/retrying: ``canceled`` at once, with its descendants (cascade).
+        running: only marked (again: no error); the holder sees it on its next heartbeat.
+        Final: raises `AlreadyFinalError`.
+        """
+        check_identifier(task_id, what="task id")
+        return self._run("cancel", lambda tx: finish.cancel(tx, task_id))
+
+    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+        """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
+
+        Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
+        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        """
+        check_count(lease_lost_max, what="lease_lost_max", minimum=1)
+        check_count(limit, what="reap limit", minimum=1)
+        return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit))
+
+    # -- quota -----------------------------------------------------------------------------
+
+    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
+        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
+
+        ``limit`` must be >= 1, ``n`` >= 0 and ``period`` > 0. The window is aligned on the
+        database server's clock (or the injected clock).
+        """
+        check_identifier(key, what="quota key")
+        check_count(limit, what="quota limit", minimum=1)
+        check_duration(period, what="quota period", positive=True)
+        check_count(n, what="quota units n", minimum=0)
+        return self._run("reserve_quota", lambda tx: quotas.reserve_quota(tx, key, limit, period, n))
+
+    def release_quota(self, grant: QuotaGrant, n: int) -> None:
+        """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
+        if not isinstance(grant, QuotaGrant):
+            raise TypeError(f"grant must be a QuotaGrant, got {type(grant).__name__}")
+        check_count(n, what="released units n", minimum=0)
+        if n > grant.granted:
+            raise ValueError(f"cannot release {n} units of a grant of {grant.granted}")
+        if n:
+            self._run("release_quota", lambda tx: quotas.release_quota(tx, grant, n))
+
+    # -- wake-ups and lifecycle -------------------------------------------------------------
+
+    def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until work may be due in ``queues``.
+
+        True at once when a task of ``queues`` is due already. Otherwise woken by this
+        process's transitions, by other processes' through LISTEN/NOTIFY on PostgreSQL, and
+        everywhere by a cheap "anything due?" index probe every ``poll_interval`` (which also
+        notices delayed tasks falling due). False on timeout, and once the broker is closed.
+        """
+        names = check_queues(queues)
+        seconds = check_timeout(timeout)
+        if self._closed or not names:
+            return False if self._closed else self._signals.wait([], [], seconds)
+        self._ensure_listener()
+        deadline = time.monotonic() + seconds
+        seen = self._signals.seen(names)
+        while not self._closed:
+            if self._run("wait_for_work", lambda tx: reads.anything_due(tx, names), read_only=True):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self._signals.wait(names, seen, min(self._poll, remaining)):
+                return True
+        return False
+
+    def close(self) -> None:
+        """Wake every waiter, stop listening and release connections; later calls raise
+        `BrokerError`. An engine passed in by the application stays open. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._signals.close()
+        self._dispose()
+
+    # -- the one transaction runner --------------------------------------------------------
+
+    def _run(self, operation: str, step: Callable[[Tx], _T], *, read_only: bool = False) -> _T:
+        """Run ``step`` in one transaction: retried on deadlocks, errors translated, wake-ups sent."""
+        if self._closed:
+            raise BrokerError("SQLBroker is closed")
+        with translated(operation):
+            return run_with_retries(lambda: self._attempt(step, read_only), self._traits.is_retryable)
+
+    def _attempt(self, step: Callable[[Tx], _T], read_only: bool) -> _T:
+        engine = self._reader if read_only else self._engine
+        with self._serialized(), engine.begin() as conn:
+            tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
+            result = step(tx)
+            if tx.woken:
+                self._traits.notify(conn, self._channel, sorted(tx.woken))
+        if tx.woken:
+            self._signals.bump(tx.woken)
+        return result
+
+    def _now(self, conn: Connection) -> datetime:
+        """THE time source: the injected clock if any, else the database server's clock."""
+        if self._clock is not None:
+            return utc(self._clock.now())
+        return self._traits.server_now(conn)
+
+    @contextmanager
+    def _serialized(self) -> Iterator[None]:
+        with self._serial if self._serial is not None else nullcontext():
+            yield
+
+    def _ensure_listener(self) -> None:
+        if not self._traits.push_wakeups or self._listener is not None:
+            return
+        with self._listener_lock:
+            if self._listener is None and not self._closed:
+                self._listener = Listener(self._engine, self._channel, self._signals)
+
+    def _dispose(self) -> None:
+        with self._listener_lock:
+            if self._listener is not None:
+                self._listener.stop()
+        if self._owns_engine:
+            self._engine.dispose()
+
+
+def _open_engine(url_or_engine: str | URL | Engine) -> tuple[Engine, bool, bool]:
+    """(engine, whether we own it, whether it is an in-memory SQLite database)."""
+    if isinstance(url_or_engine, Engine):
+        engine = prepare_engine(url_or_engine)
+        return engine, False, is_memory_sqlite(engine.url)
+    if isinstance(url_or_engine, str | URL):
+        url = normalize_url(url_or_engine)
+        return make_engine(url), True, is_memory_sqlite(url)
+    raise TypeError(f"SQLBroker needs a database URL or an Engine, got {type(url_or_engine).__name__}")
+
+
+def _check_poll_interval(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 60:
+        raise ConfigError(f"poll_interval must be a number of seconds in (0, 60], got {value!r}")
+    return float(value)
+
+
+def _check_lease(task_id: object, token: object) -> None:
+    check_identifier(task_id, what="task id")
+    if not isinstance(token, str):
+        raise TypeError(f"lease token must be a str, got {type(token).__name__}")

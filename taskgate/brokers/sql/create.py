@@ -1,0 +1,250 @@
+"""Creating executions: `enqueue` (a batch, all-or-nothing) and `replay`.
+
+Uniqueness races are settled by constraints, not by reading first: the business-keys table's
+primary key lets exactly one of many racing submitters of a key win, and the unique
+``replay_of`` lets exactly one replay of an execution win. The loser's transaction rolls back
+and runs again (`Conflict`), and its checks then name the winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from taskgate.brokers.base import NewTask, Unset
+from taskgate.brokers.sql.graph import arrival_status
+from taskgate.brokers.sql.retry import Conflict
+from taskgate.brokers.sql.rows import chunks, status_values, task_of
+from taskgate.brokers.sql.tx import Tx
+from taskgate.clock import utc
+from taskgate.errors import (
+    AlreadyReplayedError,
+    CompletedNotAllowedError,
+    ReplayNotFinalError,
+    TaskExistsError,
+    TaskNotFoundError,
+)
+from taskgate.task import Status, Task
+
+__all__ = ["check_value_size", "enqueue", "replay"]
+
+
+def check_value_size(value: bytes | None, limit: int | None, *, what: str) -> None:
+    """Refuse a payload/result the server would reject (MySQL's ``max_allowed_packet``)."""
+    if value is not None and limit is not None and len(value) > limit:
+        raise ValueError(
+            f"{what} is {len(value)} bytes; this MySQL server accepts at most {limit} "
+            "(raise max_allowed_packet, or store large values elsewhere and pass a reference)"
+        )
+
+
+def enqueue(tx: Tx, items: Sequence[NewTask]) -> list[Task]:
+    """Insert ``items`` (already validated in themselves) after checking them against the store."""
+    _check_batch(items)
+    _check_ids_free(tx, [item.id for item in items])
+    _check_keys_free(tx, [item.business_key for item in items if item.business_key is not None])
+    parents = _parent_statuses(tx, items)
+    rows = []
+    for item in items:
+        status, error = arrival_status([(p, parents[p]) for p in item.depends_on], item.ignore_parent_failure)
+        parents[item.id] = status
+        rows.append(_new_row(item, tx.now, status, error))
+    _insert(tx, rows, items)
+    return [_snapshot(row, item.depends_on) for row, item in zip(rows, items, strict=True)]
+
+
+def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: bytes | Unset | None) -> Task:
+    """Create ``new_id`` re-running ``old_id``; checks in the memory broker's order."""
+    old = task_of(tx, old_id)
+    if not old.status.is_final:
+        raise ReplayNotFinalError(f"execution {old.id} is {old.status.value}, not final")
+    task = tx.models.task
+    newer = tx.conn.execute(select(task.id).where(task.replay_of == old.id)).scalar()
+    if newer is not None:
+        raise AlreadyReplayedError(f"execution {old.id} was already replayed by {newer}")
+    if old.status is Status.COMPLETED and not allow_completed:
+        raise CompletedNotAllowedError(f"execution {old.id} completed; pass allow_completed=True")
+    _check_ids_free(tx, [new_id])
+    parents = _locked_statuses(tx, list(old.depends_on))
+    status, error = arrival_status([(p, parents[p]) for p in old.depends_on], old.ignore_parent_failure)
+    row = _replay_row(old, new_id, tx.now, payload, status, error)
+    _insert_replay(tx, row, old)
+    return _snapshot(row, old.depends_on)
+
+
+def _check_batch(items: Sequence[NewTask]) -> None:
+    ids: set[str] = set()
+    keys: set[str] = set()
+    for item in items:
+        if item.id in ids:
+            raise ValueError(f"task id {item.id!r} is already in use")
+        ids.add(item.id)
+        if item.business_key is not None:
+            if item.business_key in keys:
+                raise ValueError(f"business_key {item.business_key!r} appears twice in one enqueue batch")
+            keys.add(item.business_key)
+
+
+def _check_ids_free(tx: Tx, ids: Sequence[str]) -> None:
+    task = tx.models.task
+    for part in chunks(ids):
+        used = tx.conn.execute(select(task.id).where(task.id.in_(part)).limit(1)).scalar()
+        if used is not None:
+            raise ValueError(f"task id {used!r} is already in use")
+
+
+def _check_keys_free(tx: Tx, keys: Sequence[str]) -> None:
+    key, task = tx.models.business_key, tx.models.task
+    for part in chunks(keys):
+        stmt = (
+            select(key.business_key, task.id, task.status)
+            .join(task, task.id == key.execution_id)
+            .where(key.business_key.in_(part))
+            .limit(1)
+        )
+        used = tx.conn.execute(stmt).first()
+        if used is not None:
+            raise TaskExistsError(used.business_key, used.id, Status(used.status))
+
+
+def _parent_statuses(tx: Tx, items: Sequence[NewTask]) -> dict[str, Status]:
+    """Statuses of the parents named by ``items`` that are already stored (locked, see below)."""
+    batch = {item.id for item in items}
+    stored = sorted({p for item in items for p in item.depends_on if p not in batch})
+    statuses = _locked_statuses(tx, stored)
+    earlier: set[str] = set()
+    for item in items:
+        for parent in item.depends_on:
+            if parent in batch and parent not in earlier:
+                raise TaskNotFoundError(f"parent task {parent!r} does not exist (yet) in this batch")
+        earlier.add(item.id)
+    return statuses
+
+
+def _locked_statuses(tx: Tx, ids: Sequence[str]) -> dict[str, Status]:
+    """Statuses of ``ids``, share-locked so none becomes final before our children are stored.
+
+    Without the lock, a parent finishing concurrently would look for children, find none
+    (ours are not committed yet), and leave ours blocked forever.
+    """
+    task = tx.models.task
+    found: dict[str, Status] = {}
+    for part in chunks(sorted(set(ids))):
+        stmt = tx.traits.lock_shared(select(task.id, task.status).where(task.id.in_(part)).order_by(task.id))
+        found.update((row.id, Status(row.status)) for row in tx.conn.execute(stmt))
+    for task_id in ids:
+        if task_id not in found:
+            raise TaskNotFoundError(f"parent task {task_id!r} does not exist")
+    return found
+
+
+def _new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> dict[str, Any]:
+    run_at = utc(item.run_at) if item.run_at is not None else now + (item.delay or timedelta(0))
+    return _row(
+        id=item.id,
+        type=item.type,
+        queue=item.queue,
+        payload=item.payload,
+        max_retry=item.max_retry,
+        ignore_parent_failure=item.ignore_parent_failure,
+        business_key=item.business_key,
+        replay_of=None,
+        created_at=now,
+        run_at=run_at,
+        status=status,
+        error=error,
+    )
+
+
+def _replay_row(
+    old: Task, new_id: str, now: datetime, payload: bytes | Unset | None, status: Status, error: str | None
+) -> dict[str, Any]:
+    return _row(
+        id=new_id,
+        type=old.type,
+        queue=old.queue,
+        payload=old.payload if isinstance(payload, Unset) else payload,
+        max_retry=old.max_retry,
+        ignore_parent_failure=old.ignore_parent_failure,
+        business_key=old.business_key,
+        replay_of=old.id,
+        created_at=now,
+        run_at=now,
+        status=status,
+        error=error,
+    )
+
+
+def _row(*, created_at: datetime, status: Status, error: str | None, **fields: Any) -> dict[str, Any]:
+    counters = {"attempts": 0, "throttled": 0, "lease_lost": 0, "claims": 0}
+    return {
+        **fields,
+        **counters,
+        **status_values(status),
+        "created_at": created_at,
+        "started_at": None,
+        "finished_at": created_at if status.is_final else None,
+        "result": None,
+        "last_error": error,
+    }
+
+
+def _insert(tx: Tx, rows: list[dict[str, Any]], items: Sequence[NewTask]) -> None:
+    m = tx.models
+    edges = [
+        {"child_id": item.id, "position": n, "parent_id": parent}
+        for item in items
+        for n, parent in enumerate(item.depends_on)
+    ]
+    keys = [
+        {"business_key": i.business_key, "execution_id": i.id} for i in items if i.business_key is not None
+    ]
+    try:
+        tx.conn.execute(insert(m.task), rows)
+        if edges:
+            tx.conn.execute(insert(m.dependency), edges)
+        if keys:
+            tx.conn.execute(insert(m.business_key), keys)
+    except IntegrityError as exc:
+        raise Conflict(f"a task id or business key was taken concurrently: {exc.orig}") from exc
+    tx.woken.update(row["queue"] for row in rows if row["ready"])
+
+
+def _insert_replay(tx: Tx, row: dict[str, Any], old: Task) -> None:
+    m = tx.models
+    edges = [{"child_id": row["id"], "position": n, "parent_id": p} for n, p in enumerate(old.depends_on)]
+    try:
+        tx.conn.execute(insert(m.task), [row])
+        if edges:
+            tx.conn.execute(insert(m.dependency), edges)
+    except IntegrityError as exc:
+        raise Conflict(f"execution {old.id} was replayed concurrently: {exc.orig}") from exc
+    if old.business_key is not None:
+        key = m.business_key
+        stmt = update(key).where(key.business_key == old.business_key).values(execution_id=row["id"])
+        tx.conn.execute(stmt)
+    if row["ready"]:
+        tx.woken.add(row["queue"])
+
+
+def _snapshot(row: dict[str, Any], depends_on: tuple[str, ...]) -> Task:
+    return Task(
+        id=row["id"],
+        type=row["type"],
+        queue=row["queue"],
+        payload=row["payload"],
+        status=Status(row["status"]),
+        created_at=row["created_at"],
+        run_at=row["run_at"],
+        last_error=row["last_error"],
+        max_retry=row["max_retry"],
+        depends_on=depends_on,
+        ignore_parent_failure=row["ignore_parent_failure"],
+        business_key=row["business_key"],
+        replay_of=row["replay_of"],
+        finished_at=row["finished_at"],
+    )

@@ -1,0 +1,210 @@
+"""Everything that differs between SQLite, PostgreSQL and MySQL/MariaDB, in one traits object.
+
+The transitions are written once against `Traits`; each subclass says how its database
+claims rows, takes row locks, inserts-if-missing, tells "now", serialises schema creation,
+which errors mean "run the transaction again", and how big a value may be.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Row, Select, Table, func, select, text, update
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.selectable import GenerativeSelect
+
+from taskgate.clock import utc
+from taskgate.errors import ConfigError
+
+__all__ = ["MySQLTraits", "PostgreSQLTraits", "SQLiteTraits", "Traits", "traits_for"]
+
+_S = TypeVar("_S", bound=GenerativeSelect)
+
+
+class Traits:
+    """The SQLite/PostgreSQL/MySQL differences the broker needs; see each subclass for why."""
+
+    name = "generic"
+    push_wakeups = False
+
+    def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
+        """``stmt`` taking write locks on the rows it reads (``SKIP LOCKED``: skip busy rows)."""
+        return stmt.with_for_update(skip_locked=skip_locked)
+
+    def lock_shared(self, stmt: _S) -> _S:
+        """``stmt`` taking shared locks: the rows cannot change status until we commit."""
+        return stmt.with_for_update(read=True)
+
+    def claim_rows(
+        self, conn: Connection, table: Table, candidates: Select[Any], values: Mapping[str, Any]
+    ) -> Sequence[Row[Any]]:
+        """Lock the ``candidates`` ids, apply ``values`` to them, and return the updated rows.
+
+        The default is two statements in one transaction (MySQL has no ``UPDATE … RETURNING``).
+        """
+        ids = list(conn.execute(self.lock(candidates, skip_locked=True)).scalars())
+        if not ids:
+            return []
+        conn.execute(update(table).where(table.c.id.in_(ids)).values(dict(values)))
+        return conn.execute(select(table).where(table.c.id.in_(ids))).all()
+
+    def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
+        """An INSERT of ``values`` that does nothing when the primary key exists already."""
+        raise NotImplementedError
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """True when ``exc`` means the transaction was rolled back by a deadlock or write conflict."""
+        return False
+
+    def server_now(self, conn: Connection) -> datetime:
+        """The database server's current time, aware UTC."""
+        raise NotImplementedError
+
+    @contextmanager
+    def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
+        """Hold a lock named ``name`` so only one process creates the schema at a time."""
+        yield
+
+    def value_limit(self, conn: Connection) -> int | None:
+        """The largest payload/result in bytes the server accepts, or None for no practical limit."""
+        return None
+
+    def notify(self, conn: Connection, channel: str, queues: Sequence[str]) -> None:
+        """Tell other processes, on commit, that ``queues`` may have work (push wake-ups only)."""
+
+
+class PostgreSQLTraits(Traits):
+    """PostgreSQL: one ``UPDATE … WHERE id IN (SELECT … FOR NO KEY UPDATE SKIP LOCKED) RETURNING``."""
+
+    name = "postgresql"
+    push_wakeups = True
+    _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+
+    def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
+        # NO KEY UPDATE: we never change a primary key, and the weaker lock lets foreign-key
+        # checks of concurrent inserts (new children, leases) proceed instead of queueing.
+        return stmt.with_for_update(skip_locked=skip_locked, key_share=True)
+
+    def claim_rows(
+        self, conn: Connection, table: Table, candidates: Select[Any], values: Mapping[str, Any]
+    ) -> Sequence[Row[Any]]:
+        """One round trip: lock, update and return the claimed rows."""
+        locked = self.lock(candidates, skip_locked=True).scalar_subquery()
+        stmt = update(table).where(table.c.id.in_(locked)).values(dict(values)).returning(*table.c)
+        return conn.execute(stmt).all()
+
+    def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
+        """``INSERT … ON CONFLICT DO NOTHING``."""
+        return postgresql.insert(table).values(dict(values)).on_conflict_do_nothing()
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """SQLSTATE 40001 (serialization failure) and 40P01 (deadlock detected)."""
+        orig = exc.orig if isinstance(exc, DBAPIError) else None
+        return getattr(orig, "sqlstate", None) in self._RETRYABLE_SQLSTATES
+
+    def server_now(self, conn: Connection) -> datetime:
+        """``now()``: the start of the current transaction, so one transition sees one time."""
+        return utc(conn.execute(select(func.now())).scalar_one())
+
+    @contextmanager
+    def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
+        """A transaction-scoped advisory lock; PostgreSQL DDL is transactional, so it covers all."""
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": name})
+        yield
+
+    def notify(self, conn: Connection, channel: str, queues: Sequence[str]) -> None:
+        """``pg_notify`` per queue; PostgreSQL delivers them when (and only if) we commit."""
+        for queue in sorted(set(queues)):
+            conn.execute(select(func.pg_notify(channel, queue)))
+
+
+class MySQLTraits(Traits):
+    """MySQL 8 / MariaDB >= 10.6: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE`` by ids."""
+
+    name = "mysql"
+    # 1213 deadlock, 1205 lock wait timeout (the statement or whole transaction rolled back).
+    _RETRYABLE_ERRNOS = frozenset({1213, 1205})
+    # Room for the statement around the value inside one max_allowed_packet.
+    _PACKET_SLACK = 64 * 1024
+
+    def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
+        """``INSERT IGNORE`` (the values are ours and valid, so only the duplicate is ignored)."""
+        return table.insert().values(dict(values)).prefix_with("IGNORE")
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Error 1213 (deadlock) and 1205 (lock wait timeout)."""
+        orig = exc.orig if isinstance(exc, DBAPIError) else None
+        args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+        return bool(args) and args[0] in self._RETRYABLE_ERRNOS
+
+    def server_now(self, conn: Connection) -> datetime:
+        """``UTC_TIMESTAMP(6)``: UTC with microseconds whatever the session time zone."""
+        value = conn.execute(select(func.utc_timestamp(text("6")))).scalar_one()
+        return utc(value)
+
+    @contextmanager
+    def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
+        """``GET_LOCK``: MySQL DDL commits implicitly, so a transaction cannot serialise it."""
+        got = conn.execute(select(func.get_lock(name, 60))).scalar()
+        if got != 1:
+            raise TimeoutError(f"could not take MySQL lock {name!r} within 60 s to create the schema")
+        try:
+            yield
+        finally:
+            conn.execute(select(func.release_lock(name)))
+
+    def value_limit(self, conn: Connection) -> int:
+        """``max_allowed_packet`` minus room for the rest of the statement."""
+        packet = int(conn.execute(text("SELECT @@max_allowed_packet")).scalar_one())
+        return packet - self._PACKET_SLACK
+
+
+class SQLiteTraits(Traits):
+    """SQLite: every write transaction starts with ``BEGIN IMMEDIATE``, so writers take turns.
+
+    Row locks do not exist and are not needed: the write lock held from the first statement
+    means nobody else can claim, cancel or finish concurrently.
+    """
+
+    name = "sqlite"
+    _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+    def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
+        """No row locks: the immediate write transaction already excludes other writers."""
+        return stmt
+
+    def lock_shared(self, stmt: _S) -> _S:
+        """No row locks: the immediate write transaction already excludes other writers."""
+        return stmt
+
+    def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
+        """``INSERT … ON CONFLICT DO NOTHING``."""
+        return sqlite_dialect.insert(table).values(dict(values)).on_conflict_do_nothing()
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """SQLITE_BUSY/SQLITE_LOCKED: another process held the write lock past busy_timeout."""
+        orig = exc.orig if isinstance(exc, DBAPIError) else None
+        code = getattr(orig, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in self._BUSY_CODES
+
+    def server_now(self, conn: Connection) -> datetime:
+        """The host's clock: a database file has none, and every user runs on this host."""
+        return datetime.now(UTC)
+
+
+def traits_for(dialect_name: str) -> Traits:
+    """The traits of a SQLAlchemy dialect name; an unsupported database fails loudly."""
+    if dialect_name == "postgresql":
+        return PostgreSQLTraits()
+    if dialect_name in ("mysql", "mariadb"):
+        return MySQLTraits()
+    if dialect_name == "sqlite":
+        return SQLiteTraits()
+    raise ConfigError(f"SQLBroker supports sqlite, postgresql and mysql/mariadb, not {dialect_name!r}")

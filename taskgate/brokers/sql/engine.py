@@ -1,0 +1,112 @@
+"""Engines for the SQL broker: URL defaults per database, and SQLite's write-transaction setup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy.pool import StaticPool
+
+from taskgate.errors import ConfigError
+
+__all__ = ["SQLITE_BUSY_TIMEOUT", "is_memory_sqlite", "make_engine", "normalize_url", "prepare_engine"]
+
+# Seconds a SQLite writer waits for the file's write lock before SQLITE_BUSY (then retried).
+SQLITE_BUSY_TIMEOUT = 10.0
+
+# The drivers taskgate is tested with, used when a URL names only the database.
+_DEFAULT_DRIVERS = {
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
+
+# MySQL's default REPEATABLE READ would make a transaction's plain reads see its first
+# snapshot, so a child's wake-up check could miss a parent committed meanwhile; READ
+# COMMITTED also takes no gap locks, which keeps concurrent claims from deadlocking.
+_MYSQL_ISOLATION = "READ COMMITTED"
+
+
+def normalize_url(url: str | URL) -> URL:
+    """``url`` as a SQLAlchemy URL, with psycopg/PyMySQL as the driver when none is named."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:
+        raise ConfigError(f"not a database URL: {url!r} ({exc})") from None
+    driver = _DEFAULT_DRIVERS.get(parsed.drivername)
+    if driver is not None:
+        parsed = parsed.set(drivername=driver)
+    if parsed.get_backend_name() in ("mysql", "mariadb") and "charset" not in parsed.query:
+        parsed = parsed.update_query_dict({"charset": "utf8mb4"})
+    return parsed
+
+
+def is_memory_sqlite(url: URL) -> bool:
+    """True for a SQLite database that lives in one connection's memory."""
+    database = url.database or ""
+    return url.get_backend_name() == "sqlite" and (
+        database in ("", ":memory:") or "mode=memory" in str(url.query.get("mode", ""))
+    )
+
+
+def make_engine(url: str | URL) -> Engine:
+    """A new engine for ``url``, configured the way the broker needs its database."""
+    parsed = normalize_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed)
+    options: dict[str, Any] = {"pool_pre_ping": True}
+    if backend in ("mysql", "mariadb"):
+        options.update(isolation_level=_MYSQL_ISOLATION, pool_recycle=3600)
+    return create_engine(parsed, **options)
+
+
+def prepare_engine(engine: Engine) -> Engine:
+    """The engine the broker uses on an app's ``engine``: same pool, taskgate's settings.
+
+    The settings go on an option view of the engine, so the app's own connections keep theirs.
+    """
+    name = engine.dialect.name
+    if name in ("mysql", "mariadb"):
+        return engine.execution_options(isolation_level=_MYSQL_ISOLATION)
+    if name == "sqlite":
+        view = engine.execution_options(taskgate_sqlite=True)
+        event.listen(view, "begin", _begin_immediate)
+        return view
+    return engine
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    connect_args = {"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False}
+    if is_memory_sqlite(url):
+        # One shared connection, or every pool connection would see its own empty database.
+        engine = create_engine(url, connect_args=connect_args, poolclass=StaticPool)
+    else:
+        engine = create_engine(url, connect_args=connect_args)
+    event.listen(engine, "connect", _sqlite_connect)
+    event.listen(engine, "begin", _begin_immediate)
+    return engine
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy, not pysqlite, decide when a transaction begins (see _begin_immediate).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # WAL: readers never block the writer nor the writer the readers, across processes.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
+def _begin_immediate(conn: Any) -> None:
+    """Start each transaction holding the write lock, unless it was marked read-only.
+
+    A deferred transaction that reads and then writes can fail with SQLITE_BUSY when another
+    writer got in between; taking the lock up front makes writers queue on busy_timeout.
+    """
+    mode = "BEGIN" if conn.get_execution_options().get("taskgate_read_only") else "BEGIN IMMEDIATE"
+    conn.exec_driver_sql(mode)

@@ -1,0 +1,102 @@
+"""The dependency graph: a new task's status on arrival, and settling children of a final task.
+
+Settling walks the edge table level by level (never recursion in Python or SQL): children
+of the tasks that just became final are locked, the ready ones woken, and the broken ones
+canceled, whose children are settled next. It runs inside the transition that made the
+parent final, so "parent done, child still blocked" is never observable.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+
+from taskgate.brokers.sql.rows import chunks, status_values
+from taskgate.brokers.sql.tx import Tx
+from taskgate.task import Status
+
+__all__ = ["arrival_status", "parent_error", "settle_children"]
+
+_BROKEN = frozenset({Status.FAILED, Status.CANCELED})
+
+
+def parent_error(parent_id: str, status: Status) -> str:
+    """The ``last_error`` of a task canceled because of its parent."""
+    return f"canceled because parent {parent_id} {status.value}"
+
+
+def arrival_status(
+    parents: Sequence[tuple[str, Status]], ignore_parent_failure: bool
+) -> tuple[Status, str | None]:
+    """The status a task with ``parents`` (id, status) starts in, and its error if canceled."""
+    if not ignore_parent_failure:
+        for parent_id, status in parents:
+            if status in _BROKEN:
+                return Status.CANCELED, parent_error(parent_id, status)
+        if all(status is Status.COMPLETED for _, status in parents):
+            return Status.PENDING, None
+    elif all(status.is_final for _, status in parents):
+        return Status.PENDING, None
+    return Status.BLOCKED, None
+
+
+def settle_children(tx: Tx, finals: Iterable[tuple[str, Status]]) -> None:
+    """After ``finals`` (id, final status) became final: wake or cancel their blocked children."""
+    level = dict(finals)
+    while level:
+        children = _blocked_children(tx, list(level))
+        if not children:
+            return
+        parents = _parents_of(tx, list(children))
+        level = {}
+        for child_id, (queue, ignore) in sorted(children.items()):
+            status, error = arrival_status(parents[child_id], ignore)
+            if status is Status.PENDING:
+                _set(tx, child_id, Status.PENDING, None)
+                tx.woken.add(queue)
+            elif status is Status.CANCELED:
+                _set(tx, child_id, Status.CANCELED, error)
+                level[child_id] = Status.CANCELED
+
+
+def _blocked_children(tx: Tx, parent_ids: list[str]) -> dict[str, tuple[str, bool]]:
+    """Blocked children of ``parent_ids``, locked: id -> (queue, ignore_parent_failure)."""
+    task, dep = tx.models.task, tx.models.dependency
+    found: dict[str, tuple[str, bool]] = {}
+    for part in chunks(parent_ids):
+        child_ids = select(dep.child_id).where(dep.parent_id.in_(part))
+        stmt = (
+            select(task.id, task.queue, task.ignore_parent_failure)
+            .where(task.id.in_(child_ids), task.status == Status.BLOCKED.value)
+            .order_by(task.id)
+        )
+        for row in tx.conn.execute(tx.traits.lock(stmt)):
+            found[row.id] = (row.queue, bool(row.ignore_parent_failure))
+    return found
+
+
+def _parents_of(tx: Tx, child_ids: list[str]) -> dict[str, list[tuple[str, Status]]]:
+    """Every parent of each child, with its current status, in ``depends_on`` order."""
+    task, dep = tx.models.task, tx.models.dependency
+    found: defaultdict[str, list[tuple[str, Status]]] = defaultdict(list)
+    for part in chunks(child_ids):
+        stmt = (
+            select(dep.child_id, dep.parent_id, task.status)
+            .join(task, task.id == dep.parent_id)
+            .where(dep.child_id.in_(part))
+            .order_by(dep.child_id, dep.position)
+        )
+        for child_id, parent_id, status in tx.conn.execute(stmt):
+            found[child_id].append((parent_id, Status(status)))
+    return found
+
+
+def _set(tx: Tx, task_id: str, status: Status, error: str | None) -> None:
+    values: dict[str, Any] = status_values(status)
+    if status.is_final:
+        values.update(finished_at=tx.now, last_error=error)
+    task = tx.models.task
+    tx.conn.execute(update(task).where(task.id == task_id).values(values))

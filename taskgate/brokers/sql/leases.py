@@ -1,0 +1,115 @@
+"""Leases: claiming due tasks, renewing a lease, and reaping the expired ones.
+
+Lock order everywhere: the task row first, then its lease row. Claim and reap skip rows
+another transaction holds (``SKIP LOCKED``), so competing workers and reapers never wait
+for each other and never take the same task twice.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, insert, select, true, update
+
+from taskgate.brokers.base import Lease, Renewal
+from taskgate.brokers.sql.graph import settle_children
+from taskgate.brokers.sql.rows import parents_of, status_values, task_of, to_task
+from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.errors import LeaseLostError, TaskNotFoundError
+from taskgate.task import Status, Task
+
+__all__ = ["CANCELED_ERROR", "claim", "heartbeat", "lease_lost_error", "reap"]
+
+CANCELED_ERROR = "canceled"
+
+
+def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+    """Lease up to ``limit`` due tasks of ``queue``, oldest due first."""
+    task = tx.models.task
+    now = tx.now
+    candidates = (
+        select(task.id)
+        .where(task.queue == queue, task.ready == true(), task.run_at <= now)
+        .order_by(task.run_at, task.id)
+        .limit(limit)
+    )
+    values = {**status_values(Status.RUNNING), "claims": task.claims + 1, "started_at": now}
+    rows = sorted(
+        tx.traits.claim_rows(tx.conn, table_of(task), candidates, values), key=lambda r: (r.run_at, r.id)
+    )
+    if not rows:
+        return []
+    expires_at = now + lease_ttl
+    tokens = {row.id: secrets.token_hex(16) for row in rows}
+    leases = [
+        {"task_id": task_id, "token": token, "expires_at": expires_at, "cancel_requested": False}
+        for task_id, token in tokens.items()
+    ]
+    tx.conn.execute(insert(tx.models.lease), leases)
+    parents = parents_of(tx, list(tokens))
+    return [
+        Lease(task=to_task(row, parents.get(row.id, ())), token=tokens[row.id], expires_at=expires_at)
+        for row in rows
+    ]
+
+
+def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
+    """Extend the lease; an expired lease no reaper took back yet can still be renewed."""
+    lease = tx.models.lease
+    expires_at = tx.now + lease_ttl
+    where = (lease.task_id == task_id, lease.token == token)
+    # Only the narrow lease row is written; the wide task row is not touched by heartbeats.
+    if tx.conn.execute(update(lease).where(*where).values(expires_at=expires_at)).rowcount == 0:
+        raise lease_lost_error(tx, task_id)
+    cancel_requested = tx.conn.execute(select(lease.cancel_requested).where(*where)).scalar()
+    return Renewal(expires_at=expires_at, cancel_requested=bool(cancel_requested))
+
+
+def lease_lost_error(tx: Tx, task_id: str) -> Exception:
+    """The error for a token that is not ``task_id``'s lease: not found, or lease lost."""
+    task = tx.models.task
+    status = tx.conn.execute(select(task.status).where(task.id == task_id)).scalar()
+    if status is None:
+        return TaskNotFoundError(f"no task with id {task_id!r}")
+    if status != Status.RUNNING.value:
+        return LeaseLostError(f"task {task_id} is {status}; the lease is gone")
+    return LeaseLostError(f"task {task_id} is held under another lease")
+
+
+def reap(tx: Tx, lease_lost_max: int, limit: int) -> list[Task]:
+    """Take back up to ``limit`` tasks whose lease ended, earliest expiry first."""
+    task, lease = tx.models.task, tx.models.lease
+    expired = (
+        select(lease.task_id, lease.cancel_requested)
+        .join(task, task.id == lease.task_id)
+        .where(lease.expires_at <= tx.now)
+        .order_by(lease.expires_at, lease.task_id)
+        .limit(limit)
+    )
+    # Locks the task rows (and, on PostgreSQL/MySQL, the lease rows too); a task another
+    # reaper or its worker holds right now is skipped, so a lease is counted once.
+    rows = tx.conn.execute(tx.traits.lock(expired, skip_locked=True)).all()
+    return [_reap_one(tx, row.task_id, bool(row.cancel_requested), lease_lost_max) for row in rows]
+
+
+def _reap_one(tx: Tx, task_id: str, cancel_requested: bool, lease_lost_max: int) -> Task:
+    task, lease = tx.models.task, tx.models.lease
+    tx.conn.execute(delete(lease).where(lease.task_id == task_id))
+    lost = tx.conn.execute(select(task.lease_lost, task.queue).where(task.id == task_id)).one()
+    count = lost.lease_lost + 1
+    values: dict[str, Any] = {"lease_lost": count}
+    if cancel_requested:
+        values.update(status_values(Status.CANCELED), last_error=CANCELED_ERROR, finished_at=tx.now)
+    elif count >= lease_lost_max:
+        error = f"lease lost {count} times (lease_lost_max={lease_lost_max})"
+        values.update(status_values(Status.FAILED), last_error=error, finished_at=tx.now)
+    else:
+        values.update(status_values(Status.PENDING), run_at=tx.now)
+        tx.woken.add(lost.queue)
+    tx.conn.execute(update(task).where(task.id == task_id).values(values))
+    final = values["status"]
+    if final != Status.PENDING.value:
+        settle_children(tx, [(task_id, Status(final))])
+    return task_of(tx, task_id)

@@ -1,0 +1,84 @@
+"""Read-only queries: get, list, history, counts, queue length, and "is anything due?"."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from sqlalchemy import func, select, true
+
+from taskgate.brokers.sql.rows import load_tasks, snapshot_select, task_of
+from taskgate.brokers.sql.tx import Tx
+from taskgate.task import Filter, Status, Task
+
+__all__ = ["anything_due", "counts", "get", "history", "list_tasks", "queue_length"]
+
+
+def get(tx: Tx, task_id: str) -> Task:
+    """The snapshot of ``task_id``."""
+    return task_of(tx, task_id)
+
+
+def list_tasks(tx: Tx, filter: Filter) -> list[Task]:
+    """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
+    task = tx.models.task
+    stmt = snapshot_select(tx.models)
+    for column, value in (
+        (task.type, filter.type),
+        (task.queue, filter.queue),
+        (task.status, None if filter.status is None else filter.status.value),
+        (task.business_key, filter.business_key),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    stmt = stmt.order_by(task.created_at, task.id).offset(filter.offset or None)
+    if filter.limit:
+        stmt = stmt.limit(filter.limit)
+    return load_tasks(tx, stmt)
+
+
+def history(tx: Tx, business_key: str) -> list[Task]:
+    """Every execution of ``business_key``, oldest first, following the replay chain.
+
+    Timestamps can tie (a coarse or frozen clock) and ids need not sort by age, but the chain
+    ``replay_of`` links cannot lie, so the order comes from them.
+    """
+    task = tx.models.task
+    found = load_tasks(tx, snapshot_select(tx.models).where(task.business_key == business_key))
+    by_parent = {t.replay_of: t for t in found}
+    ids = {t.id for t in found}
+    roots = sorted((t for t in found if t.replay_of not in ids), key=lambda t: (t.created_at, t.id))
+    ordered: list[Task] = []
+    for root in roots:
+        current: Task | None = root
+        while current is not None:
+            ordered.append(current)
+            current = by_parent.get(current.id)
+    return ordered
+
+
+def counts(tx: Tx) -> dict[str, dict[Status, int]]:
+    """Counts by type and status from the (type, status) index; absent when zero."""
+    task = tx.models.task
+    stmt = select(task.type, task.status, func.count()).group_by(task.type, task.status)
+    result: dict[str, dict[Status, int]] = {}
+    for type_, status, count in tx.conn.execute(stmt):
+        result.setdefault(type_, {})[Status(status)] = int(count)
+    return result
+
+
+def queue_length(tx: Tx, queue: str) -> int:
+    """Pending plus retrying tasks of ``queue`` (due or not), from the claim index."""
+    task = tx.models.task
+    stmt = select(func.count()).select_from(task).where(task.queue == queue, task.ready == true())
+    return int(tx.conn.execute(stmt).scalar_one())
+
+
+def anything_due(tx: Tx, queues: Collection[str]) -> bool:
+    """Whether some task of ``queues`` could be claimed now: one index probe per queue."""
+    task = tx.models.task
+    stmt = (
+        select(task.id)
+        .where(task.queue.in_(list(queues)), task.ready == true(), task.run_at <= tx.now)
+        .limit(1)
+    )
+    return tx.conn.execute(stmt).first() is not None

@@ -1,0 +1,65 @@
+"""Creating taskgate's tables on first use, or checking that a migrated schema is current.
+
+taskgate keeps its alembic revision in ``<prefix>alembic_version`` (alembic's own layout), so
+tables made here and tables made by ``taskgate-migrate`` are interchangeable: a database
+created by the broker can be migrated later, and the broker can check a migrated one.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Connection, Engine, MetaData, PrimaryKeyConstraint, String, Table, inspect
+
+from taskgate.brokers.sql.dialects import Traits
+from taskgate.errors import BrokerError
+from taskgate.models import SCHEMA_REVISION, Models
+
+__all__ = ["SchemaError", "prepare_schema", "version_table"]
+
+
+class SchemaError(BrokerError):
+    """Raised when taskgate's tables are missing or at another revision; the message says the fix."""
+
+
+def version_table(prefix: str, metadata: MetaData | None = None) -> Table:
+    """alembic's version table for ``prefix``, as alembic itself would create it."""
+    name = f"{prefix}alembic_version"
+    return Table(
+        name,
+        metadata if metadata is not None else MetaData(),
+        Column("version_num", String(32), nullable=False),
+        PrimaryKeyConstraint("version_num", name=f"{name}_pkc"),
+    )
+
+
+def prepare_schema(engine: Engine, models: Models, traits: Traits, *, create: bool) -> None:
+    """Create missing tables (``create``) under a lock, then check the schema revision."""
+    versions = version_table(models.prefix)
+    with engine.begin() as conn, traits.schema_lock(conn, f"{models.prefix}schema"):
+        if create:
+            models.metadata.create_all(conn, tables=models.tables, checkfirst=True)
+            versions.create(conn, checkfirst=True)
+            _stamp_if_new(conn, versions)
+        _check_revision(conn, engine, models, versions)
+
+
+def _stamp_if_new(conn: Connection, versions: Table) -> None:
+    if conn.execute(versions.select().limit(1)).first() is None:
+        conn.execute(versions.insert().values(version_num=SCHEMA_REVISION))
+
+
+def _check_revision(conn: Connection, engine: Engine, models: Models, versions: Table) -> None:
+    inspector = inspect(conn)
+    current: str | None = None
+    if inspector.has_table(versions.name):
+        current = conn.execute(versions.select().limit(1)).scalar()
+    elif all(inspector.has_table(t.name) for t in models.tables):
+        # Migrated by the application's own alembic (tables mounted into its MetaData).
+        return
+    if current != SCHEMA_REVISION:
+        url = engine.url.render_as_string(hide_password=True)
+        prefix = "" if models.prefix == "taskgate_" else f" --prefix {models.prefix}"
+        raise SchemaError(
+            f"taskgate schema (prefix {models.prefix!r}) is at {current or 'nothing'}, need "
+            f"{SCHEMA_REVISION}: run `taskgate-migrate upgrade {url}{prefix}` "
+            "(or construct SQLBroker with create_tables=True)"
+        )

@@ -1,0 +1,49 @@
+"""taskgate's tables as SQLAlchemy 2.x declarative models, under any table prefix.
+
+The SQL broker uses `models_for` (taskgate's own `MetaData`). An application that manages its
+schema with its own alembic mounts the tables into its `MetaData` instead, so autogenerate
+sees them::
+
+    from taskgate.models import mount
+    taskgate_models = mount(Base.metadata, prefix="taskgate_")
+"""
+
+from __future__ import annotations
+
+from taskgate.models.build import (
+    DEFAULT_PREFIX,
+    NAMING_CONVENTION,
+    TABLE_NAMES,
+    Models,
+    build_models,
+    check_prefix,
+    models_for,
+    mount,
+)
+from taskgate.models.columns import (
+    BusinessKeyColumns,
+    DependencyColumns,
+    LeaseColumns,
+    QuotaWindowColumns,
+    TaskColumns,
+)
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "NAMING_CONVENTION",
+    "SCHEMA_REVISION",
+    "TABLE_NAMES",
+    "BusinessKeyColumns",
+    "DependencyColumns",
+    "LeaseColumns",
+    "Models",
+    "QuotaWindowColumns",
+    "TaskColumns",
+    "build_models",
+    "check_prefix",
+    "models_for",
+    "mount",
+]
+
+# The alembic revision these models correspond to; a test checks it is the migrations' head.
+SCHEMA_REVISION = "0001"

@@ -1,0 +1,89 @@
+"""The columns of taskgate's tables, as declarative mixins.
+
+The mixins carry the columns only; `taskgate.models.build` turns each into a mapped class
+under a table prefix, adding the keys, indexes and foreign keys whose names depend on it.
+Strings are ``VARCHAR(255)`` because MySQL can index no longer ``utf8mb4`` keys comfortably,
+and every id, type, queue and key is checked against that length at the API.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Boolean, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from taskgate.ids import MAX_ID_LENGTH
+from taskgate.models.types import Blob, LongText, UTCDateTime
+
+__all__ = ["BusinessKeyColumns", "DependencyColumns", "LeaseColumns", "QuotaWindowColumns", "TaskColumns"]
+
+Name = String(MAX_ID_LENGTH)
+
+
+class TaskColumns:
+    """One execution of a task: what to run, where it stands, and its counters."""
+
+    id: Mapped[str] = mapped_column(Name)
+    type: Mapped[str] = mapped_column(Name)
+    queue: Mapped[str] = mapped_column(Name)
+    status: Mapped[str] = mapped_column(String(16))
+    # True exactly while status is pending or retrying: lets ONE index (queue, ready, run_at,
+    # id) serve the claim in run_at order and stop after k rows, which an index on
+    # (queue, status, ...) cannot do for two statuses at once.
+    ready: Mapped[bool] = mapped_column(Boolean)
+    run_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    payload: Mapped[bytes | None] = mapped_column(Blob)
+    result: Mapped[bytes | None] = mapped_column(Blob)
+    last_error: Mapped[str | None] = mapped_column(LongText)
+    attempts: Mapped[int] = mapped_column(Integer)
+    max_retry: Mapped[int] = mapped_column(Integer)
+    throttled: Mapped[int] = mapped_column(Integer)
+    lease_lost: Mapped[int] = mapped_column(Integer)
+    claims: Mapped[int] = mapped_column(Integer)
+    ignore_parent_failure: Mapped[bool] = mapped_column(Boolean)
+    business_key: Mapped[str | None] = mapped_column(Name)
+    replay_of: Mapped[str | None] = mapped_column(Name)
+
+
+class DependencyColumns:
+    """One edge of the dependency graph: ``child_id`` waits for ``parent_id``.
+
+    ``position`` keeps ``depends_on`` in the order it was given (a parent may repeat).
+    """
+
+    child_id: Mapped[str] = mapped_column(Name)
+    position: Mapped[int] = mapped_column(Integer)
+    parent_id: Mapped[str] = mapped_column(Name)
+
+
+class LeaseColumns:
+    """The lease of a running task, apart from the wide task row so heartbeats stay cheap."""
+
+    task_id: Mapped[str] = mapped_column(Name)
+    token: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    cancel_requested: Mapped[bool] = mapped_column(Boolean)
+
+
+class QuotaWindowColumns:
+    """Units used in one epoch-aligned window of a quota key."""
+
+    quota_key: Mapped[str] = mapped_column(Name)
+    window_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    window_end: Mapped[datetime] = mapped_column(UTCDateTime())
+    used: Mapped[int] = mapped_column(Integer)
+    quota_limit: Mapped[int] = mapped_column(Integer)
+
+
+class BusinessKeyColumns:
+    """A used business key and its newest execution.
+
+    Its primary key is what makes exactly one of many racing submitters of a key win.
+    """
+
+    business_key: Mapped[str] = mapped_column(Name)
+    execution_id: Mapped[str] = mapped_column(Name)

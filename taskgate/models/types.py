@@ -1,0 +1,52 @@
+"""Column types that behave the same on SQLite, PostgreSQL and MySQL/MariaDB."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime, LargeBinary, Text
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from taskgate.clock import utc
+
+__all__ = ["MYSQL_DIALECTS", "Blob", "LongText", "UTCDateTime"]
+
+MYSQL_DIALECTS = ("mysql", "mariadb")
+
+# MySQL's BLOB/TEXT stop at 64 KiB; payloads and errors need more room there.
+Blob = LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL_DIALECTS)
+LongText = Text().with_variant(mysql.MEDIUMTEXT(), *MYSQL_DIALECTS)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A point in time stored as UTC with microseconds, always read back timezone-aware.
+
+    PostgreSQL keeps ``timestamptz`` (so the session time zone never matters); MySQL keeps a
+    naive UTC ``DATETIME(6)`` and SQLite a naive UTC ISO string, which sorts correctly as text.
+    Naive values are refused on the way in: a naive datetime is a bug we cannot repair.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        """``DATETIME(6)`` on MySQL (its default drops microseconds), ``timestamptz`` elsewhere."""
+        if dialect.name in MYSQL_DIALECTS:
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert an aware datetime to UTC; naive for the dialects that store no zone."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"taskgate stores timezone-aware datetimes only, got naive {value!r}")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Read back as an aware UTC datetime."""
+        return None if value is None else utc(value)
