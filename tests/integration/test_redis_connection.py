@@ -1,0 +1,141 @@
+"""RedisBroker when its server dies, stalls and comes back (a private redis-server per test).
+
+The shared Redis is never touched. Every broker call during an outage raises `BrokerError`
+(chained to the redis-py error) within ``socket_timeout``; once the server is back the same
+broker object works again: the pool reconnects and scripts are re-sent after ``NOSCRIPT``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from helpers.redis_servers import RedisServer, have_redis_server
+
+from taskgate.brokers.base import NewTask
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.errors import BrokerError
+from taskgate.task import Filter, Status
+
+pytestmark = pytest.mark.slow
+
+SOCKET_TIMEOUT = 0.5
+# Slack for process scheduling on a busy CI machine, on top of the socket timeout.
+SLACK = 1.0
+TTL = timedelta(seconds=30)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server that persists every write (AOF, fsync always)."""
+    if not have_redis_server():
+        message = "redis-server not installed: cannot start a private server"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    private = RedisServer(tmp_path / "redis", appendonly=True).start()
+    yield private
+    if private.process is not None and private.process.poll() is None:
+        os.kill(private.process.pid, signal.SIGCONT)
+    private.stop()
+
+
+@pytest.fixture
+def broker(server: RedisServer) -> Iterator[RedisBroker]:
+    opened = RedisBroker(server.url, socket_timeout=SOCKET_TIMEOUT)
+    yield opened
+    opened.close()
+
+
+def _outage_calls(broker: RedisBroker) -> dict[str, Callable[[], object]]:
+    return {
+        "get": lambda: broker.get("before"),
+        "enqueue": lambda: broker.enqueue([NewTask(id="during", type="t", queue="q")]),
+        "claim": lambda: broker.claim("q", 1, TTL),
+        "list": lambda: broker.list(Filter()),
+        "counts": broker.counts,
+        "queue_length": lambda: broker.queue_length("q"),
+        "reap": lambda: broker.reap(lease_lost_max=3),
+        "reserve_quota": lambda: broker.reserve_quota("budget", 10, timedelta(hours=1)),
+        "acquire_slots": lambda: broker.acquire_slots("q", 2, 1, TTL),
+        "take_rate": lambda: broker.take_rate("q", 5, 1, 1),
+        "wait_for_work": lambda: broker.wait_for_work(["q"], 5.0),
+    }
+
+
+def _assert_every_call_fails_fast(broker: RedisBroker) -> None:
+    for name, call in _outage_calls(broker).items():
+        started = time.monotonic()
+        with pytest.raises(BrokerError) as info:
+            call()
+        assert time.monotonic() - started < SOCKET_TIMEOUT + SLACK, name
+        assert isinstance(info.value.__cause__, redis.RedisError), name
+
+
+def test_a_dead_server_raises_broker_error_and_a_restarted_one_serves_again(
+    server: RedisServer, broker: RedisBroker
+) -> None:
+    (before,) = broker.enqueue([NewTask(id="before", type="t", queue="q")])
+    server.kill()
+
+    _assert_every_call_fails_fast(broker)
+
+    server.start()  # same port and directory: the AOF brings the task back
+    assert broker.get("before") == before
+    (lease,) = broker.claim("q", 1, TTL)
+    assert broker.ack(lease.task.id, lease.token, b"ok").status is Status.COMPLETED
+
+
+def test_a_stalled_server_times_out_within_the_socket_timeout(
+    server: RedisServer, broker: RedisBroker
+) -> None:
+    broker.enqueue([NewTask(id="before", type="t", queue="q")])
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        for name in ("get", "claim", "reserve_quota"):
+            started = time.monotonic()
+            with pytest.raises(BrokerError):
+                _outage_calls(broker)[name]()
+            assert time.monotonic() - started < SOCKET_TIMEOUT + SLACK, name
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    assert broker.claim("q", 1, TTL)[0].task.id == "before"
+
+
+def _await_subscriber(server: RedisServer, channel: str) -> None:
+    """Return once ``channel`` has a subscriber (the waiter is blocked in its read)."""
+    probe = redis.Redis.from_url(server.url)
+    deadline = time.monotonic() + 10
+    try:
+        while probe.pubsub_numsub(channel)[0][1] == 0:
+            assert time.monotonic() < deadline, "the waiter never subscribed"
+            time.sleep(0.01)
+    finally:
+        probe.close()
+
+
+def test_a_waiter_gets_broker_error_when_the_server_dies(server: RedisServer, broker: RedisBroker) -> None:
+    outcome: list[BaseException | bool] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(broker.wait_for_work(["q"], 30.0))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    _await_subscriber(server, KeySpace(broker.key_prefix).signal("q"))
+    server.kill()
+    waiter.join(SOCKET_TIMEOUT + SLACK + 1.0)
+    assert not waiter.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], BrokerError)
