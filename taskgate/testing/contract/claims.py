@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,6 +22,7 @@ __all__ = ["ClaimContract", "WaitContract"]
 LONG_WAIT = 20.0
 WOKEN_WITHIN = 10.0
 TINY_WAIT = 0.05
+HEAD_START = 0.05
 
 
 class ClaimContract:
@@ -154,8 +156,15 @@ class WaitContract:
     @staticmethod
     def _assert_woken_by(waiter: Broker, action: Callable[[], object]) -> None:
         """``action`` races a wait on ``waiter``: the wait ends True, long before its timeout."""
+
+        def act_after_a_head_start() -> object:
+            # Not a timing assumption: the test passes in either order. The pause only makes
+            # the interesting order (waiter already blocked, then woken) the usual one.
+            threading.Event().wait(HEAD_START)
+            return action()
+
         started = time.monotonic()
-        wait, act = race([lambda: waiter.wait_for_work(["q"], LONG_WAIT), action])
+        wait, act = race([lambda: waiter.wait_for_work(["q"], LONG_WAIT), act_after_a_head_start])
         assert act.ok, act.error
         assert (wait.error, wait.value) == (None, True)
         assert time.monotonic() - started < WOKEN_WITHIN

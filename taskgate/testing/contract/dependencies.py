@@ -87,6 +87,21 @@ class DependencyContract:
         assert broker.get(child.id).status is Status.PENDING
         assert claim_one(broker).task.id == child.id
 
+    def test_canceled_child_stays_canceled_when_its_parent_completes(self, broker: Broker) -> None:
+        parent = submit(broker, queue=PARENTS)
+        child = broker.cancel(submit(broker, depends_on=(parent.id,)).id)
+        broker.ack(parent.id, claim_one(broker, PARENTS).token, None)
+        assert broker.get(child.id) == child
+
+    def test_canceled_child_is_untouched_when_its_parent_fails(
+        self, broker: Broker, clock: ManualClock
+    ) -> None:
+        parent = submit(broker, queue=PARENTS)
+        child = broker.cancel(submit(broker, depends_on=(parent.id,), ignore_parent_failure=True).id)
+        clock.advance(5)
+        _fail_running(broker, parent.id)
+        assert broker.get(child.id) == child
+
     def test_fan_in_child_waits_for_every_parent(self, broker: Broker) -> None:
         first, second = submit(broker, queue=PARENTS), submit(broker, queue=PARENTS)
         child = submit(broker, depends_on=(first.id, second.id))

@@ -1,0 +1,147 @@
+"""MemoryBroker behaviour beyond the contract suite: lifecycle, real-clock waits, internals' limits."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from taskgate.brokers.base import Broker, NewTask, QuotaGrant
+from taskgate.brokers.memory import MemoryBroker
+from taskgate.brokers.memory._quota import window_bounds
+from taskgate.clock import ManualClock
+from taskgate.errors import BrokerError
+from taskgate.ids import new_id
+from taskgate.task import Filter, Status
+
+TTL = timedelta(seconds=30)
+
+
+def _task(**fields: object) -> NewTask:
+    return NewTask(id=new_id(), type="t", queue="q", **fields)  # type: ignore[arg-type]
+
+
+def test_memory_broker_satisfies_the_broker_protocol() -> None:
+    broker = MemoryBroker()
+    assert isinstance(broker, Broker)
+    assert broker.capabilities.shared_quota is True
+    assert broker.capabilities.cross_process is False
+
+
+def test_without_a_clock_the_system_clock_stamps_tasks() -> None:
+    before = datetime.now(UTC)
+    (task,) = MemoryBroker().enqueue([_task()])
+    assert before <= task.created_at <= datetime.now(UTC)
+
+
+def test_every_call_after_close_raises_broker_error() -> None:
+    broker = MemoryBroker()
+    (task,) = broker.enqueue([_task()])
+    broker.close()
+    broker.close()
+    for call in (lambda: broker.get(task.id), lambda: broker.claim("q", 1, TTL), broker.counts):
+        with pytest.raises(BrokerError):
+            call()
+    assert broker.wait_for_work(["q"], 5) is False
+
+
+def test_wait_for_work_wakes_when_a_delayed_task_falls_due_on_the_system_clock() -> None:
+    broker = MemoryBroker()
+    broker.enqueue([_task(delay=timedelta(milliseconds=50))])
+    started = time.monotonic()
+    assert broker.wait_for_work(["q"], 10) is True
+    assert time.monotonic() - started < 5
+
+
+def test_a_snapshot_never_changes_after_it_was_taken() -> None:
+    broker = MemoryBroker(clock=ManualClock())
+    (task,) = broker.enqueue([_task()])
+    (lease,) = broker.claim("q", 1, TTL)
+    broker.ack(task.id, lease.token, b"r")
+    assert (task.status, lease.task.status) == (Status.PENDING, Status.RUNNING)
+
+
+def test_claim_after_many_cancels_skips_their_stale_heap_entries() -> None:
+    broker = MemoryBroker(clock=ManualClock())
+    tasks = broker.enqueue([_task() for _ in range(2000)])
+    for task in tasks[:-1]:
+        broker.cancel(task.id)
+    (lease,) = broker.claim("q", 5, TTL)
+    assert lease.task.id == tasks[-1].id
+    assert broker.claim("q", 5, TTL) == []
+
+
+def test_a_retry_pushes_a_fresh_heap_entry_and_the_old_one_is_ignored() -> None:
+    clock = ManualClock()
+    broker = MemoryBroker(clock=clock)
+    broker.enqueue([_task()])
+    for _ in range(3):
+        (lease,) = broker.claim("q", 1, TTL)
+        broker.requeue(lease.task.id, lease.token)
+    assert len(broker.claim("q", 10, TTL)) == 1
+
+
+def test_quota_grants_nothing_when_the_clock_steps_back_into_a_forgotten_window() -> None:
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    broker = MemoryBroker(clock=clock)
+    old = broker.reserve_quota("k", 5, timedelta(minutes=1))
+    clock.advance(60)
+    broker.reserve_quota("k", 5, timedelta(minutes=1))
+    # A wall clock stepping back into the forgotten window: its count is unknown, so 0.
+    book = broker._quota
+    assert book.reserve("k", 5, timedelta(minutes=1), 1, old.window_start).granted == 0
+
+
+def test_release_of_more_units_than_granted_is_refused() -> None:
+    broker = MemoryBroker(clock=ManualClock())
+    grant = broker.reserve_quota("k", 5, timedelta(minutes=1), 2)
+    with pytest.raises(ValueError):
+        broker.release_quota(grant, 3)
+    with pytest.raises(TypeError):
+        broker.release_quota(("k", 1), 1)  # type: ignore[arg-type]
+    forged = QuotaGrant("k", grant.window_start, grant.window_end, 5, 5)
+    broker.release_quota(forged, 5)
+    assert broker.reserve_quota("k", 5, timedelta(minutes=1), 9).granted == 5
+
+
+@pytest.mark.parametrize(
+    ("now", "period", "start"),
+    [
+        (datetime(2030, 1, 1, 13, 5, tzinfo=UTC), timedelta(hours=24), datetime(2030, 1, 1, tzinfo=UTC)),
+        (datetime(2030, 1, 1, 0, 0, 59, tzinfo=UTC), timedelta(minutes=1), datetime(2030, 1, 1, tzinfo=UTC)),
+        (
+            datetime(2030, 1, 1, 0, 1, tzinfo=UTC),
+            timedelta(minutes=1),
+            datetime(2030, 1, 1, 0, 1, tzinfo=UTC),
+        ),
+        (
+            datetime(1970, 1, 1, 0, 0, 7, tzinfo=UTC),
+            timedelta(seconds=3),
+            datetime(1970, 1, 1, 0, 0, 6, tzinfo=UTC),
+        ),
+    ],
+)
+def test_quota_windows_are_aligned_to_the_unix_epoch(
+    now: datetime, period: timedelta, start: datetime
+) -> None:
+    assert window_bounds(now, period) == (start, start + period)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda b: b.enqueue(_task()),
+        lambda b: b.enqueue(["not a task"]),
+        lambda b: b.wait_for_work("q", 1),
+        lambda b: b.claim("q", True, TTL),
+        lambda b: b.list({"type": "t"}),
+        lambda b: b.ack("x", "token", "not bytes"),
+        lambda b: b.claim("q", 1, 30),
+    ],
+)
+def test_wrongly_typed_arguments_raise_type_error(call: object) -> None:
+    broker = MemoryBroker(clock=ManualClock())
+    with pytest.raises(TypeError):
+        call(broker)  # type: ignore[operator]
+    assert broker.list(Filter()) == []
