@@ -1,0 +1,287 @@
+"""What is particular to RedisBroker: key layout, scripts, server clock and distributed limits.
+
+The broker behaviour itself is the contract suite's (tests/contract/test_redis.py). Tests use
+a random key prefix on the shared Redis and delete their keys afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import redis
+from helpers.redis_servers import free_port, purge_keys
+from redis.crc import key_slot
+
+from taskgate.brokers.base import DistributedLimiter, FailureKind, NewTask
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.codec import from_us
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.brokers.redis.scripts import SCRIPT_NAMES
+from taskgate.clock import ManualClock
+from taskgate.errors import BrokerError, ConfigError
+from taskgate.task import Status
+
+TTL = timedelta(seconds=10)
+
+Factory = Callable[..., RedisBroker]
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client on the shared Redis, to look at what the broker stored."""
+    plain = redis.Redis.from_url(redis_url)
+    yield plain
+    plain.close()
+
+
+@pytest.fixture
+def open_broker(redis_url: str, unique_prefix: str, client: redis.Redis) -> Iterator[Factory]:
+    """Opens brokers on this test's prefix (keyword options pass through); cleans up after."""
+    opened: list[RedisBroker] = []
+
+    def make(**options: object) -> RedisBroker:
+        broker = RedisBroker(redis_url, key_prefix=unique_prefix, **options)  # type: ignore[arg-type]
+        opened.append(broker)
+        return broker
+
+    yield make
+    for broker in opened:
+        broker.close()
+    purge_keys(client, KeySpace(unique_prefix).pattern())
+
+
+def _server_us(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+# -- configuration and key layout ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", ["", "a b", "x{y}:", "x}", "a*", ":::", "é:", "a" * 65, None, 7])
+def test_an_unusable_key_prefix_is_refused(redis_url: str, prefix: object) -> None:
+    with pytest.raises(ConfigError, match="key_prefix"):
+        RedisBroker(redis_url, key_prefix=prefix)  # type: ignore[arg-type]
+
+
+def test_the_default_prefix_gives_hash_tagged_keys() -> None:
+    keys = KeySpace()
+    assert keys.base == "tg:{tg}:"
+    assert keys.task("01J") == "tg:{tg}:task:01J"
+    assert keys.queue("llm") == "tg:{tg}:queue:llm"
+
+
+def test_every_key_a_workload_creates_lives_under_the_base_in_one_slot(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker()
+    broker.enqueue(
+        [
+            NewTask(id="p", type="t", queue="q", business_key="k", payload=b"x"),
+            NewTask(id="c", type="t", queue="q", depends_on=("p",)),
+        ]
+    )
+    (lease,) = broker.claim("q", 1, TTL)
+    broker.fail("p", lease.token, kind=FailureKind.BUSINESS, error="no")
+    broker.replay("p", new_id="p2")
+    broker.reserve_quota("budget", 5, timedelta(hours=1))
+    broker.acquire_slots("q", 1, 1, TTL)
+    broker.take_rate("q", 2, 1, 1)
+
+    keys = KeySpace(unique_prefix)
+    everything = [k.decode() for k in client.scan_iter(match=f"*{unique_prefix}*")]
+    assert len(everything) >= 12
+    assert all(k.startswith(keys.base) for k in everything), everything
+    assert {key_slot(k.encode()) for k in everything} == {key_slot(keys.base.encode())}
+
+
+def test_a_client_that_decodes_responses_is_refused(redis_url: str) -> None:
+    decoding = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        with pytest.raises(ConfigError, match="decode_responses"):
+            RedisBroker(decoding)
+    finally:
+        decoding.close()
+
+
+def test_closing_the_broker_leaves_a_callers_client_open(redis_url: str, unique_prefix: str) -> None:
+    own = redis.Redis.from_url(redis_url)
+    try:
+        broker = RedisBroker(own, key_prefix=unique_prefix)
+        broker.close()
+        assert own.ping() is True
+        with pytest.raises(BrokerError, match="closed"):
+            broker.queue_length("q")
+    finally:
+        own.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "5", True])
+def test_a_bad_socket_timeout_is_refused(redis_url: str, bad: object) -> None:
+    with pytest.raises(ConfigError, match="socket_timeout"):
+        RedisBroker(redis_url, socket_timeout=bad)  # type: ignore[arg-type]
+
+
+# -- the scripts ----------------------------------------------------------------------------
+
+
+def _lua_dir() -> Path:
+    return Path(str(resources.files("taskgate.brokers.redis") / "lua"))
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_each_script_file_documents_keys_argv_return_and_touched_keys(name: str) -> None:
+    header = (_lua_dir() / f"{name}.lua").read_text().split("\n\n")[0]
+    for part in ("KEYS[1]", "ARGV[1]", "Returns", "Touches"):
+        assert part in header, f"{name}.lua header lacks {part}"
+
+
+def test_no_python_module_of_the_broker_embeds_lua() -> None:
+    package = _lua_dir().parent
+    for module in package.glob("*.py"):
+        assert not re.search(r"redis\.p?call\(|\blocal function\b", module.read_text()), module.name
+
+
+def test_scripts_survive_a_script_flush(open_broker: Factory, client: redis.Redis) -> None:
+    broker = open_broker(clock=ManualClock())
+    broker.enqueue([NewTask(id="a", type="t", queue="q")])
+    client.script_flush()  # as after a server restart: the next EVALSHA gets NOSCRIPT
+    assert [lease.task.id for lease in broker.claim("q", 1, TTL)] == ["a"]
+
+
+# -- time: the server's clock unless one is injected ---------------------------------------
+
+
+def test_without_a_clock_times_come_from_redis_time(open_broker: Factory, client: redis.Redis) -> None:
+    broker = open_broker()
+    before = _server_us(client)
+    (task,) = broker.enqueue([NewTask(id="a", type="t", queue="q", delay=timedelta(seconds=5))])
+    after = _server_us(client)
+    assert from_us(before) <= task.created_at <= from_us(after)
+    assert task.run_at - task.created_at == timedelta(seconds=5)
+
+
+def test_without_a_clock_quota_windows_are_epoch_aligned_on_the_server(
+    open_broker: Factory, client: redis.Redis
+) -> None:
+    grant = open_broker().reserve_quota("budget", 3, timedelta(minutes=1), n=5)
+    now = from_us(_server_us(client))
+    assert grant.window_start <= now < grant.window_end
+    assert (grant.window_start.second, grant.window_start.microsecond, grant.granted) == (0, 0, 3)
+
+
+# -- the operator's view: counters and lengths, no scans -----------------------------------
+
+
+def test_counts_are_the_stats_hash_and_queue_length_the_queue_zset(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    broker.enqueue([NewTask(id=f"t{i}", type="a", queue="q") for i in range(3)])
+    broker.enqueue([NewTask(id="b", type="b", queue="q", delay=timedelta(hours=1))])
+    broker.claim("q", 1, TTL)
+    keys = KeySpace(unique_prefix)
+    raw = client.hgetall(keys.stats())
+    stats = {str(k, "utf-8") if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+    assert {k: v for k, v in stats.items() if v} == {"pending:a": 2, "running:a": 1, "pending:b": 1}
+    assert broker.counts() == {"a": {Status.PENDING: 2, Status.RUNNING: 1}, "b": {Status.PENDING: 1}}
+    assert broker.queue_length("q") == client.zcard(keys.queue("q")) == 3
+
+
+# -- distributed limits (on an injected clock) -----------------------------------------------
+
+
+def test_the_broker_declares_and_implements_distributed_limits(open_broker: Factory) -> None:
+    broker = open_broker()
+    assert broker.capabilities.distributed_limits and broker.capabilities.shared_quota
+    assert broker.capabilities.cross_process and broker.capabilities.push_wakeups
+    assert isinstance(broker, DistributedLimiter)
+
+
+def test_slot_capacity_is_shared_by_every_broker_object(open_broker: Factory) -> None:
+    clock = ManualClock()
+    one, two = open_broker(clock=clock), open_broker(clock=clock)
+    first = one.acquire_slots("q", 3, 2, TTL)
+    second = two.acquire_slots("q", 3, 2, TTL)
+    assert (len(first), len(second)) == (2, 1)
+    assert one.acquire_slots("q", 3, 1, TTL) == []
+    assert two.acquire_slots("other", 3, 1, TTL) != []
+
+
+def test_expired_slots_are_purged_by_the_next_acquire(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    broker.acquire_slots("q", 2, 2, TTL)
+    clock.advance(TTL - timedelta(microseconds=1))
+    assert broker.acquire_slots("q", 2, 1, TTL) == []
+    clock.advance(timedelta(microseconds=1))
+    assert len(broker.acquire_slots("q", 2, 2, TTL)) == 2
+
+
+def test_renewing_keeps_held_slots_and_reports_expired_ones(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    kept, lapsed = broker.acquire_slots("q", 2, 1, TTL), broker.acquire_slots("q", 2, 1, TTL / 2)
+    clock.advance(TTL / 2)
+    assert broker.renew_slots("q", kept + lapsed, TTL) == lapsed
+    clock.advance(TTL - timedelta(microseconds=1))
+    assert len(broker.acquire_slots("q", 2, 2, TTL)) == 1  # `kept` still holds its renewed slot
+
+
+def test_a_slot_is_released_at_most_once(open_broker: Factory) -> None:
+    broker = open_broker(clock=ManualClock())
+    (mine,) = broker.acquire_slots("q", 1, 1, TTL)
+    broker.release_slots("q", [mine])
+    (theirs,) = broker.acquire_slots("q", 1, 1, TTL)
+    broker.release_slots("q", [mine])  # late duplicate: must not free `theirs`
+    assert broker.acquire_slots("q", 1, 1, TTL) == []
+    assert broker.renew_slots("q", [theirs], TTL) == []
+
+
+def test_gcra_grants_the_burst_then_the_rate(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    assert broker.take_rate("q", 2.0, 3, 5) == (3, 0.5)
+    assert broker.take_rate("q", 2.0, 3, 1) == (0, 0.5)
+    clock.advance(0.5)
+    assert broker.take_rate("q", 2.0, 3, 2) == (1, 0.5)
+    clock.advance(10)
+    assert broker.take_rate("q", 2.0, 3, 9)[0] == 3
+
+
+def test_gcra_defaults_and_unlimited_rate(open_broker: Factory) -> None:
+    broker = open_broker(clock=ManualClock())
+    assert broker.take_rate("q", 0, 0, 50) == (50, 0.0)
+    assert broker.take_rate("r", 4.5, 0, 10)[0] == 4  # burst 0 means max(1, int(rps))
+    assert broker.take_rate("s", 0.5, 0, 3) == (1, 2.0)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda b: b.acquire_slots("q", 0, 1, TTL),
+        lambda b: b.acquire_slots("q", 1, 1, timedelta(0)),
+        lambda b: b.take_rate("q", -1, 1, 1),
+        lambda b: b.take_rate("q", float("inf"), 1, 1),
+        lambda b: b.renew_slots("q", "token", TTL),
+    ],
+)
+def test_bad_limiter_arguments_are_refused(
+    open_broker: Factory, call: Callable[[RedisBroker], object]
+) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        call(open_broker())
+
+
+def test_quota_fails_closed_when_redis_is_unreachable() -> None:
+    broker = RedisBroker(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)
+    try:
+        with pytest.raises(BrokerError):
+            broker.reserve_quota("budget", 10, timedelta(hours=1))
+    finally:
+        broker.close()
