@@ -92,29 +92,38 @@ async def test_busy_answers_become_throttled_requeues_and_every_task_completes(
     assert sum(t.claims for t in tasks) == seen.requests
 
 
-async def test_dropped_connections_take_the_ordinary_retry_path(
+async def test_dropped_connections_and_500s_take_the_ordinary_retry_path(
     make_gate: GateFactory, gateway: Gateway
 ) -> None:
-    # Two requests are held in flight; every third one finds the gateway over its limit and
-    # gets its connection reset. Then the gateway recovers and the retries go through.
-    gateway.configure(hold=True, crash_above=2)
+    # Two requests are held in flight and will get HTTP 500; every further one finds the
+    # gateway over its limit and gets its connection reset. Then the gateway recovers.
+    gateway.configure(hold=True, crash_above=2, fail_rate=1.0)
     gate = make_gate(queues={"llm": QueueConfig(workers=3)}, routes={"complete": "llm"}, max_retry=3)
-    gate.handle("complete", complete_handler(gateway.url))
+    call = complete_handler(gateway.url)
+    raised: list[str] = []
+
+    def handle(task: Task) -> str:
+        try:
+            return call(task)
+        except Exception as exc:  # noted, then raised on unchanged: the ordinary retry path
+            raised.append("dropped" if isinstance(exc, ConnectionError) else type(exc).__name__)
+            raise
+
+    gate.handle("complete", handle)
     async with gate:
         ids = await submit_prompts(gate, "complete", 5)
         await until(gateway, lambda c: c.held == 2 and c.crashes == 3)
-        gateway.configure(crash_above=None)
+        gateway.configure(crash_above=None, fail_rate=0.0)
         gateway.release()
         results = await wait_all(gate, ids)
         tasks = await snapshots(gate, ids)
     assert outputs(results) == [f"PROMPT {i}" for i in range(5)]
     seen = gateway.settled()
-    assert (seen.crashes, seen.ok, seen.requests) == (3, 5, 8)
-    retried = [t for t in tasks if t.attempts]
-    assert len(retried) == 3
-    assert all((t.attempts, t.claims, t.throttled) == (1, 2, 0) for t in retried)
-    assert all(t.last_error and "Connection" in t.last_error for t in retried)
+    assert (seen.crashes, seen.failures, seen.ok, seen.requests) == (3, 2, 5, 10), (seen, raised)
+    # Each failure is one attempt and one backoff retry; throttles and lease losses stay 0.
     assert all(t.status is Status.COMPLETED for t in tasks)
+    assert all((t.attempts, t.claims, t.throttled, t.lease_lost) == (1, 2, 0, 0) for t in tasks), tasks
+    assert sorted(raised) == ["GatewayHTTPError"] * 2 + ["dropped"] * 3
 
 
 def pipeline_gate(make_gate: GateFactory, gateway: Gateway) -> Gate:
