@@ -7,6 +7,8 @@ a random key prefix on the shared Redis and delete their keys afterwards.
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from importlib import resources
@@ -22,6 +24,7 @@ from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.codec import from_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import SCRIPT_NAMES
+from taskgate.brokers.redis.waiter import SLICE
 from taskgate.clock import ManualClock
 from taskgate.errors import BrokerError, ConfigError
 from taskgate.task import Status
@@ -285,3 +288,34 @@ def test_quota_fails_closed_when_redis_is_unreachable() -> None:
             broker.reserve_quota("budget", 10, timedelta(hours=1))
     finally:
         broker.close()
+
+
+# -- wake-ups ----------------------------------------------------------------------------------
+
+
+def test_close_wakes_every_waiter_with_false(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker()
+    outcomes: list[object] = []
+
+    def wait() -> None:
+        try:
+            outcomes.append(broker.wait_for_work(["q"], 30.0))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    waiters = [threading.Thread(target=wait, daemon=True) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    channel = KeySpace(unique_prefix).signal("q")
+    deadline = time.monotonic() + 10
+    while client.pubsub_numsub(channel)[0][1] < len(waiters):  # every waiter is in its read
+        assert time.monotonic() < deadline, "the waiters never subscribed"
+        time.sleep(0.01)
+    closed_at = time.monotonic()
+    broker.close()
+    for waiter in waiters:
+        waiter.join(5)
+    assert outcomes == [False, False, False]
+    assert time.monotonic() - closed_at < SLICE + 1.0

@@ -82,7 +82,7 @@ class RedisBroker:
         self._clients = open_clients(url_or_client, check_socket_timeout(socket_timeout))
         self._client = self._clients.main
         self._scripts = ScriptBook(self._client)
-        self._waiter = SignalWaiter(self._clients.waits, self._keys, self._run)
+        self._waiter = SignalWaiter(self._clients.waits, self._keys, self._run, self._clients.close)
         self._limits = RedisLimits(self._run, self._client, self._keys)
         self._close_lock = threading.Lock()
         self._closed = False
@@ -339,9 +339,10 @@ class RedisBroker:
             if self._closed:
                 return
             self._closed = True
-        self._waiter.close()
+        # The pools close once no wait is using them (at once when none is): closing a socket
+        # under a blocked read would make redis-py raise in the waiter instead of waking it.
         with redis_errors("close"):
-            self._clients.close()
+            self._waiter.close()
 
 
 def _check_lease(task_id: object, token: object) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import redis_errors
+from taskgate.errors import BrokerError
 
 __all__ = ["SLICE", "SignalWaiter"]
 
@@ -30,15 +31,37 @@ Runner = Callable[[str, Sequence[Any]], list[Any]]
 class SignalWaiter:
     """Blocks until a queue is signalled or has due work, or until timeout or close."""
 
-    def __init__(self, client: Any, keys: KeySpace, run: Runner) -> None:
+    def __init__(self, client: Any, keys: KeySpace, run: Runner, on_closed: Callable[[], None]) -> None:
         self._client = client
         self._keys = keys
         self._run = run
         self._closed = threading.Event()
+        # `on_closed` (closing the pools) runs once, when closed and no wait is using them:
+        # closing a socket under a blocked read would raise from redis-py instead of waking it.
+        self._on_closed: Callable[[], None] | None = on_closed
+        self._active = 0
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Make every current and later wait return False within one slice."""
         self._closed.set()
+        self._leave(0)
+
+    def _enter(self) -> bool:
+        with self._lock:
+            if self._closed.is_set():
+                return False
+            self._active += 1
+            return True
+
+    def _leave(self, delta: int) -> None:
+        with self._lock:
+            self._active -= delta
+            done = self._on_closed if self._closed.is_set() and self._active == 0 else None
+            if done is not None:
+                self._on_closed = None
+        if done is not None:
+            done()
 
     def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """True when work is due or a queue was signalled; False on timeout or close."""
@@ -46,13 +69,22 @@ class SignalWaiter:
         if not queues:
             self._closed.wait(timeout)
             return False
-        with redis_errors("wait_for_work"):
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-            try:
-                pubsub.subscribe(*(self._keys.signal(q) for q in queues))
-                return self._wait_subscribed(pubsub, queues, deadline)
-            finally:
-                pubsub.close()
+        if not self._enter():
+            return False
+        try:
+            with redis_errors("wait_for_work"):
+                pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+                try:
+                    pubsub.subscribe(*(self._keys.signal(q) for q in queues))
+                    return self._wait_subscribed(pubsub, queues, deadline)
+                finally:
+                    pubsub.close()
+        except BrokerError:
+            if self._closed.is_set():
+                return False  # closed while subscribing or checking: a wake-up, not a fault
+            raise
+        finally:
+            self._leave(1)
 
     def _wait_subscribed(self, pubsub: Any, queues: Sequence[str], deadline: float) -> bool:
         due = self._due_monotonic(queues)
