@@ -1,0 +1,47 @@
+"""The broker contract suite on `SQLBroker` over a real MariaDB/MySQL.
+
+One database per module (created once, tables emptied between tests) keeps the suite fast;
+see `helpers.sql_databases`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import MYSQL_URL, require_server
+from helpers.sql_databases import empty_tables, mysql_database
+
+from taskgate.brokers.sql import SQLBroker
+from taskgate.clock import ManualClock
+from taskgate.testing import BrokerContract
+from taskgate.testing.contract import BrokerFactory
+
+
+@pytest.fixture(scope="module")
+def database_url() -> Iterator[str]:
+    """One MariaDB/MySQL database for the module, with taskgate's tables."""
+    parts = urlsplit(MYSQL_URL.replace("mysql+pymysql", "mysql"))
+    require_server("MariaDB/MySQL", parts.hostname or "127.0.0.1", parts.port or 3306)
+    with mysql_database(MYSQL_URL) as url:
+        SQLBroker(url).close()
+        yield url
+
+
+class TestMySQLBroker(BrokerContract):
+    """Every contract test on MariaDB/MySQL; each broker object has its own pool."""
+
+    @pytest.fixture
+    def broker_factory(self, clock: ManualClock, database_url: str) -> Iterator[BrokerFactory]:
+        opened: list[SQLBroker] = []
+
+        def open_broker() -> SQLBroker:
+            broker = SQLBroker(database_url, clock=clock, poll_interval=0.02)
+            opened.append(broker)
+            return broker
+
+        yield open_broker
+        for broker in opened:
+            broker.close()
+        empty_tables(database_url)

@@ -1,0 +1,45 @@
+"""The broker contract suite on `SQLBroker` over a real PostgreSQL.
+
+One database per module (created once, tables emptied between tests) keeps the suite fast;
+see `helpers.sql_databases`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import POSTGRES_HOST, POSTGRES_PORT, require_server
+from helpers.sql_databases import empty_tables, postgresql_database
+
+from taskgate.brokers.sql import SQLBroker
+from taskgate.clock import ManualClock
+from taskgate.testing import BrokerContract
+from taskgate.testing.contract import BrokerFactory
+
+
+@pytest.fixture(scope="module")
+def database_url() -> Iterator[str]:
+    """One PostgreSQL database for the module, with taskgate's tables."""
+    require_server("PostgreSQL", POSTGRES_HOST, POSTGRES_PORT)
+    with postgresql_database(POSTGRES_HOST, POSTGRES_PORT) as url:
+        SQLBroker(url).close()
+        yield url
+
+
+class TestPostgreSQLBroker(BrokerContract):
+    """Every contract test on PostgreSQL; each broker object has its own pool (and listener)."""
+
+    @pytest.fixture
+    def broker_factory(self, clock: ManualClock, database_url: str) -> Iterator[BrokerFactory]:
+        opened: list[SQLBroker] = []
+
+        def open_broker() -> SQLBroker:
+            broker = SQLBroker(database_url, clock=clock, poll_interval=0.02)
+            opened.append(broker)
+            return broker
+
+        yield open_broker
+        for broker in opened:
+            broker.close()
+        empty_tables(database_url)

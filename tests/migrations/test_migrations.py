@@ -1,0 +1,157 @@
+"""The migrations build exactly the schema the models describe, on every SQL database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect
+
+from taskgate.alembic import SCRIPT_LOCATION
+from taskgate.brokers.base import NewTask
+from taskgate.brokers.sql import SchemaError, SQLBroker
+from taskgate.brokers.sql.engine import normalize_url
+from taskgate.migrate import downgrade, main, upgrade
+from taskgate.models import NAMING_CONVENTION, SCHEMA_REVISION, Models, models_for, mount
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'migrated.db'}"
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+def drift(url: str, models: Models) -> list[Any]:
+    """alembic's autogenerate diff between the database at ``url`` and ``models``."""
+    names = {t.name for t in models.tables}
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "compare_type": True,
+                    "include_name": lambda name, type_, _: type_ != "table" or name in names,
+                },
+            )
+            return list(compare_metadata(context, models.metadata))
+    finally:
+        engine.dispose()
+
+
+def table_names(url: str) -> set[str]:
+    engine = create_engine(normalize_url(url))
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_the_models_are_at_the_migrations_head() -> None:
+    script = ScriptDirectory.from_config(_script_config())
+    assert script.get_heads() == [SCHEMA_REVISION]
+
+
+def test_upgrading_an_empty_database_to_head_leaves_no_drift(database_url: str) -> None:
+    upgrade(database_url)
+
+    assert drift(database_url, models_for("taskgate_")) == []
+
+
+def test_a_migrated_database_serves_a_broker_that_does_not_create_tables(database_url: str) -> None:
+    upgrade(database_url)
+    broker = SQLBroker(database_url, create_tables=False)
+    try:
+        (task,) = broker.enqueue([NewTask(id="a", type="t", queue="q")])
+        assert broker.get("a") == task
+    finally:
+        broker.close()
+
+
+def test_downgrading_to_base_drops_every_taskgate_table(database_url: str) -> None:
+    upgrade(database_url)
+    downgrade(database_url, "base")
+
+    assert table_names(database_url) <= {"taskgate_alembic_version"}
+
+
+def test_migrations_honour_a_table_prefix(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'prefixed.db'}"
+
+    assert main(["upgrade", url, "--prefix", "other_"]) == 0
+
+    assert "other_tasks" in table_names(url)
+    assert "taskgate_tasks" not in table_names(url)
+    assert drift(url, models_for("other_")) == []
+
+
+def test_tables_made_by_the_broker_match_the_migrations(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'created.db'}"
+    SQLBroker(url).close()
+
+    upgrade(url)  # already stamped at head by the broker: nothing to do, nothing fails
+
+    assert drift(url, models_for("taskgate_")) == []
+
+
+def test_a_broker_on_an_unmigrated_database_says_how_to_migrate(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+
+    with pytest.raises(SchemaError, match=r"at nothing, need 0001: run `taskgate-migrate upgrade sqlite:///"):
+        SQLBroker(url, create_tables=False)
+
+
+def test_a_broker_on_a_database_at_another_revision_names_both(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    SQLBroker(url).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE taskgate_alembic_version SET version_num = '0000'")
+    engine.dispose()
+
+    with pytest.raises(SchemaError, match=r"is at 0000, need 0001: run `taskgate-migrate upgrade"):
+        SQLBroker(url, create_tables=False)
+
+
+def test_tables_mount_into_an_application_metadata_next_to_its_own(tmp_path: Path) -> None:
+    app_metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    Table("app_users", app_metadata, Column("id", Integer, primary_key=True), Column("name", String(50)))
+    mounted = mount(app_metadata, prefix="app_tg_")
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    app_metadata.create_all(engine)
+
+    broker = SQLBroker(engine, table_prefix="app_tg_", create_tables=False)
+    try:
+        broker.enqueue([NewTask(id="a", type="t", queue="q")])
+        assert [lease.task.id for lease in broker.claim("q", 5, timedelta(seconds=30))] == ["a"]
+    finally:
+        broker.close()
+    assert set(inspect(engine).get_table_names()) == {"app_users", *(t.name for t in mounted.tables)}
+    engine.dispose()
+
+
+def test_an_application_autogenerate_sees_the_mounted_tables(tmp_path: Path) -> None:
+    app_metadata = MetaData()
+    Table("app_users", app_metadata, Column("id", Integer, primary_key=True))
+    mounted = mount(app_metadata, prefix="app_tg_")
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), app_metadata)
+    engine.dispose()
+
+    added = {op[1].name for op in diff if op[0] == "add_table"}
+    assert added == {"app_users", *(t.name for t in mounted.tables)}
+
+
+def _script_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    return config
