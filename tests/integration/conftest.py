@@ -1,0 +1,50 @@
+"""Fixtures of the runtime tests.
+
+The broker under test is chosen by ONE fixture, `gate_broker`: memory always, SQLite when
+`taskgate.brokers.sql` provides `SQLBroker`. Every broker gets the test's `ManualClock`, so
+broker time (run_at, leases, quota windows) only moves when a test advances it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from taskgate import ManualClock
+from taskgate.brokers.base import Broker
+from taskgate.brokers.memory import MemoryBroker
+
+
+def _sql_available() -> bool:
+    try:
+        return hasattr(importlib.import_module("taskgate.brokers.sql"), "SQLBroker")
+    except ImportError:
+        return False
+
+
+GATE_BROKERS = [
+    "memory",
+    pytest.param("sqlite", marks=pytest.mark.skipif(not _sql_available(), reason="SQLBroker not available")),
+]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """The broker's clock; tests move it instead of sleeping."""
+    return ManualClock()
+
+
+@pytest.fixture(params=GATE_BROKERS)
+def gate_broker(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Any) -> Iterator[Broker]:
+    """The broker every runtime test runs on (swap the params to run them elsewhere)."""
+    if request.param == "memory":
+        broker: Broker = MemoryBroker(clock=clock)
+    else:
+        from taskgate.brokers.sql import SQLBroker  # type: ignore[attr-defined]
+
+        broker = SQLBroker(f"sqlite:///{tmp_path / 'gate.db'}", clock=clock)
+    yield broker
+    broker.close()

@@ -1,0 +1,229 @@
+"""Leases: manual heartbeats and renew_lease, the reaper, self-fencing, and cancelling running work."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import pytest
+from gate_helpers import GUARD, Faulty, eventually, make_gate
+
+from taskgate import (
+    AlreadyFinalError,
+    BrokerError,
+    LeaseLostError,
+    NoTaskError,
+    QueueConfig,
+    Status,
+    Task,
+    TaskCanceledError,
+    TaskFailedError,
+    renew_lease,
+)
+from taskgate.runtime import renew_lease_sync
+
+pytestmark = pytest.mark.anyio
+
+MANUAL = {"q": QueueConfig(workers=2, manual_heartbeat=True)}
+
+
+async def test_renew_lease_outside_a_handler_raises_no_task():
+    with pytest.raises(NoTaskError):
+        await renew_lease()
+    with pytest.raises(NoTaskError):
+        renew_lease_sync()
+
+
+async def test_renew_lease_extends_and_reports_a_reaped_lease(gate_broker, clock):
+    gate = make_gate(gate_broker, MANUAL)
+    inside, go, reported = anyio.Event(), anyio.Event(), anyio.Event()
+    errors: list[BaseException] = []
+
+    @gate.handler("q")
+    async def long(task: Task) -> str:
+        if task.claims > 1:
+            return "second run"
+        await renew_lease()  # a healthy renewal just works
+        inside.set()
+        await go.wait()
+        try:
+            await renew_lease()
+        except LeaseLostError as exc:
+            errors.append(exc)
+            reported.set()
+            raise
+        return "stale result"
+
+    async with gate:
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await inside.wait()
+        clock.advance(timedelta(seconds=61))  # no automatic heartbeat: the lease runs out
+        # another process's reaper takes it back; this process runs it again
+        await anyio.to_thread.run_sync(lambda: gate_broker.reap(lease_lost_max=3))
+        assert await gate.wait(task_id, timeout=GUARD) == b'"second run"'
+        go.set()
+        with anyio.fail_after(GUARD):
+            await reported.wait()
+    task = await gate.get(task_id)
+    assert (task.status, task.result, task.lease_lost, task.claims) == (
+        Status.COMPLETED,
+        b'"second run"',
+        1,
+        2,
+    )
+
+
+async def test_renew_lease_reports_a_cancel_and_cancels_the_handler(gate_broker):
+    gate = make_gate(gate_broker, MANUAL)
+    inside, go, done = anyio.Event(), anyio.Event(), anyio.Event()
+    seen: list[str] = []
+
+    @gate.handler("q")
+    async def long(task: Task) -> None:
+        inside.set()
+        await go.wait()
+        try:
+            await renew_lease()
+        except TaskCanceledError:
+            seen.append("canceled")
+        try:
+            await anyio.sleep(30)  # the scope is being cancelled: this returns at once
+        finally:
+            done.set()
+
+    async with gate:
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await inside.wait()
+        # a cancel from another process only marks the running task
+        await anyio.to_thread.run_sync(gate_broker.cancel, task_id)
+        go.set()
+        with anyio.fail_after(GUARD):
+            await done.wait()
+        with pytest.raises(TaskFailedError) as failed:
+            await gate.wait(task_id, timeout=GUARD)
+    assert seen == ["canceled"] and failed.value.task.status is Status.CANCELED
+
+
+async def test_renew_lease_sync_works_in_a_thread_handler(gate_broker):
+    gate = make_gate(gate_broker, MANUAL)
+
+    @gate.handler("q")
+    def blocking(task: Task) -> str:
+        renew_lease_sync()
+        return "renewed"
+
+    async with gate:
+        assert await gate.wait(await gate.submit("q"), timeout=GUARD) == b'"renewed"'
+
+
+async def test_the_reaper_takes_back_an_expired_lease_and_it_runs_again(gate_broker, clock):
+    gate = make_gate(gate_broker, MANUAL, reap_interval=0.02)
+    first_started, first_stopped = anyio.Event(), anyio.Event()
+
+    @gate.handler("q")
+    async def hangs_once(task: Task) -> str:
+        if task.claims > 1:
+            return "recovered"
+        first_started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            first_stopped.set()  # the local copy is stopped once its lease is reaped
+
+    async with gate:
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await first_started.wait()
+        clock.advance(timedelta(seconds=61))
+        assert await gate.wait(task_id, timeout=GUARD) == b'"recovered"'
+        with anyio.fail_after(GUARD):
+            await first_stopped.wait()
+    task = await gate.get(task_id)
+    assert (task.lease_lost, task.claims, task.attempts) == (1, 2, 0)
+
+
+async def test_a_worker_that_cannot_heartbeat_fences_itself_before_its_lease_ends(gate_broker):
+    broker = Faulty(gate_broker)
+    broker.failing["heartbeat"] = BrokerError("connection is half-open")
+    ttl = 0.6
+    gate = make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)})
+    times: dict[str, float] = {}
+    stopped = anyio.Event()
+
+    @gate.handler("q")
+    async def long(task: Task) -> str:
+        times["start"] = anyio.current_time()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            times["stop"] = anyio.current_time()
+            stopped.set()
+        return "never"  # pragma: no cover
+
+    async with gate:
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await stopped.wait()
+    assert times["stop"] - times["start"] < ttl
+    assert broker.calls["heartbeat"] >= 1
+    task = await gate.get(task_id)
+    assert task.status is Status.RUNNING and task.result is None  # nothing written: the reaper's job
+
+
+async def test_cancel_of_a_running_task_stops_its_handler_at_once_and_cancels_its_chain(gate_broker):
+    gate = make_gate(gate_broker)
+    started, stopped = anyio.Event(), anyio.Event()
+
+    @gate.handler("q")
+    async def long(task: Task) -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stopped.set()
+
+    async with gate:
+        parent = await gate.submit("q")
+        child = await gate.submit("q", depends_on=[parent])
+        grandchild = await gate.submit("q", depends_on=[child])
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        marked = await gate.cancel(parent)
+        assert marked.status is Status.RUNNING and marked.cancel_requested
+        with anyio.fail_after(GUARD):
+            await stopped.wait()
+        for task_id in (parent, child, grandchild):
+            with pytest.raises(TaskFailedError) as failed:
+                await gate.wait(task_id, timeout=GUARD)
+            assert failed.value.task.status is Status.CANCELED
+        with pytest.raises(AlreadyFinalError):
+            await gate.cancel(parent)
+
+
+async def test_a_cancel_from_another_process_is_seen_on_the_next_heartbeat(gate_broker):
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=1, lease_ttl=0.6)})
+    started = anyio.Event()
+
+    @gate.handler("q")
+    async def long(task: Task) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    async with gate:
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        await anyio.to_thread.run_sync(gate_broker.cancel, task_id)
+        with pytest.raises(TaskFailedError) as failed:
+            await gate.wait(task_id, timeout=GUARD)
+    assert failed.value.task.status is Status.CANCELED
+
+
+async def test_cancel_of_a_waiting_task_is_immediate(gate_broker):
+    gate = make_gate(gate_broker)
+    task_id = await gate.submit("q", delay="1h")
+    assert (await gate.cancel(task_id)).status is Status.CANCELED
+    task = await eventually(gate, task_id, lambda t: t.status.is_final)
+    assert task.status is Status.CANCELED

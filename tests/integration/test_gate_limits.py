@@ -1,0 +1,130 @@
+"""Limits measured, not assumed: workers, rate, quotas, and queues that never wait on each other."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import pytest
+from gate_helpers import GUARD, Faulty, eventually, make_gate, until
+
+from taskgate import BrokerError, Gate, QueueConfig, Status, Task
+
+pytestmark = pytest.mark.anyio
+
+EPSILON = 0.05  # seconds of scheduling jitter allowed when checking the rate bound
+
+
+async def _flag(gate: Gate, queue: str, name: str) -> bool:
+    return bool(getattr(await gate.stats(queue), name))
+
+
+async def test_workers_and_rate_hold_in_every_window(gate_broker):
+    rps, burst, workers, n = 5.0, 5, 2, 12
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=workers, rps=rps)})
+    starts: list[float] = []
+    running = 0
+    peak = 0
+
+    @gate.handler("q")
+    async def work(task: Task) -> None:
+        nonlocal running, peak
+        starts.append(anyio.current_time())
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.02)
+        running -= 1
+
+    async with gate:
+        ids = await gate.submit_many("q", range(n))
+        for task_id in ids:
+            await gate.wait(task_id, timeout=GUARD)
+    assert len(starts) == n and peak <= workers
+    starts.sort()
+    for i in range(n):
+        for j in range(i, n):
+            window = starts[j] - starts[i]
+            assert j - i + 1 <= burst + rps * (window + EPSILON), (i, j, window)
+    # the bucket starts full, then refills at rps: the run cannot be faster than that
+    assert starts[-1] - starts[0] >= (n - burst) / rps - EPSILON
+
+
+async def test_a_blocked_queue_does_not_delay_another(gate_broker):
+    queues = {"slow": QueueConfig(workers=1), "fast": QueueConfig(workers=1, rps=50)}
+    gate = make_gate(gate_broker, queues)
+    release = anyio.Event()
+
+    @gate.handler("slow")
+    async def slow(task: Task) -> None:
+        await release.wait()
+
+    gate.handle("fast", lambda task: "done")
+    async with gate:
+        stuck = [await gate.submit("slow") for _ in range(3)]
+        quick = [await gate.submit("fast") for _ in range(5)]
+        with anyio.fail_after(GUARD):
+            for task_id in quick:
+                assert await gate.wait(task_id) == b'"done"'
+        assert (await gate.get(stuck[0])).status is Status.RUNNING
+        assert (await gate.stats("slow")).queue_len == 2
+        release.set()
+        for task_id in stuck:
+            await gate.wait(task_id, timeout=GUARD)
+
+
+async def test_an_exhausted_quota_pauses_only_its_queue_until_the_next_window(gate_broker, clock):
+    queues = {
+        "metered": QueueConfig(workers=2, quota_limit=1, quota_period="1h"),
+        "free": QueueConfig(workers=1),
+    }
+    gate = make_gate(gate_broker, queues)
+    gate.handle("metered", lambda task: None)
+    gate.handle("free", lambda task: None)
+    async with gate:
+        first, second = await gate.submit_many("metered", [1, 2])
+        await eventually(gate, first, lambda t: t.status is Status.COMPLETED)
+        await gate.wait(await gate.submit("free"), timeout=GUARD)
+        await until(lambda: _flag(gate, "metered", "quota_exhausted"))
+        assert (await gate.get(second)).status is Status.PENDING
+        clock.advance(timedelta(hours=1))
+        await gate.wait(second, timeout=GUARD)  # the new window's one unit
+
+
+async def test_an_unreachable_quota_fails_closed_and_recovers(gate_broker):
+    broker = Faulty(gate_broker)
+    broker.failing["reserve_quota"] = BrokerError("quota store down")
+    gate = make_gate(broker, {"q": QueueConfig(workers=1, quota_limit=10, quota_period="1h")})
+    gate.handle("q", lambda task: None)
+    async with gate:
+        task_id = await gate.submit("q")
+        await until(lambda: _flag(gate, "q", "quota_stalled"))
+        assert (await gate.get(task_id)).status is Status.PENDING
+        assert broker.calls.get("claim", 0) == 0
+        del broker.failing["reserve_quota"]
+        await gate.wait(task_id, timeout=GUARD)
+        assert not (await gate.stats("q")).quota_stalled
+
+
+async def test_a_same_process_submit_starts_without_polling_delay(gate_broker):
+    gate = make_gate(gate_broker, poll_interval=30.0)
+    gate.handle("q", lambda task: "fast")
+    async with gate:
+        with anyio.fail_after(5):  # far below the 30 s poll interval
+            for _ in range(3):
+                assert await gate.wait(await gate.submit("q")) == b'"fast"'
+
+
+async def test_stats_show_running_here_and_the_backlog(gate_broker):
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=1, rps=2.5)})
+    release = anyio.Event()
+
+    @gate.handler("q")
+    async def hold(task: Task) -> None:
+        await release.wait()
+
+    async with gate:
+        first, _, _ = await gate.submit_many("q", [1, 2, 3])
+        await eventually(gate, first, lambda t: t.status is Status.RUNNING)
+        stats = await gate.stats("q")
+        assert (stats.workers, stats.running, stats.queue_len, stats.rps) == (1, 1, 2, 2.5)
+        release.set()

@@ -1,0 +1,98 @@
+"""Shutdown: drain running handlers, or cancel them and put their tasks back exactly as they were."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from gate_helpers import GUARD, eventually, make_gate
+
+from taskgate import QueueConfig, ShutdownError, Status, Task, Throttled
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_shutdown_timeout_cancels_and_requeues_without_touching_counters(gate_broker, clock):
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=1)})
+    started, stopped = anyio.Event(), anyio.Event()
+
+    @gate.handler("q")
+    async def long(task: Task) -> None:
+        if task.throttled == 0:
+            raise Throttled(retry_after=0)  # give the task a counter worth keeping
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        before = await gate.get(task_id)
+        with anyio.fail_after(GUARD):
+            await gate.shutdown(timeout=0.1)
+        assert stopped.is_set()
+    after = await gate.get(task_id)
+    assert after.status is Status.PENDING
+    assert (
+        (after.attempts, after.throttled, after.lease_lost)
+        == (before.attempts, 1, before.lease_lost)
+        == (0, 1, 0)
+    )
+    assert after.run_at <= clock.now()
+    with pytest.raises(ShutdownError):
+        await gate.submit("q")
+
+
+async def test_shutdown_without_timeout_lets_running_handlers_finish(gate_broker):
+    gate = make_gate(gate_broker)
+    started, release = anyio.Event(), anyio.Event()
+
+    @gate.handler("q")
+    async def finishes(task: Task) -> str:
+        started.set()
+        await release.wait()
+        return "finished"
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        tg.start_soon(gate.shutdown)
+        await anyio.wait_all_tasks_blocked()
+        assert (await gate.get(task_id)).status is Status.RUNNING
+        with pytest.raises(ShutdownError):
+            await gate.submit("q")
+        release.set()
+    assert (await gate.get(task_id)).result == b'"finished"'
+
+
+async def test_a_cancelled_run_puts_its_tasks_back(gate_broker):
+    gate = make_gate(gate_broker)
+    started = anyio.Event()
+
+    @gate.handler("q")
+    async def long(task: Task) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        tg.cancel_scope.cancel()
+    task = await gate.get(task_id)
+    assert (task.status, task.attempts, task.lease_lost) == (Status.PENDING, 0, 0)
+
+
+async def test_the_context_manager_shuts_down_gracefully(gate_broker):
+    gate = make_gate(gate_broker)
+    gate.handle("q", lambda task: "ok")
+    async with gate:
+        task_id = await gate.submit("q")
+        await eventually(gate, task_id, lambda t: t.status is not Status.PENDING)
+    assert (await gate.get(task_id)).status is Status.COMPLETED
