@@ -173,6 +173,14 @@ class MemoryBroker:
             self._check_open()
             return self._table.find(task_id).snapshot()
 
+    def list(self, filter: Filter) -> builtins.list[Task]:
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
+        if not isinstance(filter, Filter):
+            raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
+        with self._cond:
+            self._check_open()
+            return self._table.select(filter)
+
     def history(self, business_key: str) -> builtins.list[Task]:
         """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
         check_identifier(business_key, what="business_key")
@@ -437,14 +445,6 @@ class MemoryBroker:
             self._cond.notify_all()
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def list(self, filter: Filter) -> builtins.list[Task]:
-        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
-        if not isinstance(filter, Filter):
-            raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
-        with self._cond:
-            self._check_open()
-            return self._table.select(filter)
 
     def _now(self) -> datetime:
         """The clock's time, after checking the broker is open (call under the lock)."""
