@@ -107,7 +107,7 @@ class Runtime:
                 self.wake_queue(task.queue)
         if cascade:
             self.waiters.notify_all()  # descendants were canceled in the same transition
-        if any(t.status is Status.COMPLETED for t in tasks):
+        if any(t.status.is_final for t in tasks):
             self.wake_all()  # children may have become pending in any queue
         await self.hooks.emit(tasks)
 

@@ -16,6 +16,7 @@ from taskgate import (
     ShutdownError,
     Status,
     Task,
+    TaskExistsError,
     TaskFailedError,
     TaskNotFoundError,
 )
@@ -96,6 +97,15 @@ async def test_submit_many_is_one_all_or_nothing_batch(gate_broker):
     with pytest.raises(TaskNotFoundError):
         await gate.submit_many("q", [5, 6], depends_on=["01NOSUCHPARENT0000000000000"])
     assert len(await gate.list()) == 3
+
+
+async def test_a_used_business_key_raises_task_exists_with_the_newest_execution(gate_broker):
+    gate = make_gate(gate_broker)
+    first = await gate.submit("q", business_key="order-1")
+    with pytest.raises(TaskExistsError) as exists:
+        await gate.submit("q", business_key="order-1")
+    assert (exists.value.execution_id, exists.value.status) == (first, Status.PENDING)
+    assert len(await gate.list()) == 1
 
 
 async def test_submit_after_shutdown_raises(gate_broker):
