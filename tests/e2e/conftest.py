@@ -10,53 +10,21 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from taskgate import Config, Gate
-from taskgate.brokers.base import Broker
 
-from .backends import open_from_spec
+from .backends import BACKENDS, Backend, GateFactory
 from .gateway import Gateway
-
-BACKENDS = ["memory", "sqlite", "postgresql", "mariadb", "redis"]
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     """Pin the e2e scenarios to asyncio (see the module docstring)."""
     return "asyncio"
-
-
-@dataclass
-class Backend:
-    """How to open brokers on one isolated store, in this process or in a child process.
-
-    ``spec`` is plain JSON-able data that `open_from_spec` (also used by the child worker
-    script) turns into a broker on the same store.
-    """
-
-    name: str
-    spec: dict[str, Any]
-    opened: list[Broker] = field(default_factory=list)
-
-    @property
-    def cross_process(self) -> bool:
-        """True when another process can share this store's tasks."""
-        return self.name != "memory"
-
-    def open(self) -> Broker:
-        """A NEW broker object (own connections) on this backend's store."""
-        broker = open_from_spec(self.spec)
-        self.opened.append(broker)
-        return broker
-
-    def close_all(self) -> None:
-        for broker in self.opened:
-            broker.close()
 
 
 def _delete_redis_keys(url: str, prefix: str) -> None:
@@ -97,9 +65,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         store.close_all()
         if cleanup is not None:
             cleanup()
-
-
-GateFactory = Callable[..., Gate]
 
 
 @pytest.fixture

@@ -17,7 +17,15 @@ from taskgate import Gate, Task
 
 from .client import complete, stream
 
-__all__ = ["PIPELINE_QUEUES", "PIPELINE_ROUTES", "complete_handler", "expected_score", "install_pipeline"]
+__all__ = [
+    "PIPELINE_ROUTES",
+    "complete_handler",
+    "expected_score",
+    "install_pipeline",
+    "question",
+    "stream_handler",
+    "submit_chain",
+]
 
 
 def complete_handler(url: str) -> Callable[[Task], str]:
@@ -39,8 +47,7 @@ def stream_handler(url: str) -> Callable[[Task], Awaitable[str]]:
     return handle
 
 
-# retrieve -> generate -> score, each stage on its own queue, as in the README's pipeline.
-PIPELINE_QUEUES = ("ocr", "llm", "cpu")
+# retrieve -> generate -> score, each stage on its own queue.
 PIPELINE_ROUTES = {"retrieve": "ocr", "generate": "llm", "score": "cpu"}
 
 

@@ -12,7 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -20,7 +21,7 @@ import pytest
 
 from taskgate import QueueConfig, Status
 
-from .conftest import BACKENDS, Backend, GateFactory
+from .backends import CROSS_PROCESS_BACKENDS, Backend, GateFactory
 from .gateway import Gateway
 from .handlers import complete_handler
 
@@ -28,13 +29,14 @@ pytestmark = pytest.mark.anyio
 
 LEASE_TTL = 1.0  # seconds: short, so the reaper takes the task back within a couple of seconds
 WAIT = 30.0
-# The memory broker lives in one process: no other process could take its task back.
-CROSS_PROCESS_BACKENDS = [name for name in BACKENDS if name != "memory"]
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
+SpawnWorker = Callable[[Backend, str], "subprocess.Popen[bytes]"]
+
+
 @pytest.fixture
-def spawn_worker(tmp_path: Path) -> Iterator[object]:
+def spawn_worker(tmp_path: Path) -> Iterator[SpawnWorker]:
     """Start `e2e.crash_worker` in a child process; any child still alive is killed after."""
     children: list[subprocess.Popen[bytes]] = []
 
@@ -70,7 +72,7 @@ def worker_log(tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("backend", CROSS_PROCESS_BACKENDS, indirect=True)
 async def test_a_worker_killed_mid_handler_gets_its_task_back_and_it_runs_once_more(
-    backend: Backend, make_gate: GateFactory, gateway: Gateway, spawn_worker, tmp_path: Path
+    backend: Backend, make_gate: GateFactory, gateway: Gateway, spawn_worker: SpawnWorker, tmp_path: Path
 ) -> None:
     gateway.configure(hold=True)
     # workers=2: on Redis the dead worker's global concurrency slot stays taken until it expires.
@@ -103,3 +105,6 @@ async def test_a_worker_killed_mid_handler_gets_its_task_back_and_it_runs_once_m
         0,
     )
     assert gateway.settled().tag(task_id) == 2
+    # The second claim waited for the first lease to run out (both times on the broker's clock).
+    assert claimed.started_at and task.started_at
+    assert task.started_at - claimed.started_at >= timedelta(seconds=LEASE_TTL)

@@ -7,14 +7,14 @@ and waits on conditions -- ``gate.wait`` and the gateway's counters -- never on 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import anyio
 import pytest
 
-from taskgate import Filter, QueueConfig, Status, Task, TaskFailedError
-from taskgate.gate import Gate
+from taskgate import Filter, Gate, QueueConfig, Status, Task, TaskFailedError
 
-from .conftest import GateFactory
+from .backends import GateFactory
 from .gateway import Counters, Gateway
 from .handlers import (
     PIPELINE_ROUTES,
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 WAIT = 30.0  # seconds; a scenario takes a few, this only bounds a broken run
 
 
-async def until(gateway: Gateway, predicate: object) -> Counters:
+async def until(gateway: Gateway, predicate: Callable[[Counters], bool]) -> Counters:
     """Wait (in a thread, so the event loop keeps running) until the gateway's counters match."""
     return await anyio.to_thread.run_sync(gateway.wait_until, predicate, WAIT)
 
