@@ -45,6 +45,9 @@ class TaskColumns:
     lease_lost: Mapped[int] = mapped_column(Integer)
     claims: Mapped[int] = mapped_column(Integer)
     ignore_parent_failure: Mapped[bool] = mapped_column(Boolean)
+    # ``depends_on`` as a JSON list, in the order given. The edges table is what the graph is
+    # walked by; this copy (parents never change) spares every snapshot a second query.
+    depends_on: Mapped[str] = mapped_column(LongText)
     business_key: Mapped[str | None] = mapped_column(Name)
     replay_of: Mapped[str | None] = mapped_column(Name)
 

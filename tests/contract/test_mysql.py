@@ -7,11 +7,9 @@ see `helpers.sql_databases`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
-from conftest import MYSQL_URL, require_server
-from helpers.sql_databases import empty_tables, mysql_database
+from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, require_mysql
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
@@ -22,8 +20,7 @@ from taskgate.testing.contract import BrokerFactory
 @pytest.fixture(scope="module")
 def database_url() -> Iterator[str]:
     """One MariaDB/MySQL database for the module, with taskgate's tables."""
-    parts = urlsplit(MYSQL_URL.replace("mysql+pymysql", "mysql"))
-    require_server("MariaDB/MySQL", parts.hostname or "127.0.0.1", parts.port or 3306)
+    require_mysql()
     with mysql_database(MYSQL_URL) as url:
         SQLBroker(url).close()
         yield url

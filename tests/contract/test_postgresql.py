@@ -9,8 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import POSTGRES_HOST, POSTGRES_PORT, require_server
-from helpers.sql_databases import empty_tables, postgresql_database
+from helpers.sql_databases import (
+    POSTGRES_HOST,
+    POSTGRES_PORT,
+    empty_tables,
+    postgresql_database,
+    require_postgresql,
+)
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
@@ -21,7 +26,7 @@ from taskgate.testing.contract import BrokerFactory
 @pytest.fixture(scope="module")
 def database_url() -> Iterator[str]:
     """One PostgreSQL database for the module, with taskgate's tables."""
-    require_server("PostgreSQL", POSTGRES_HOST, POSTGRES_PORT)
+    require_postgresql()
     with postgresql_database(POSTGRES_HOST, POSTGRES_PORT) as url:
         SQLBroker(url).close()
         yield url

@@ -9,17 +9,59 @@ the tests are real.
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+import pytest
 from sqlalchemy import create_engine, delete, update
 
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.models import models_for
 
-__all__ = ["empty_tables", "mysql_database", "postgresql_database"]
+__all__ = [
+    "MYSQL_URL",
+    "POSTGRES_HOST",
+    "POSTGRES_PORT",
+    "empty_tables",
+    "fresh_postgresql_url",
+    "mysql_database",
+    "postgresql_database",
+    "require_mysql",
+    "require_postgresql",
+]
+
+# The same settings as tests/conftest.py (importing a conftest by name is ambiguous: there
+# are several), read from the same environment variables.
+POSTGRES_HOST = os.environ.get("TASKGATE_TEST_PG_HOST", "127.0.0.1")
+POSTGRES_PORT = int(os.environ.get("TASKGATE_TEST_PG_PORT", "5432"))
+MYSQL_URL = os.environ.get("TASKGATE_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306")
+
+
+def _require(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (in CI) when the server is not reachable, as tests/conftest.py does."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return
+    except OSError:
+        message = f"{name} is not reachable at {host}:{port}"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI must run every backend", pytrace=False)
+    pytest.skip(message)
+
+
+def require_postgresql() -> None:
+    """Skip or fail (CI) unless the test PostgreSQL is reachable."""
+    _require("PostgreSQL", POSTGRES_HOST, POSTGRES_PORT)
+
+
+def require_mysql() -> None:
+    """Skip or fail (CI) unless the test MariaDB/MySQL is reachable."""
+    parts = urlsplit(MYSQL_URL.replace("mysql+pymysql", "mysql"))
+    _require("MariaDB/MySQL", parts.hostname or "127.0.0.1", parts.port or 3306)
 
 
 @contextmanager
@@ -73,3 +115,11 @@ def empty_tables(url: str, prefix: str = "taskgate_") -> None:
             conn.execute(delete(m.task))
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def fresh_postgresql_url() -> Iterator[str]:
+    """A fresh PostgreSQL database with a unique name (safe when test runs overlap)."""
+    require_postgresql()
+    with postgresql_database(POSTGRES_HOST, POSTGRES_PORT) as url:
+        yield url

@@ -11,6 +11,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from helpers import sql_databases
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect
 
 from taskgate.alembic import SCRIPT_LOCATION
@@ -20,13 +21,17 @@ from taskgate.brokers.sql.engine import normalize_url
 from taskgate.migrate import downgrade, main, upgrade
 from taskgate.models import NAMING_CONVENTION, SCHEMA_REVISION, Models, models_for, mount
 
+# A fresh, uniquely named PostgreSQL database per test (overlapping test runs cannot collide).
+fresh_postgresql_url = sql_databases.fresh_postgresql_url
+
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database of each kind."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'migrated.db'}"
-    return str(request.getfixturevalue(f"{request.param}_url"))
+    fixture = "fresh_postgresql_url" if request.param == "postgresql" else "mysql_url"
+    return str(request.getfixturevalue(fixture))
 
 
 def drift(url: str, models: Models) -> list[Any]:

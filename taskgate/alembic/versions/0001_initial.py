@@ -74,6 +74,7 @@ def _create_tasks(p: str) -> None:
         sa.Column("lease_lost", sa.Integer(), nullable=False),
         sa.Column("claims", sa.Integer(), nullable=False),
         sa.Column("ignore_parent_failure", sa.Boolean(), nullable=False),
+        sa.Column("depends_on", _TEXT, nullable=False),
         sa.Column("business_key", _NAME, nullable=True),
         sa.Column("replay_of", _NAME, nullable=True),
         sa.PrimaryKeyConstraint("id", name=f"pk_{t}"),

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from taskgate.brokers.base import NewTask, Unset
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
-from taskgate.brokers.sql.rows import chunks, status_values, task_of
+from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
 from taskgate.brokers.sql.tx import Tx
 from taskgate.clock import utc
 from taskgate.errors import (
@@ -54,7 +54,7 @@ def enqueue(tx: Tx, items: Sequence[NewTask]) -> list[Task]:
         parents[item.id] = status
         rows.append(_new_row(item, tx.now, status, error))
     _insert(tx, rows, items)
-    return [_snapshot(row, item.depends_on) for row, item in zip(rows, items, strict=True)]
+    return [snapshot(row) for row in rows]
 
 
 def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: bytes | Unset | None) -> Task:
@@ -73,7 +73,7 @@ def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: byt
     status, error = arrival_status([(p, parents[p]) for p in old.depends_on], old.ignore_parent_failure)
     row = _replay_row(old, new_id, tx.now, payload, status, error)
     _insert_replay(tx, row, old)
-    return _snapshot(row, old.depends_on)
+    return snapshot(row)
 
 
 def _check_batch(items: Sequence[NewTask]) -> None:
@@ -151,6 +151,7 @@ def _new_row(item: NewTask, now: datetime, status: Status, error: str | None) ->
         payload=item.payload,
         max_retry=item.max_retry,
         ignore_parent_failure=item.ignore_parent_failure,
+        depends_on=encode_parents(item.depends_on),
         business_key=item.business_key,
         replay_of=None,
         created_at=now,
@@ -170,6 +171,7 @@ def _replay_row(
         payload=old.payload if isinstance(payload, Unset) else payload,
         max_retry=old.max_retry,
         ignore_parent_failure=old.ignore_parent_failure,
+        depends_on=encode_parents(old.depends_on),
         business_key=old.business_key,
         replay_of=old.id,
         created_at=now,
@@ -229,22 +231,3 @@ def _insert_replay(tx: Tx, row: dict[str, Any], old: Task) -> None:
         tx.conn.execute(stmt)
     if row["ready"]:
         tx.woken.add(row["queue"])
-
-
-def _snapshot(row: dict[str, Any], depends_on: tuple[str, ...]) -> Task:
-    return Task(
-        id=row["id"],
-        type=row["type"],
-        queue=row["queue"],
-        payload=row["payload"],
-        status=Status(row["status"]),
-        created_at=row["created_at"],
-        run_at=row["run_at"],
-        last_error=row["last_error"],
-        max_retry=row["max_retry"],
-        depends_on=depends_on,
-        ignore_parent_failure=row["ignore_parent_failure"],
-        business_key=row["business_key"],
-        replay_of=row["replay_of"],
-        finished_at=row["finished_at"],
-    )

@@ -11,11 +11,11 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select, true, update
+from sqlalchemy import Row, delete, insert, select, true, update
 
 from taskgate.brokers.base import Lease, Renewal
 from taskgate.brokers.sql.graph import settle_children
-from taskgate.brokers.sql.rows import parents_of, status_values, task_of, to_task
+from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.task import Status, Task
@@ -48,11 +48,7 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
         for task_id, token in tokens.items()
     ]
     tx.conn.execute(insert(tx.models.lease), leases)
-    parents = parents_of(tx, list(tokens))
-    return [
-        Lease(task=to_task(row, parents.get(row.id, ())), token=tokens[row.id], expires_at=expires_at)
-        for row in rows
-    ]
+    return [Lease(task=snapshot(row), token=tokens[row.id], expires_at=expires_at) for row in rows]
 
 
 def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
@@ -82,8 +78,8 @@ def reap(tx: Tx, lease_lost_max: int, limit: int) -> list[Task]:
     """Take back up to ``limit`` tasks whose lease ended, earliest expiry first."""
     task, lease = tx.models.task, tx.models.lease
     expired = (
-        select(lease.task_id, lease.cancel_requested)
-        .join(task, task.id == lease.task_id)
+        select(table_of(task), lease.cancel_requested)
+        .join(lease, lease.task_id == task.id)
         .where(lease.expires_at <= tx.now)
         .order_by(lease.expires_at, lease.task_id)
         .limit(limit)
@@ -91,25 +87,24 @@ def reap(tx: Tx, lease_lost_max: int, limit: int) -> list[Task]:
     # Locks the task rows (and, on PostgreSQL/MySQL, the lease rows too); a task another
     # reaper or its worker holds right now is skipped, so a lease is counted once.
     rows = tx.conn.execute(tx.traits.lock(expired, skip_locked=True)).all()
-    return [_reap_one(tx, row.task_id, bool(row.cancel_requested), lease_lost_max) for row in rows]
+    return [_reap_one(tx, row, lease_lost_max) for row in rows]
 
 
-def _reap_one(tx: Tx, task_id: str, cancel_requested: bool, lease_lost_max: int) -> Task:
+def _reap_one(tx: Tx, row: Row[Any], lease_lost_max: int) -> Task:
     task, lease = tx.models.task, tx.models.lease
-    tx.conn.execute(delete(lease).where(lease.task_id == task_id))
-    lost = tx.conn.execute(select(task.lease_lost, task.queue).where(task.id == task_id)).one()
-    count = lost.lease_lost + 1
+    tx.conn.execute(delete(lease).where(lease.task_id == row.id))
+    count = row.lease_lost + 1
     values: dict[str, Any] = {"lease_lost": count}
-    if cancel_requested:
+    if row.cancel_requested:
         values.update(status_values(Status.CANCELED), last_error=CANCELED_ERROR, finished_at=tx.now)
     elif count >= lease_lost_max:
         error = f"lease lost {count} times (lease_lost_max={lease_lost_max})"
         values.update(status_values(Status.FAILED), last_error=error, finished_at=tx.now)
     else:
         values.update(status_values(Status.PENDING), run_at=tx.now)
-        tx.woken.add(lost.queue)
-    tx.conn.execute(update(task).where(task.id == task_id).values(values))
-    final = values["status"]
-    if final != Status.PENDING.value:
-        settle_children(tx, [(task_id, Status(final))])
-    return task_of(tx, task_id)
+        tx.woken.add(row.queue)
+    tx.conn.execute(update(task).where(task.id == row.id).values(values))
+    status = Status(values["status"])
+    if status.is_final:
+        settle_children(tx, [(row.id, status)])
+    return snapshot(row, {**values, "cancel_requested": False})

@@ -1,8 +1,8 @@
-"""Reading task rows back as `Task` snapshots (with their parents and cancel mark)."""
+"""Task rows as `Task` snapshots, and the column values every status change writes."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,12 +16,12 @@ from taskgate.task import Status, Task
 __all__ = [
     "READY",
     "chunks",
+    "encode_parents",
     "load_tasks",
-    "parents_of",
+    "snapshot",
     "snapshot_select",
     "status_values",
     "task_of",
-    "to_task",
 ]
 
 READY = frozenset({Status.PENDING, Status.RETRYING})
@@ -38,6 +38,11 @@ def status_values(status: Status) -> dict[str, Any]:
     return {"status": status.value, "ready": status in READY}
 
 
+def encode_parents(depends_on: Sequence[str]) -> str:
+    """The stored form of ``depends_on`` (a JSON list, order kept)."""
+    return json.dumps(list(depends_on), separators=(",", ":"))
+
+
 def chunks(items: Sequence[str], size: int = _CHUNK) -> Iterable[Sequence[str]]:
     """``items`` in slices small enough for one IN list."""
     for start in range(0, len(items), size):
@@ -52,9 +57,7 @@ def snapshot_select(models: Models) -> Select[Any]:
 
 def load_tasks(tx: Tx, stmt: Select[Any]) -> list[Task]:
     """Run a `snapshot_select` statement and build the snapshots, in the statement's order."""
-    rows = tx.conn.execute(stmt).all()
-    parents = parents_of(tx, [row.id for row in rows])
-    return [to_task(row, parents.get(row.id, ()), bool(row.cancel_requested)) for row in rows]
+    return [snapshot(row) for row in tx.conn.execute(stmt)]
 
 
 def task_of(tx: Tx, task_id: str) -> Task:
@@ -65,43 +68,34 @@ def task_of(tx: Tx, task_id: str) -> Task:
     return found[0]
 
 
-def parents_of(tx: Tx, ids: Sequence[str]) -> Mapping[str, tuple[str, ...]]:
-    """``depends_on`` of each task in ``ids``, in the order it was given."""
-    dep = tx.models.dependency
-    found: defaultdict[str, list[str]] = defaultdict(list)
-    for part in chunks(ids):
-        stmt = (
-            select(dep.child_id, dep.parent_id)
-            .where(dep.child_id.in_(part))
-            .order_by(dep.child_id, dep.position)
-        )
-        for child_id, parent_id in tx.conn.execute(stmt):
-            found[child_id].append(parent_id)
-    return {child: tuple(parents) for child, parents in found.items()}
+def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | None = None) -> Task:
+    """A snapshot of a task row (with ``changes`` applied: values this transaction just wrote).
 
-
-def to_task(row: Row[Any], depends_on: tuple[str, ...], cancel_requested: bool = False) -> Task:
-    """A snapshot from a task row."""
+    The row may carry ``cancel_requested`` from the lease join; absent means no lease mark.
+    """
+    values = dict(row._mapping if isinstance(row, Row) else row)
+    if changes:
+        values.update(changes)
     return Task(
-        id=row.id,
-        type=row.type,
-        queue=row.queue,
-        payload=row.payload,
-        status=Status(row.status),
-        created_at=row.created_at,
-        run_at=row.run_at,
-        result=row.result,
-        last_error=row.last_error,
-        attempts=row.attempts,
-        max_retry=row.max_retry,
-        throttled=row.throttled,
-        lease_lost=row.lease_lost,
-        claims=row.claims,
-        depends_on=depends_on,
-        ignore_parent_failure=bool(row.ignore_parent_failure),
-        business_key=row.business_key,
-        replay_of=row.replay_of,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        cancel_requested=cancel_requested,
+        id=values["id"],
+        type=values["type"],
+        queue=values["queue"],
+        payload=values["payload"],
+        status=Status(values["status"]),
+        created_at=values["created_at"],
+        run_at=values["run_at"],
+        result=values["result"],
+        last_error=values["last_error"],
+        attempts=values["attempts"],
+        max_retry=values["max_retry"],
+        throttled=values["throttled"],
+        lease_lost=values["lease_lost"],
+        claims=values["claims"],
+        depends_on=tuple(json.loads(values["depends_on"])),
+        ignore_parent_failure=bool(values["ignore_parent_failure"]),
+        business_key=values["business_key"],
+        replay_of=values["replay_of"],
+        started_at=values["started_at"],
+        finished_at=values["finished_at"],
+        cancel_requested=bool(values.get("cancel_requested")),
     )
