@@ -162,7 +162,7 @@ def _lease_args(prefix: str, tasks: str) -> tuple[Any, ...]:
     return (
         PrimaryKeyConstraint("task_id", name=conv(f"pk_{t}")),
         ForeignKeyConstraint(["task_id"], [f"{tasks}.id"], name=conv(f"fk_{t}_task_id")),
-        Index(conv(f"ix_{t}_expires"), "expires_at"),
+        Index(conv(f"ix_{t}_expires"), "expires_at", "task_id"),
         _options(),
     )
 

@@ -116,7 +116,7 @@ def _create_leases(p: str) -> None:
         sa.ForeignKeyConstraint(["task_id"], [f"{p}tasks.id"], name=f"fk_{t}_task_id"),
         **_OPTIONS,
     )
-    op.create_index(f"ix_{t}_expires", t, ["expires_at"])
+    op.create_index(f"ix_{t}_expires", t, ["expires_at", "task_id"])
 
 
 def _create_quota_windows(p: str) -> None:

@@ -1,0 +1,220 @@
+"""SQLBroker behaviour beyond the contract: URLs, engines, clocks, wake-ups, limits, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from helpers import sql_databases
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
+
+from taskgate.brokers import open_broker
+from taskgate.brokers.base import NewTask
+from taskgate.brokers.sql import SQLBroker
+from taskgate.brokers.sql.dialects import SQLiteTraits
+from taskgate.brokers.sql.engine import normalize_url
+from taskgate.brokers.sql.retry import ATTEMPTS, run_with_retries
+from taskgate.errors import BrokerError
+from taskgate.task import Status
+
+fresh_postgresql_url = sql_databases.fresh_postgresql_url
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tasks.db'}"
+    fixture = "fresh_postgresql_url" if request.param == "postgresql" else "mysql_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.mark.parametrize(
+    ("given", "driver"),
+    [
+        ("postgresql://u@h/db", "postgresql+psycopg"),
+        ("postgres://u@h/db", "postgresql+psycopg"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg"),
+        ("mysql://u@h/db", "mysql+pymysql"),
+        ("mariadb://u@h/db", "mariadb+pymysql"),
+        ("sqlite:///x.db", "sqlite"),
+    ],
+)
+def test_plain_urls_get_the_tested_drivers(given: str, driver: str) -> None:
+    assert normalize_url(given).drivername == driver
+
+
+def test_mysql_urls_default_to_utf8mb4() -> None:
+    assert normalize_url("mysql://u@h/db").query["charset"] == "utf8mb4"
+
+
+def test_open_broker_opens_a_sql_broker(tmp_path: Path) -> None:
+    broker = open_broker(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        assert isinstance(broker, SQLBroker)
+    finally:
+        broker.close()
+
+
+def test_capabilities_declare_push_wakeups_only_on_postgresql(url: str) -> None:
+    broker = SQLBroker(url)
+    try:
+        caps = broker.capabilities
+        assert (caps.shared_quota, caps.cross_process) == (True, True)
+        assert caps.push_wakeups is url.startswith("postgresql")
+    finally:
+        broker.close()
+
+
+def test_without_a_clock_times_come_from_the_database_server(url: str) -> None:
+    broker = SQLBroker(url)
+    try:
+        before = datetime.now(UTC)
+        (task,) = broker.enqueue([NewTask(id="a", type="t", queue="q")])
+        grant = broker.reserve_quota("k", 10, timedelta(hours=1))
+        assert task.created_at.tzinfo is UTC
+        assert abs(task.created_at - before) < timedelta(seconds=5)  # same host in tests
+        assert grant.window_start == task.created_at.replace(minute=0, second=0, microsecond=0)
+    finally:
+        broker.close()
+
+
+def test_times_keep_microseconds(url: str) -> None:
+    run_at = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+    broker = SQLBroker(url)
+    try:
+        broker.enqueue([NewTask(id="a", type="t", queue="q", run_at=run_at)])
+        assert broker.get("a").run_at == run_at
+    finally:
+        broker.close()
+
+
+def test_a_shared_engine_stays_open_after_close(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    SQLBroker(engine).close()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM taskgate_tasks")).scalar() == 0
+    engine.dispose()
+
+
+def test_an_in_memory_sqlite_broker_serves_many_threads() -> None:
+    broker = SQLBroker("sqlite://")
+    try:
+        threads = [
+            threading.Thread(target=broker.enqueue, args=([NewTask(id=f"t{n}", type="t", queue="q")],))
+            for n in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert broker.queue_length("q") == 8
+        assert broker.capabilities.cross_process is False
+    finally:
+        broker.close()
+
+
+def test_an_unreachable_server_raises_broker_error_with_the_driver_error_chained() -> None:
+    with pytest.raises(BrokerError) as caught:
+        SQLBroker("postgresql://postgres@127.0.0.1:1/nothing")
+    assert caught.value.__cause__ is not None
+
+
+def test_a_closed_broker_refuses_calls(tmp_path: Path) -> None:
+    broker = SQLBroker(f"sqlite:///{tmp_path / 'x.db'}")
+    broker.close()
+    broker.close()
+    with pytest.raises(BrokerError, match="closed"):
+        broker.get("a")
+    assert broker.wait_for_work(["q"], 0) is False
+
+
+def test_postgresql_wakes_a_waiter_by_notify_long_before_its_poll(fresh_postgresql_url: str) -> None:
+    waiter = SQLBroker(fresh_postgresql_url, poll_interval=30)
+    submitter = SQLBroker(fresh_postgresql_url)
+    try:
+        waiter.wait_for_work(["q"], 0.5)  # starts the listener; nothing is due
+        result: list[bool] = []
+        thread = threading.Thread(target=lambda: result.append(waiter.wait_for_work(["q"], 20)))
+        started = time.monotonic()
+        thread.start()
+        time.sleep(0.2)  # let the waiter block (ordering, not timing: any delay works)
+        submitter.enqueue([NewTask(id="a", type="t", queue="q")])
+        thread.join(20)
+        assert result == [True]
+        assert time.monotonic() - started < 10  # woken by NOTIFY, not by the 30 s poll
+    finally:
+        waiter.close()
+        submitter.close()
+
+
+def test_mysql_refuses_a_payload_larger_than_max_allowed_packet(mysql_url: str) -> None:
+    broker = SQLBroker(mysql_url)
+    try:
+        engine = create_engine(normalize_url(mysql_url))
+        with engine.connect() as conn:
+            packet = int(conn.execute(text("SELECT @@max_allowed_packet")).scalar_one())
+        engine.dispose()
+        with pytest.raises(ValueError, match="max_allowed_packet"):
+            broker.enqueue([NewTask(id="big", type="t", queue="q", payload=b"x" * packet)])
+        assert broker.counts() == {}
+    finally:
+        broker.close()
+
+
+def test_mysql_ids_are_case_sensitive(mysql_url: str) -> None:
+    broker = SQLBroker(mysql_url)
+    try:
+        broker.enqueue([NewTask(id="a", type="t", queue="q"), NewTask(id="A", type="t", queue="q")])
+        assert broker.counts() == {"t": {Status.PENDING: 2}}
+    finally:
+        broker.close()
+
+
+def _busy() -> OperationalError:
+    import sqlite3
+
+    error = sqlite3.OperationalError("database is locked")
+    error.sqlite_errorcode = sqlite3.SQLITE_BUSY
+    return OperationalError("BEGIN IMMEDIATE", {}, error)
+
+
+def test_the_retry_helper_reruns_a_transaction_that_lost_a_lock_race() -> None:
+    calls: list[int] = []
+
+    def attempt() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise _busy()
+        return "done"
+
+    assert run_with_retries(attempt, SQLiteTraits().is_retryable, sleep=lambda _: None) == "done"
+    assert len(calls) == 3
+
+
+def test_the_retry_helper_gives_up_after_a_bounded_number_of_attempts() -> None:
+    calls: list[int] = []
+
+    def attempt() -> str:
+        calls.append(1)
+        raise _busy()
+
+    with pytest.raises(OperationalError):
+        run_with_retries(attempt, SQLiteTraits().is_retryable, sleep=lambda _: None)
+    assert len(calls) == ATTEMPTS
+
+
+def test_the_retry_helper_does_not_rerun_other_errors() -> None:
+    calls: list[int] = []
+
+    def attempt() -> str:
+        calls.append(1)
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError):
+        run_with_retries(attempt, SQLiteTraits().is_retryable, sleep=lambda _: None)
+    assert len(calls) == 1

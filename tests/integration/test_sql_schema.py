@@ -1,0 +1,138 @@
+"""Schema creation under races, table prefixes, and the query plans of the hot statements."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import sql_databases
+from sqlalchemy import create_engine, event, text
+
+from taskgate.brokers.base import NewTask
+from taskgate.brokers.sql import SQLBroker
+from taskgate.brokers.sql.engine import normalize_url
+from taskgate.clock import ManualClock
+from taskgate.errors import ConfigError
+from taskgate.models import TABLE_NAMES, build_models
+
+fresh_postgresql_url = sql_databases.fresh_postgresql_url
+
+CONSTRUCTORS = 6
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fresh.db'}"
+    fixture = "fresh_postgresql_url" if request.param == "postgresql" else "mysql_url"
+    return str(request.getfixturevalue(fixture))
+
+
+def test_brokers_created_at_once_on_a_fresh_database_all_succeed(empty_database: str) -> None:
+    barrier = threading.Barrier(CONSTRUCTORS)
+    errors: list[BaseException] = []
+    brokers: list[SQLBroker] = []
+
+    def construct() -> None:
+        barrier.wait()
+        try:
+            brokers.append(SQLBroker(empty_database))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=construct) for _ in range(CONSTRUCTORS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    try:
+        assert errors == []
+        assert len(brokers) == CONSTRUCTORS
+        engine = create_engine(normalize_url(empty_database))
+        with engine.connect() as conn:
+            versions = conn.execute(text("SELECT version_num FROM taskgate_alembic_version")).all()
+        engine.dispose()
+        assert [v for (v,) in versions] == ["0001"]
+    finally:
+        for broker in brokers:
+            broker.close()
+
+
+@pytest.mark.parametrize("prefix", ["", "1tasks_", "task-gate_", "tg; DROP TABLE x", "a" * 32, "tg_ä"])
+def test_a_table_prefix_that_is_not_a_short_identifier_is_refused(prefix: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="table_prefix must be an identifier"):
+        SQLBroker(f"sqlite:///{tmp_path / 'x.db'}", table_prefix=prefix)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_every_name_fits_postgresql_and_mysql_limits_with_the_longest_prefix() -> None:
+    models = build_models("p" * 31)
+    names = [t.name for t in models.tables]
+    names += [c.name for t in models.tables for c in t.constraints if isinstance(c.name, str)]
+    names += [i.name for t in models.tables for i in t.indexes if isinstance(i.name, str)]
+
+    assert {t.removeprefix("p" * 31) for t in [t.name for t in models.tables]} == set(TABLE_NAMES)
+    assert max(len(name) for name in names) <= 63
+
+
+def test_two_prefixes_keep_two_independent_stores(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    first, second = SQLBroker(url, table_prefix="a_"), SQLBroker(url, table_prefix="b_")
+    try:
+        first.enqueue([NewTask(id="x", type="t", queue="q")])
+        assert second.queue_length("q") == 0
+        assert second.enqueue([NewTask(id="x", type="t", queue="q")])[0].id == "x"
+    finally:
+        first.close()
+        second.close()
+
+
+def _statements(engine: Any) -> list[tuple[str, Any]]:
+    seen: list[tuple[str, Any]] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        seen.append((statement, parameters))
+
+    return seen
+
+
+def _plan(engine: Any, statement: str, parameters: Any) -> str:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        rows = conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).all()
+        conn.rollback()
+    return "\n".join(row[0] for row in rows)
+
+
+def test_claim_reap_and_counts_use_indexes_on_postgresql(fresh_postgresql_url: str) -> None:
+    clock = ManualClock()
+    engine = create_engine(normalize_url(fresh_postgresql_url))
+    broker = SQLBroker(engine, clock=clock)
+    try:
+        broker.enqueue([NewTask(id=f"t{n:04d}", type=f"type{n % 7}", queue=f"q{n % 5}") for n in range(500)])
+        for queue in ("q0", "q1", "q3", "q4"):
+            broker.claim(queue, 100, timedelta(seconds=30))
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
+        seen = _statements(engine)
+        broker.claim("q2", 5, timedelta(seconds=30))
+        clock.advance(60)
+        broker.reap(lease_lost_max=3, limit=10)
+        broker.counts()
+
+        def plan_of(fragment: str) -> str:
+            statement, parameters = next((s, p) for s, p in seen if fragment in s)
+            return _plan(engine, statement, parameters)
+
+        assert "ix_taskgate_tasks_claim" in plan_of("SKIP LOCKED")
+        assert "ix_taskgate_leases_expires" in plan_of("taskgate_leases.expires_at <=")
+        assert "ix_taskgate_tasks_type_status" in plan_of("GROUP BY")
+    finally:
+        broker.close()
+        engine.dispose()
