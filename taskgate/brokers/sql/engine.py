@@ -46,7 +46,7 @@ def is_memory_sqlite(url: URL) -> bool:
     """True for a SQLite database that lives in one connection's memory."""
     database = url.database or ""
     return url.get_backend_name() == "sqlite" and (
-        database in ("", ":memory:") or "mode=memory" in str(url.query.get("mode", ""))
+        database in ("", ":memory:") or url.query.get("mode") == "memory"
     )
 
 
