@@ -23,7 +23,7 @@ def parse_duration(value: DurationLike, *, field: str) -> timedelta:
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise ValueError(f"{field}: duration must be finite, got {value!r}")
-        return timedelta(seconds=value)
+        return _seconds(value, field)
     if isinstance(value, str):
         return _parse_text(value.strip(), field)
     raise ValueError(f"{field}: expected a duration (timedelta, seconds or '10m'), got {value!r}")
@@ -39,7 +39,14 @@ def _parse_text(text: str, field: str) -> timedelta:
         if not parts or "".join(n + u for n, u in parts) != body:
             raise ValueError(f"{field}: cannot read {text!r} as a duration (use e.g. '60s', '10m', '1h30m')")
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    return timedelta(seconds=-seconds if negative else seconds)
+    return _seconds(-seconds if negative else seconds, field)
+
+
+def _seconds(value: float, field: str) -> timedelta:
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise ValueError(f"{field}: duration {value!r} s is out of range") from None
 
 
 def _is_plain_number(text: str) -> bool:

@@ -31,6 +31,7 @@ from taskgate.ids import MAX_ID_LENGTH
 from taskgate.task import Filter, Status, Task
 
 __all__ = [
+    "MAX_DELAY",
     "UNSET",
     "Broker",
     "Capabilities",
@@ -43,6 +44,10 @@ __all__ = [
     "Unset",
     "check_identifier",
 ]
+
+
+# A delay is added to the broker's clock; beyond this it would overflow datetime arithmetic.
+MAX_DELAY = timedelta(days=36_500)
 
 
 class Unset(Enum):
@@ -117,8 +122,10 @@ class NewTask:
             raise ValueError(f"max_retry must be >= 0, got {self.max_retry}")
         if self.run_at is not None and (not isinstance(self.run_at, datetime) or self.run_at.tzinfo is None):
             raise ValueError(f"run_at must be a timezone-aware datetime, got {self.run_at!r}")
-        if self.delay is not None and (not isinstance(self.delay, timedelta) or self.delay < timedelta(0)):
-            raise ValueError(f"delay must be a timedelta >= 0, got {self.delay!r}")
+        if self.delay is not None and (
+            not isinstance(self.delay, timedelta) or not timedelta(0) <= self.delay <= MAX_DELAY
+        ):
+            raise ValueError(f"delay must be a timedelta from 0 to {MAX_DELAY.days} days, got {self.delay!r}")
         if isinstance(self.depends_on, str):
             raise TypeError("depends_on must be a sequence of ids, not a single str")
         object.__setattr__(self, "depends_on", tuple(self.depends_on))

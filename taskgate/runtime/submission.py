@@ -63,7 +63,10 @@ def _max_retry(config: Config, max_retry: int | None) -> int:
 def _parents(depends_on: Iterable[str]) -> tuple[str, ...]:
     if isinstance(depends_on, str | bytes):
         raise TypeError("depends_on must be a sequence of execution ids, not a single string")
-    parents = tuple(depends_on)
+    try:
+        parents = tuple(depends_on)
+    except TypeError:
+        raise TypeError(f"depends_on must be a sequence of execution ids, got {depends_on!r}") from None
     for parent in parents:
         check_identifier(parent, what="depends_on id")
     return parents

@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from taskgate.brokers.memory import MemoryBroker
 
 from taskgate import Config, ConfigError, QueueConfig
+from taskgate.brokers.memory import MemoryBroker
 
 BROKER = MemoryBroker()
 

@@ -84,6 +84,7 @@ def test_throttled_and_skip_retry_carry_their_reason() -> None:
         ({"max_retry": True}, "max_retry must be an int"),
         ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
         ({"delay": timedelta(seconds=-1)}, "delay"),
+        ({"delay": timedelta(days=40_000)}, "delay must be a timedelta from 0 to 36500 days"),
         ({"depends_on": "abc"}, "not a single str"),
         ({"depends_on": ("id1",)}, "cannot depend on itself"),
     ],
