@@ -26,23 +26,25 @@ __all__ = [
     "MYSQL_URL",
     "POSTGRES_HOST",
     "POSTGRES_PORT",
+    "REDIS_URL",
     "empty_tables",
-    "fresh_postgresql_url",
     "mysql_database",
     "postgresql_database",
     "require_mysql",
     "require_postgresql",
+    "require_redis",
+    "require_server",
 ]
 
-# The same settings as tests/conftest.py (importing a conftest by name is ambiguous: there
-# are several), read from the same environment variables.
+# Settings of the test servers, overridable from the environment.
 POSTGRES_HOST = os.environ.get("TASKGATE_TEST_PG_HOST", "127.0.0.1")
 POSTGRES_PORT = int(os.environ.get("TASKGATE_TEST_PG_PORT", "5432"))
 MYSQL_URL = os.environ.get("TASKGATE_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306")
+REDIS_URL = os.environ.get("TASKGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def _require(name: str, host: str, port: int) -> None:
-    """Skip (locally) or fail (in CI) when the server is not reachable, as tests/conftest.py does."""
+def require_server(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (in CI, ``CI`` set) when ``name`` at host:port is not reachable."""
     try:
         with socket.create_connection((host, port), timeout=2):
             return
@@ -55,31 +57,36 @@ def _require(name: str, host: str, port: int) -> None:
 
 def require_postgresql() -> None:
     """Skip or fail (CI) unless the test PostgreSQL is reachable."""
-    _require("PostgreSQL", POSTGRES_HOST, POSTGRES_PORT)
+    require_server("PostgreSQL", POSTGRES_HOST, POSTGRES_PORT)
 
 
 def require_mysql() -> None:
     """Skip or fail (CI) unless the test MariaDB/MySQL is reachable."""
     parts = urlsplit(MYSQL_URL.replace("mysql+pymysql", "mysql"))
-    _require("MariaDB/MySQL", parts.hostname or "127.0.0.1", parts.port or 3306)
+    require_server("MariaDB/MySQL", parts.hostname or "127.0.0.1", parts.port or 3306)
+
+
+def require_redis() -> None:
+    """Skip or fail (CI) unless the test Redis is reachable."""
+    parts = urlsplit(REDIS_URL)
+    require_server("Redis", parts.hostname or "127.0.0.1", parts.port or 6379)
 
 
 @contextmanager
-def postgresql_database(host: str, port: int) -> Iterator[str]:
-    """A new, uniquely named PostgreSQL database (user postgres); dropped on exit."""
-    import psycopg
+def postgresql_database(host: str = POSTGRES_HOST, port: int = POSTGRES_PORT) -> Iterator[str]:
+    """A new, uniquely named PostgreSQL database made by pytest-postgresql's janitor; dropped on exit.
+
+    Unique names keep overlapping test runs on one server apart.
+    """
+    from pytest_postgresql.janitor import DatabaseJanitor
 
     name = f"tg_sql_{secrets.token_hex(5)}"
-    with psycopg.connect(host=host, port=port, user="postgres", dbname="postgres", autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"postgresql+psycopg://postgres@{host}:{port}/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with DatabaseJanitor(user="postgres", host=host, port=port, dbname=name):
+        yield f"postgresql+psycopg://postgres@{host}:{port}/{name}"
 
 
 @contextmanager
-def mysql_database(server_url: str) -> Iterator[str]:
+def mysql_database(server_url: str = MYSQL_URL) -> Iterator[str]:
     """A new, uniquely named MariaDB/MySQL database (utf8mb4, binary collation); dropped on exit."""
     import pymysql
 
@@ -115,11 +122,3 @@ def empty_tables(url: str, prefix: str = "taskgate_") -> None:
             conn.execute(delete(m.task))
     finally:
         engine.dispose()
-
-
-@pytest.fixture
-def fresh_postgresql_url() -> Iterator[str]:
-    """A fresh PostgreSQL database with a unique name (safe when test runs overlap)."""
-    require_postgresql()
-    with postgresql_database(POSTGRES_HOST, POSTGRES_PORT) as url:
-        yield url

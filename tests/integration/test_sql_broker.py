@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from helpers import sql_databases
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
@@ -21,15 +20,13 @@ from taskgate.brokers.sql.retry import ATTEMPTS, run_with_retries
 from taskgate.errors import BrokerError
 from taskgate.task import Status
 
-fresh_postgresql_url = sql_databases.fresh_postgresql_url
-
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database of each kind."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tasks.db'}"
-    fixture = "fresh_postgresql_url" if request.param == "postgresql" else "mysql_url"
+    fixture = "postgresql_url" if request.param == "postgresql" else "mysql_url"
     return str(request.getfixturevalue(fixture))
 
 
@@ -133,9 +130,9 @@ def test_a_closed_broker_refuses_calls(tmp_path: Path) -> None:
     assert broker.wait_for_work(["q"], 0) is False
 
 
-def test_postgresql_wakes_a_waiter_by_notify_long_before_its_poll(fresh_postgresql_url: str) -> None:
-    waiter = SQLBroker(fresh_postgresql_url, poll_interval=30)
-    submitter = SQLBroker(fresh_postgresql_url)
+def test_postgresql_wakes_a_waiter_by_notify_long_before_its_poll(postgresql_url: str) -> None:
+    waiter = SQLBroker(postgresql_url, poll_interval=30)
+    submitter = SQLBroker(postgresql_url)
     try:
         waiter.wait_for_work(["q"], 0.5)  # starts the listener; nothing is due
         result: list[bool] = []

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sql_databases
 
 from taskgate.brokers.base import NewTask
 from taskgate.brokers.sql import SQLBroker
@@ -21,7 +20,6 @@ WORKERS = 4
 BATCH = 25
 
 # A fresh, uniquely named PostgreSQL database per test (overlapping test runs cannot collide).
-fresh_postgresql_url = sql_databases.fresh_postgresql_url
 
 
 def claim_and_ack(url: str, start: Any, results: Any) -> None:
@@ -86,8 +84,8 @@ def test_sqlite_processes_sharing_a_file_claim_each_task_once(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_postgresql_processes_claim_each_task_once(fresh_postgresql_url: str) -> None:
-    check_each_task_claimed_once(fresh_postgresql_url)
+def test_postgresql_processes_claim_each_task_once(postgresql_url: str) -> None:
+    check_each_task_claimed_once(postgresql_url)
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sql_databases
 from sqlalchemy import create_engine, event, text
 
 from taskgate.brokers.base import NewTask
@@ -18,8 +17,6 @@ from taskgate.clock import ManualClock
 from taskgate.errors import ConfigError
 from taskgate.models import TABLE_NAMES, build_models
 
-fresh_postgresql_url = sql_databases.fresh_postgresql_url
-
 CONSTRUCTORS = 6
 
 
@@ -28,7 +25,7 @@ def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database of each kind."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'fresh.db'}"
-    fixture = "fresh_postgresql_url" if request.param == "postgresql" else "mysql_url"
+    fixture = "postgresql_url" if request.param == "postgresql" else "mysql_url"
     return str(request.getfixturevalue(fixture))
 
 
@@ -110,9 +107,9 @@ def _plan(engine: Any, statement: str, parameters: Any) -> str:
     return "\n".join(row[0] for row in rows)
 
 
-def test_claim_reap_and_counts_use_indexes_on_postgresql(fresh_postgresql_url: str) -> None:
+def test_claim_reap_and_counts_use_indexes_on_postgresql(postgresql_url: str) -> None:
     clock = ManualClock()
-    engine = create_engine(normalize_url(fresh_postgresql_url))
+    engine = create_engine(normalize_url(postgresql_url))
     broker = SQLBroker(engine, clock=clock)
     try:
         broker.enqueue([NewTask(id=f"t{n:04d}", type=f"type{n % 7}", queue=f"q{n % 5}") for n in range(500)])

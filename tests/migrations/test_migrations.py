@@ -11,7 +11,6 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from helpers import sql_databases
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect
 
 from taskgate.alembic import SCRIPT_LOCATION
@@ -22,7 +21,6 @@ from taskgate.migrate import downgrade, main, upgrade
 from taskgate.models import NAMING_CONVENTION, SCHEMA_REVISION, Models, models_for, mount
 
 # A fresh, uniquely named PostgreSQL database per test (overlapping test runs cannot collide).
-fresh_postgresql_url = sql_databases.fresh_postgresql_url
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql"])
@@ -30,7 +28,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database of each kind."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'migrated.db'}"
-    fixture = "fresh_postgresql_url" if request.param == "postgresql" else "mysql_url"
+    fixture = "postgresql_url" if request.param == "postgresql" else "mysql_url"
     return str(request.getfixturevalue(fixture))
 
 

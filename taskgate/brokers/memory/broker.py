@@ -21,7 +21,7 @@ from taskgate.brokers.base import (
     Unset,
     check_identifier,
 )
-from taskgate.brokers.memory._checks import (
+from taskgate.brokers.checks import (
     check_bytes,
     check_count,
     check_duration,

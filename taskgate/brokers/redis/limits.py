@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from taskgate.brokers.base import QuotaGrant, check_identifier
-from taskgate.brokers.memory._checks import check_count, check_duration
+from taskgate.brokers.checks import check_count, check_duration
 from taskgate.brokers.redis.codec import from_us, to_us, ttl_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import redis_errors

@@ -1,4 +1,4 @@
-"""Argument checks shared by the memory broker's methods: bad input fails before any change."""
+"""Argument checks shared by every broker: bad input fails before any change."""
 
 from __future__ import annotations
 
