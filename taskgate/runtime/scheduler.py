@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from taskgate.brokers.base import Broker, Lease
@@ -83,7 +84,7 @@ class QueueScheduler:
         if free <= 0:
             await self.signal.wait(None)
             return
-        claimed = await self._claim_within_limits(free)
+        claimed = await self._claim_within_limits(free, requeue)
         if claimed is None:
             return
         leases, slots = claimed
@@ -97,7 +98,9 @@ class QueueScheduler:
         if len(leases) < len(slots):
             await self.signal.wait(self._poll)
 
-    async def _claim_within_limits(self, free: int) -> tuple[list[Lease], list[Slot]] | None:
+    async def _claim_within_limits(
+        self, free: int, requeue: Requeue
+    ) -> tuple[list[Lease], list[Slot]] | None:
         """Take slots, rate and quota for up to ``free`` starts, then claim; None when paused."""
         slots = await self.limits.take_slots(free)
         if not slots:
@@ -118,7 +121,7 @@ class QueueScheduler:
                 self._pause(self.quota.pause)
                 return None
             wanted = min(granted, grant.granted)
-        leases = await self._claim(wanted)
+        leases = await self._claim(wanted, requeue)
         if grant is not None and leases is not None:
             # A failed claim keeps its units: on a fault the quota issues fewer, never more.
             await self.quota.release(grant, grant.granted - len(leases))  # type: ignore[union-attr]
@@ -127,12 +130,16 @@ class QueueScheduler:
         await self.limits.release(slots[len(got) :])
         return got, slots[:wanted]
 
-    async def _claim(self, n: int) -> list[Lease] | None:
+    async def _claim(self, n: int, requeue: Requeue) -> list[Lease] | None:
         self._claim_started = anyio.current_time()
         try:
-            leases = await self._calls(
-                self._broker.claim, self.name, n, self.conf.lease, deadline=self._deadline
-            )
+            # Shielded: an abandoned claim thread would still lease tasks that nobody runs,
+            # stranding them until their lease expires (and costing them a lease_lost).
+            with anyio.CancelScope(shield=True):
+                leases = await self._calls(
+                    self._broker.claim, self.name, n, self.conf.lease, deadline=self._deadline
+                )
+            await _requeue_if_cancelled(leases, requeue)
         except BrokerError as exc:
             self._claim_failures += 1
             backoff = exponential(self._claim_failures, base=self._poll / 2, cap=10.0)
@@ -144,3 +151,14 @@ class QueueScheduler:
 
     def _pause(self, seconds: float) -> None:
         self._paused_until = anyio.current_time() + seconds
+
+
+async def _requeue_if_cancelled(leases: list[Lease], requeue: Requeue) -> None:
+    """Put fresh leases back untouched when the scheduler was cancelled during the claim."""
+    try:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            for lease in leases:
+                await requeue(lease)
+        raise

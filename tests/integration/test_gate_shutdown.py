@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 from gate_helpers import GUARD, eventually, make_gate
@@ -96,3 +98,39 @@ async def test_the_context_manager_shuts_down_gracefully(gate_broker):
         task_id = await gate.submit("q")
         await eventually(gate, task_id, lambda t: t.status is not Status.PENDING)
     assert (await gate.get(task_id)).status is Status.COMPLETED
+
+
+class _ClaimHeldOpen:
+    """Wraps a broker so that `claim` waits, in its thread, until the test lets it go on."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.capabilities = inner.capabilities
+        self.entered, self.proceed, self.done = threading.Event(), threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def claim(self, queue, limit, lease_ttl):
+        self.entered.set()
+        self.proceed.wait(GUARD)
+        try:
+            return self._inner.claim(queue, limit, lease_ttl)
+        finally:
+            self.done.set()
+
+
+async def test_a_run_cancelled_during_a_claim_puts_the_claimed_tasks_back(gate_broker):
+    broker = _ClaimHeldOpen(gate_broker)
+    gate = make_gate(broker)  # type: ignore[arg-type]
+    gate.handle("q", lambda task: "ran")
+    task_id = await gate.submit("q")
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        await anyio.to_thread.run_sync(broker.entered.wait, GUARD)
+        tg.cancel_scope.cancel()
+        broker.proceed.set()
+    await anyio.to_thread.run_sync(broker.done.wait, GUARD)
+    task = await gate.get(task_id)
+    # The claim finished after the runtime was cancelled: its lease must not be stranded.
+    assert (task.status, task.claims, task.attempts, task.lease_lost) == (Status.PENDING, 1, 0, 0)
