@@ -1,0 +1,81 @@
+"""Pieces every benchmark uses: gates on a store, pre-filled queues, waiting for completions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import anyio
+
+from taskgate import Config, Gate, QueueConfig, Status, Task
+from taskgate.brokers.base import Broker, NewTask
+from taskgate.ids import new_id
+
+__all__ = [
+    "LEASE",
+    "QUEUE",
+    "Countdown",
+    "completed_parent",
+    "completed_count",
+    "enqueue_noops",
+    "make_gate",
+    "wait_completed",
+]
+
+QUEUE = "noop"  # the type and the queue of every benchmark task
+LEASE = timedelta(seconds=60)
+ENQUEUE_CHUNK = 1000
+
+
+def make_gate(broker: Broker, *, workers: int = 10, **queue_options: Any) -> Gate:
+    """A gate whose queue ``noop`` has ``workers`` and ``queue_options`` (rps, quota, …)."""
+    return Gate(Config(broker=broker, queues={QUEUE: QueueConfig(workers=workers, **queue_options)}))
+
+
+def enqueue_noops(broker: Broker, n: int, *, depends_on: Sequence[str] = ()) -> None:
+    """Store ``n`` pending no-op tasks directly through the broker (set-up, not measured)."""
+    for start in range(0, n, ENQUEUE_CHUNK):
+        count = min(ENQUEUE_CHUNK, n - start)
+        broker.enqueue(
+            [NewTask(id=new_id(), type=QUEUE, queue=QUEUE, depends_on=tuple(depends_on)) for _ in range(count)]
+        )
+
+
+def completed_parent(broker: Broker) -> str:
+    """A completed task of type ``parent``, for children whose dependency is already met."""
+    parent = NewTask(id=new_id(), type="parent", queue="parent")
+    broker.enqueue([parent])
+    (lease,) = broker.claim("parent", 1, LEASE)
+    broker.ack(parent.id, lease.token, None)
+    return parent.id
+
+
+def completed_count(broker: Broker, task_type: str = QUEUE) -> int:
+    """How many tasks of ``task_type`` are completed, from the broker's counters."""
+    return broker.counts().get(task_type, {}).get(Status.COMPLETED, 0)
+
+
+def wait_completed(broker: Broker, n: int, *, poll: float = 0.005, timeout: float = 600.0) -> float:
+    """Block until ``n`` no-op tasks are completed; return the ``perf_counter`` time it was seen."""
+    deadline = time.perf_counter() + timeout
+    while completed_count(broker) < n:
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"only {completed_count(broker)} of {n} tasks completed in {timeout:.0f}s")
+        time.sleep(poll)
+    return time.perf_counter()
+
+
+class Countdown:
+    """A no-op handler that sets ``done`` after ``n`` calls (in this process)."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.done = anyio.Event()
+
+    async def __call__(self, task: Task) -> None:
+        """The handler: count the call, nothing else."""
+        self.left -= 1
+        if self.left == 0:
+            self.done.set()

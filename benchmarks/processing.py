@@ -1,0 +1,107 @@
+"""End-to-end processing of pre-filled no-op tasks: one worker process, or two.
+
+A run fills the queue with ``n`` pending tasks (not timed), then times from starting the
+gate(s) until the broker's counters show all ``n`` completed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import anyio
+
+from benchmarks.common import Countdown, completed_parent, enqueue_noops, make_gate, wait_completed
+from benchmarks.settings import Settings
+from benchmarks.stores import Store, isolated_store
+
+__all__ = ["LIMIT_VARIANTS", "process_in_process", "process_two_procs"]
+
+# Limits set high enough never to bind: (queue options, depends_on a completed parent).
+LIMIT_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
+    "none": ({}, False),
+    "rps": ({"rps": 1_000_000}, False),
+    "quota": ({"quota_limit": 1_000_000_000, "quota_period": "24h"}, False),
+    "deps": ({}, True),
+}
+
+
+def process_in_process(backend: str, s: Settings, *, workers: int = 10, variant: str = "none") -> float:
+    """Tasks per second processed by one gate in this process (one run)."""
+    options, deps = LIMIT_VARIANTS[variant]
+    with isolated_store(backend) as store:
+        broker = store.open()
+        parents = [completed_parent(broker)] if deps else []
+        enqueue_noops(broker, s.n, depends_on=parents)
+        gate = make_gate(broker, workers=workers, **options)
+        countdown = Countdown(s.n)
+        gate.handle("noop", countdown)
+
+        async def run() -> float:
+            start = time.perf_counter()
+            async with gate:
+                await countdown.done.wait()
+                end = await anyio.to_thread.run_sync(lambda: wait_completed(broker, s.n, poll=0.001))
+            return s.n / (end - start)
+
+        return anyio.run(run)
+
+
+def process_two_procs(backend: str, s: Settings, *, workers: int = 10, processes: int = 2) -> float:
+    """Tasks per second processed by ``processes`` worker processes sharing the store (one run)."""
+    with isolated_store(backend) as store:
+        broker = store.open()
+        enqueue_noops(broker, s.n)
+        children = [_spawn(store, workers) for _ in range(processes)]
+        try:
+            for child in children:
+                _expect(child, "ready")
+            start = time.perf_counter()
+            for child in children:
+                _send(child, "go")
+            end = wait_completed(broker, s.n, poll=0.01)
+        finally:
+            _stop_all(children)
+        return s.n / (end - start)
+
+
+def _spawn(store: Store, workers: int) -> subprocess.Popen[str]:
+    options = json.dumps({"spec": store.spec, "workers": workers})
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.child", "process", options],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _expect(child: subprocess.Popen[str], word: str) -> None:
+    assert child.stdout is not None
+    line = child.stdout.readline().strip()
+    if line != word:
+        raise RuntimeError(f"benchmark child said {line!r}, expected {word!r} (exit code {child.poll()})")
+
+
+def _send(child: subprocess.Popen[str], word: str) -> None:
+    assert child.stdin is not None
+    child.stdin.write(word + "\n")
+    child.stdin.flush()
+
+
+def _stop_all(children: list[subprocess.Popen[str]]) -> None:
+    for child in children:
+        if child.poll() is None and child.stdin is not None:
+            try:
+                child.stdin.write("stop\n")
+                child.stdin.close()
+            except BrokenPipeError:
+                pass
+    for child in children:
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
