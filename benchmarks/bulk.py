@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import gc
 import time
-from pathlib import Path
-from datetime import UTC, datetime, timedelta
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import Boolean, bindparam, create_engine, text
 

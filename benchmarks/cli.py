@@ -122,9 +122,14 @@ class Run:
         except Exception as exc:
             self.errors += 1
             _log(f"{backend}: {group} FAILED: {exc!r}\n{traceback.format_exc()}")
-            print(json.dumps({"kind": "error", "backend": backend, "group": group, "error": repr(exc)}), flush=True)
+            print(
+                json.dumps({"kind": "error", "backend": backend, "group": group, "error": repr(exc)}),
+                flush=True,
+            )
 
-    def add(self, backend: str, name: str, samples: list[float], *, value: float | None = None, **extra: Any) -> None:
+    def add(
+        self, backend: str, name: str, samples: list[float], *, value: float | None = None, **extra: Any
+    ) -> None:
         """Record figure ``name`` (value = median of samples unless given) and print its line."""
         spec = spec_of(name)
         fig = Figure(backend, name, median(samples) if value is None else value, spec.unit, list(samples))
@@ -176,7 +181,9 @@ class Run:
 
     def _process(self, backend: str) -> None:
         for workers in (10, 100):
-            rates = [processing.process_in_process(backend, self.s, workers=workers) for _ in range(self.s.repeats)]
+            rates = [
+                processing.process_in_process(backend, self.s, workers=workers) for _ in range(self.s.repeats)
+            ]
             self.add(backend, f"process.w{workers}", rates, n=self.s.n, workers=workers, processes=1)
         if backend in CROSS_PROCESS:
             rates = [processing.process_two_procs(backend, self.s) for _ in range(self.s.repeats)]

@@ -17,8 +17,8 @@ __all__ = [
     "LEASE",
     "QUEUE",
     "Countdown",
-    "completed_parent",
     "completed_count",
+    "completed_parent",
     "enqueue_noops",
     "make_gate",
     "wait_completed",
@@ -39,7 +39,10 @@ def enqueue_noops(broker: Broker, n: int, *, depends_on: Sequence[str] = ()) -> 
     for start in range(0, n, ENQUEUE_CHUNK):
         count = min(ENQUEUE_CHUNK, n - start)
         broker.enqueue(
-            [NewTask(id=new_id(), type=QUEUE, queue=QUEUE, depends_on=tuple(depends_on)) for _ in range(count)]
+            [
+                NewTask(id=new_id(), type=QUEUE, queue=QUEUE, depends_on=tuple(depends_on))
+                for _ in range(count)
+            ]
         )
 
 

@@ -107,14 +107,18 @@ class _PgFloor(_Floor):
             self.conn.execute(sql)
 
     def insert_batch(self, n: int) -> None:
-        sql = "INSERT INTO floor_jobs (queue, status, payload) SELECT 'q', 'pending', p FROM unnest(%s::bytea[]) p"
+        sql = (
+            "INSERT INTO floor_jobs (queue, status, payload) "
+            "SELECT 'q', 'pending', p FROM unnest(%s::bytea[]) AS p"
+        )
         for start in range(0, n, BATCH):
             self.conn.execute(sql, ([None] * min(BATCH, n - start),))
 
     def claim(self, k: int) -> list[Any]:
         sql = (
             "UPDATE floor_jobs SET status = 'running' WHERE id IN (SELECT id FROM floor_jobs "
-            "WHERE queue = 'q' AND status = 'pending' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id"
+            "WHERE queue = 'q' AND status = 'pending' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
+            "RETURNING id"
         )
         return [row[0] for row in self.conn.execute(sql, (k,))]
 

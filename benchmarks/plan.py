@@ -73,4 +73,3 @@ for _floor in ("insert1", "insert_batch", "claim1", "claim100", "work10"):
 def spec_of(name: str) -> FigureSpec:
     """The presentation of figure ``name``."""
     return _SPECS[name]
-
