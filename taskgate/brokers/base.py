@@ -27,12 +27,15 @@ from datetime import datetime, timedelta
 from enum import Enum, StrEnum
 from typing import Protocol, runtime_checkable
 
+from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.ids import MAX_ID_LENGTH
 from taskgate.task import Filter, Status, Task
 
 __all__ = [
     "MAX_DELAY",
     "UNSET",
+    "AckItem",
+    "AckOutcome",
     "Broker",
     "Capabilities",
     "DistributedLimiter",
@@ -57,6 +60,11 @@ class Unset(Enum):
 
 
 UNSET = Unset.UNSET
+
+# One `Broker.ack_many` item, ``(task_id, token, result)``, and its answer: the completed
+# snapshot, or the error `Broker.ack` would have raised for that item alone.
+AckItem = tuple[str, str, bytes | None]
+AckOutcome = Task | LeaseLostError | TaskNotFoundError
 
 
 class FailureKind(StrEnum):
@@ -267,6 +275,17 @@ class Broker(Protocol):
 
     def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
         """Complete the task with ``result`` and, in the same unit, wake children now ready."""
+        ...
+
+    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
+        """`ack` every ``(task_id, token, result)`` in ONE unit; one answer per item, in order.
+
+        Items are independent, not all-or-nothing: an unknown id or a stale token answers its
+        own item with the `TaskNotFoundError`/`LeaseLostError` that `ack` would raise and
+        changes nothing for it, while every other item completes and wakes its children
+        exactly as `ack` would. An id given twice is acked at most once (a later item answers
+        `LeaseLostError`). Bad arguments raise before anything changes; ``[]`` gives ``[]``.
+        """
         ...
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 
-from taskgate.brokers.base import FailureKind, NewTask, Unset, check_identifier
+from taskgate.brokers.base import AckItem, FailureKind, NewTask, Unset, check_identifier
 
 __all__ = [
+    "check_ack_items",
     "check_bytes",
     "check_count",
     "check_duration",
@@ -78,3 +79,20 @@ def check_timeout(timeout: object) -> float:
     if not timeout >= 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
     return float(timeout)
+
+
+def check_ack_items(items: object) -> list[AckItem]:
+    """``ack_many`` items as a list of ``(task_id, token, result)``, each checked like `ack`'s."""
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        raise TypeError(f"ack_many takes a sequence of (task_id, token, result), got {type(items).__name__}")
+    checked: list[AckItem] = []
+    for n, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError(f"ack_many item {n} must be a (task_id, token, result) tuple, got {item!r}")
+        task_id, token, result = item
+        check_identifier(task_id, what=f"task id of ack_many item {n}")
+        if not isinstance(token, str):
+            raise TypeError(f"lease token of ack_many item {n} must be a str, got {type(token).__name__}")
+        check_bytes(result, what=f"result of ack_many item {n}")
+        checked.append((task_id, token, result))
+    return checked

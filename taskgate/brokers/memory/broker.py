@@ -12,6 +12,8 @@ from datetime import datetime, timedelta
 
 from taskgate.brokers.base import (
     UNSET,
+    AckItem,
+    AckOutcome,
     Capabilities,
     FailureKind,
     Lease,
@@ -22,6 +24,7 @@ from taskgate.brokers.base import (
     check_identifier,
 )
 from taskgate.brokers.checks import (
+    check_ack_items,
     check_bytes,
     check_count,
     check_duration,
@@ -245,6 +248,25 @@ class MemoryBroker:
             record.result = result
             self._finish(record, Status.COMPLETED, now)
             return record.snapshot()
+
+    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
+        """`ack` every ``(task_id, token, result)`` in one lock hold; one answer per item, in order.
+
+        A stale token or unknown id answers its own item with the error `ack` would raise.
+        """
+        checked = check_ack_items(items)
+        with self._cond:
+            now = self._now()
+            return [self._ack_one(task_id, token, result, now) for task_id, token, result in checked]
+
+    def _ack_one(self, task_id: str, token: str, result: bytes | None, now: datetime) -> AckOutcome:
+        try:
+            record = self._held(task_id, token)
+        except (LeaseLostError, TaskNotFoundError) as exc:
+            return exc
+        record.result = result
+        self._finish(record, Status.COMPLETED, now)
+        return record.snapshot()
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.

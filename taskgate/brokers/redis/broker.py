@@ -11,6 +11,8 @@ from typing import Any
 
 from taskgate.brokers.base import (
     UNSET,
+    AckItem,
+    AckOutcome,
     Capabilities,
     FailureKind,
     Lease,
@@ -21,6 +23,7 @@ from taskgate.brokers.base import (
     check_identifier,
 )
 from taskgate.brokers.checks import (
+    check_ack_items,
     check_bytes,
     check_count,
     check_duration,
@@ -45,7 +48,7 @@ from taskgate.brokers.redis.replies import unwrap
 from taskgate.brokers.redis.scripts import ScriptBook, redis_errors
 from taskgate.brokers.redis.waiter import SignalWaiter
 from taskgate.clock import Clock
-from taskgate.errors import BrokerError, TaskNotFoundError
+from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["RedisBroker"]
@@ -231,6 +234,19 @@ class RedisBroker:
         args = [task_id, token, 0 if result is None else 1, result or b""]
         return self._transition("ack", args)
 
+    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
+        """`ack` every ``(task_id, token, result)`` in ONE script; one answer per item, in order.
+
+        A stale token or unknown id answers its own item with the error `ack` would raise.
+        """
+        checked = check_ack_items(items)
+        if not checked:
+            return []
+        args: builtins.list[Any] = [len(checked)]
+        for task_id, token, result in checked:
+            args.extend([task_id, token, 0 if result is None else 1, result or b""])
+        return [_ack_answer(reply) for reply in self._run("ack_many", args)]
+
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
 
@@ -349,6 +365,15 @@ def _check_lease(task_id: object, token: object) -> None:
     check_identifier(task_id, what="task id")
     if not isinstance(token, str):
         raise TypeError(f"lease token must be a str, got {type(token).__name__}")
+
+
+def _ack_answer(reply: Sequence[Any]) -> AckOutcome:
+    """One item of an ack_many reply: the snapshot, or the error of that item alone."""
+    try:
+        (flat,) = unwrap(reply)
+    except (LeaseLostError, TaskNotFoundError) as exc:
+        return exc
+    return task_from_flat(flat)
 
 
 def _flat_list(reply: Any) -> builtins.list[bytes]:

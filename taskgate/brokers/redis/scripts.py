@@ -22,6 +22,7 @@ __all__ = ["SCRIPT_NAMES", "ScriptBook", "redis_errors"]
 
 SCRIPT_NAMES = (
     "ack",
+    "ack_many",
     "cancel",
     "claim",
     "enqueue",

@@ -21,6 +21,8 @@ from sqlalchemy import URL, Connection, Engine
 
 from taskgate.brokers.base import (
     UNSET,
+    AckItem,
+    AckOutcome,
     Capabilities,
     FailureKind,
     Lease,
@@ -31,6 +33,7 @@ from taskgate.brokers.base import (
     check_identifier,
 )
 from taskgate.brokers.checks import (
+    check_ack_items,
     check_bytes,
     check_count,
     check_duration,
@@ -39,7 +42,7 @@ from taskgate.brokers.checks import (
     check_queues,
     check_timeout,
 )
-from taskgate.brokers.sql import create, finish, leases, quotas, reads
+from taskgate.brokers.sql import batch, create, finish, leases, quotas, reads
 from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
@@ -207,6 +210,18 @@ class SQLBroker:
         check_bytes(result, what="result")
         create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
         return self._run("ack", lambda tx: finish.ack(tx, task_id, token, result))
+
+    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
+        """`ack` every ``(task_id, token, result)`` in ONE transaction; one answer per item, in order.
+
+        A stale token or unknown id answers its own item with the error `ack` would raise.
+        """
+        checked = check_ack_items(items)
+        for task_id, _, result in checked:
+            create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
+        if not checked:
+            return []
+        return self._run("ack_many", lambda tx: batch.ack_many(tx, checked))
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from taskgate.testing.contract._fixtures import BrokerFactory, ContractFixtures
 from taskgate.testing.contract._support import RACE_ROUNDS
+from taskgate.testing.contract.batch import BatchContract
 from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
@@ -56,5 +57,6 @@ class BrokerContract(
     QuotaContract,
     ValidationContract,
     RaceContract,
+    BatchContract,
 ):
     """Every broker contract test; subclass it as ``Test<Backend>`` and define ``broker_factory``."""

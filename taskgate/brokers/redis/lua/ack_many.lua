@@ -1,0 +1,34 @@
+-- ack_many.lua: complete many running tasks in one script; each item is answered on its own.
+-- Items run in order, exactly as separate ack.lua calls would: a stale token or unknown id
+-- answers its item with an error and writes nothing for it; the others still complete.
+--
+-- KEYS[1]  base (hash-tagged prefix)
+-- ARGV[1]  now in µs, or "" for the server's TIME
+-- ARGV[2]  number of items N; then N groups of 4 values, in item order:
+--          task id, lease token, has_result (0/1), result bytes (ignored when has_result is 0)
+-- Returns  {"ok", answer...}: one answer per item, each {"ok", snapshot} or {"notfound", id}
+--          or {"leaselost", id, status}
+--
+-- Touches: task:<id> and task:<child> HASH, leases ZSET, children:<id> SET, stats HASH,
+--          idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> channel (PUBLISH) for woken children.
+
+local ITEM = 4
+
+local function ack_one(a)
+  local id, token = ARGV[a], ARGV[a + 1]
+  local t, err = load_leased(id, token)
+  if not t then
+    return err
+  end
+  if ARGV[a + 2] == '1' then
+    redis.call('HSET', task_key(id), 'result', ARGV[a + 3])
+  end
+  finish(t, 'completed', {})
+  return { 'ok', snapshot(id) }
+end
+
+local reply = { 'ok' }
+for i = 0, tonumber(ARGV[2]) - 1 do
+  reply[#reply + 1] = ack_one(3 + i * ITEM)
+end
+return reply

@@ -1,0 +1,105 @@
+"""Batched worker writes: `ack_many`, many acks in one transaction with set-based statements.
+
+The statements do not grow with the batch: one locking SELECT of the tasks with their leases
+(in id order, like every other multi-row lock, so two batches cannot deadlock on each other),
+one DELETE of the leases, one UPDATE of the statuses, one executemany for non-null results,
+and one settle pass for the children of every completed task. Items whose token is stale are
+answered with their own error and not written.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Row, bindparam, delete, select, update
+
+from taskgate.brokers.base import AckItem, AckOutcome
+from taskgate.brokers.sql.graph import settle_children
+from taskgate.brokers.sql.rows import chunks, snapshot, status_values
+from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.errors import LeaseLostError, TaskNotFoundError
+from taskgate.task import Status
+
+__all__ = ["ack_many"]
+
+
+def ack_many(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
+    """Complete every item whose token holds its task; answer the others with their error."""
+    held = _lock_held(tx, sorted({task_id for task_id, _, _ in items}))
+    winners: dict[str, int] = {}  # task id -> index of the item that completes it
+    for n, (task_id, token, _) in enumerate(items):
+        row = held.get(task_id)
+        if row is not None and task_id not in winners and secrets.compare_digest(row.token, token):
+            winners[task_id] = n
+    final = {**status_values(Status.COMPLETED), "finished_at": tx.now}
+    _complete(tx, [items[n] for n in winners.values()], final)
+    losers = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in held])
+    answers: list[AckOutcome] = []
+    for n, (task_id, _, result) in enumerate(items):
+        if winners.get(task_id) == n:
+            answers.append(snapshot(held[task_id], {**final, "result": result, "cancel_requested": False}))
+        else:
+            answers.append(_lost(task_id, _status_now(task_id, winners, held, losers)))
+    return answers
+
+
+def _status_now(
+    task_id: str, winners: dict[str, int], held: dict[str, Row[Any]], others: dict[str, Status]
+) -> Status | None:
+    if task_id in winners:
+        return Status.COMPLETED  # an earlier item of this batch completed it
+    if task_id in held:
+        return Status.RUNNING  # held, but under another token
+    return others.get(task_id)
+
+
+def _lock_held(tx: Tx, ids: list[str]) -> dict[str, Row[Any]]:
+    """Running tasks among ``ids`` with their lease token, locked in id order."""
+    task, lease = tx.models.task, tx.models.lease
+    found: dict[str, Row[Any]] = {}
+    for part in chunks(ids):
+        stmt = (
+            select(table_of(task), lease.token, lease.cancel_requested)
+            .join(lease, lease.task_id == task.id)
+            .where(task.id.in_(part))
+            .order_by(task.id)
+        )
+        found.update((row.id, row) for row in tx.conn.execute(tx.traits.lock(stmt)))
+    return found
+
+
+def _complete(tx: Tx, items: list[AckItem], final: dict[str, Any]) -> None:
+    """Delete the leases, write status and results, and settle the children of ``items``."""
+    if not items:
+        return
+    task, lease = tx.models.task, tx.models.lease
+    ids = [task_id for task_id, _, _ in items]
+    for part in chunks(ids):
+        tx.conn.execute(delete(lease).where(lease.task_id.in_(part)))
+        tx.conn.execute(update(task).where(task.id.in_(part)).values({**final, "result": None}))
+    results = [{"b_id": task_id, "b_result": result} for task_id, _, result in items if result is not None]
+    if results:
+        stmt = update(task).where(task.id == bindparam("b_id")).values(result=bindparam("b_result"))
+        tx.conn.execute(stmt, results)
+    settle_children(tx, [(task_id, Status.COMPLETED) for task_id in ids])
+
+
+def _statuses(tx: Tx, ids: list[str]) -> dict[str, Status]:
+    """The statuses of those ``ids`` that exist (to word the error of an item not held)."""
+    task = tx.models.task
+    found: dict[str, Status] = {}
+    for part in chunks(sorted(set(ids))):
+        rows = tx.conn.execute(select(task.id, task.status).where(task.id.in_(part)))
+        found.update((row.id, Status(row.status)) for row in rows)
+    return found
+
+
+def _lost(task_id: str, status: Status | None) -> LeaseLostError | TaskNotFoundError:
+    """The error `ack` raises for ``task_id`` in ``status`` (None: no such task) with a bad token."""
+    if status is None:
+        return TaskNotFoundError(f"no task with id {task_id!r}")
+    if status is not Status.RUNNING:
+        return LeaseLostError(f"task {task_id} is {status.value}; the lease is gone")
+    return LeaseLostError(f"task {task_id} is held under another lease")
