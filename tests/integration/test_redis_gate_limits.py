@@ -1,0 +1,272 @@
+"""Global limits of the Redis broker through the real runtime (`Gate`), across processes.
+
+`test_redis_multiprocess.py` checks the broker's `DistributedLimiter` calls on their own; here
+whole Gates in separate processes (``redis_gate_worker``, started with ``spawn``) share one
+Redis key prefix, so the runtime's path -- take slots, take rate, claim, renew slots with the
+heartbeat, release -- is what is measured. Probe handlers record into Redis on the server's
+clock; each test uses a random prefix and deletes its keys afterwards.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+import redis
+from helpers.redis_servers import purge_keys
+from redis_gate_worker import QUEUE, TYPE, Probe, WorkerSpec, make_gate, serve, server_us
+
+from taskgate import Status
+from taskgate.brokers.base import NewTask
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.ids import new_id
+from taskgate.task import Filter
+
+pytestmark = pytest.mark.slow
+
+SPAWN = multiprocessing.get_context("spawn")
+CHILD_TIMEOUT = 60.0  # a child that has not reported by then hangs
+T = TypeVar("T")
+
+
+@pytest.fixture
+def shared(redis_url: str, unique_prefix: str) -> Iterator[tuple[str, str]]:
+    """``(url, prefix)`` of the shared Redis for this test; the prefix's keys go afterwards."""
+    yield redis_url, unique_prefix
+    client = redis.Redis.from_url(redis_url)
+    try:
+        purge_keys(client, KeySpace(unique_prefix).pattern())
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def probe(shared: tuple[str, str]) -> Iterator[Probe]:
+    """The probe keys of this test, read from the test process."""
+    reader = Probe(*shared)
+    yield reader
+    reader.close()
+
+
+def _enqueue(url: str, prefix: str, count: int) -> list[str]:
+    broker = RedisBroker(url, key_prefix=prefix)
+    tasks = [NewTask(id=new_id(), type=TYPE, queue=QUEUE) for _ in range(count)]
+    try:
+        return [t.id for t in broker.enqueue(tasks)]
+    finally:
+        broker.close()
+
+
+def _run_children(specs: list[WorkerSpec]) -> list[int]:
+    """Run one Gate process per spec, released together by a barrier; their pids, in order."""
+    barrier, results = SPAWN.Barrier(len(specs)), SPAWN.Queue()
+    children = [SPAWN.Process(target=serve, args=(spec, barrier, results)) for spec in specs]
+    for child in children:
+        child.start()
+    try:
+        reported = _collect(results, children)
+        for child in children:
+            child.join(CHILD_TIMEOUT)
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join()
+    assert [c.exitcode for c in children] == [0] * len(children)
+    assert reported == {c.pid for c in children}
+    return [c.pid for c in children if c.pid is not None]
+
+
+def _collect(results: Any, children: list[Any]) -> set[int]:
+    """What every child put on ``results``; fails at once when a child died without reporting."""
+    reported: set[int] = set()
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while len(reported) < len(children) and time.monotonic() < deadline:
+        try:
+            reported.add(results.get(timeout=0.1))
+        except queue.Empty:
+            crashed = [c.exitcode for c in children if c.exitcode not in (None, 0)]
+            assert not crashed, f"a child gate died with exit code(s) {crashed}"
+    return reported
+
+
+def _slots_held(client: redis.Redis, prefix: str) -> list[tuple[bytes, float]]:
+    return client.zrange(KeySpace(prefix).slots(QUEUE), 0, -1, withscores=True)
+
+
+def _wait_for(action: Callable[[], T], within: float) -> T:
+    """Call ``action`` until it returns something truthy (a condition wait with a deadline)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if result := action():
+            return result
+        time.sleep(0.01)
+    raise AssertionError(f"condition not met within {within}s")
+
+
+# -- concurrency: workers=2 is global across two processes ------------------------------------
+
+CONCURRENT_TASKS = 60
+
+
+def test_two_gates_with_two_workers_each_never_run_more_than_two_at_once(
+    shared: tuple[str, str], probe: Probe
+) -> None:
+    url, prefix = shared
+    _enqueue(url, prefix, CONCURRENT_TASKS)
+    specs = [
+        WorkerSpec(url, prefix, "live", workers=2, total=CONCURRENT_TASKS, backend=backend)
+        for backend in ("asyncio", "trio")
+    ]
+    pids = _run_children(specs)
+
+    snapshots = [s.decode().split() for s in probe.client.lrange(probe.snapshots, 0, -1)]
+    assert len(snapshots) == CONCURRENT_TASKS
+    assert max(len(s) for s in snapshots) == 2, "two at once, never more, over both processes"
+    running_pids = {int(member.split(":")[0]) for s in snapshots for member in s}
+    assert running_pids == set(pids), "both processes must have run tasks, or nothing was shared"
+    assert _slots_held(probe.client, prefix) == [], "every slot was released"
+
+
+# -- rate: rps=5 is global across two processes ------------------------------------------------
+
+RPS = 5.0
+BURST = 5  # burst=0 means max(1, int(rps))
+RATE_TASKS = 15
+# Starts are claim times; the grant-to-claim latency differs between starts, so a window of
+# starts can look up to this much shorter than the window of their grants.
+JITTER_S = 0.1
+
+
+def _worst_excess(starts_us: list[int]) -> float:
+    """Max over windows [a, b] of starts: (starts inside) - (burst + rps * (b - a + jitter))."""
+    starts_us = sorted(starts_us)
+    worst = float("-inf")
+    for i, lo in enumerate(starts_us):
+        for j in range(i, len(starts_us)):
+            window = (starts_us[j] - lo) / 1_000_000 + JITTER_S
+            worst = max(worst, (j - i + 1) - (BURST + RPS * window))
+    return worst
+
+
+def test_two_gates_at_five_rps_start_at_most_burst_plus_rate_times_window(
+    shared: tuple[str, str], probe: Probe
+) -> None:
+    url, prefix = shared
+    _enqueue(url, prefix, RATE_TASKS)
+    specs = [
+        WorkerSpec(url, prefix, "starts", workers=10, rps=RPS, total=RATE_TASKS, backend=backend)
+        for backend in ("trio", "asyncio")
+    ]
+    pids = _run_children(specs)
+
+    records = [r.decode().split() for r in probe.client.lrange(probe.starts, 0, -1)]
+    starts = [int(us) for _, us in records]
+    assert len(starts) == RATE_TASKS
+    assert _worst_excess(starts) <= 0
+    assert {int(pid) for pid, _ in records} == set(pids), "both processes must have started tasks"
+    # Not starved either: after the burst, about RPS starts per second.
+    span = (max(starts) - min(starts)) / 1_000_000
+    assert span <= (RATE_TASKS - BURST) / RPS + 1.0
+    assert _slots_held(probe.client, prefix) == []
+
+
+# -- claims: 4 gates, 2,000 tasks, each run exactly once ---------------------------------------
+
+MANY_TASKS = 2000
+
+
+def test_four_gates_run_two_thousand_tasks_exactly_once(shared: tuple[str, str], probe: Probe) -> None:
+    url, prefix = shared
+    ids = _enqueue(url, prefix, MANY_TASKS)
+    specs = [
+        WorkerSpec(url, prefix, "runs", workers=16, total=MANY_TASKS, backend=("asyncio", "trio")[i % 2])
+        for i in range(4)
+    ]
+    pids = _run_children(specs)
+
+    runs = [r.decode().split() for r in probe.client.lrange(probe.runs, 0, -1)]
+    assert sorted(task_id for _, task_id in runs) == sorted(ids), "each task ran once, none twice"
+    assert len({int(pid) for pid, _ in runs} & set(pids)) >= 2, "the processes shared the work"
+    broker = RedisBroker(url, key_prefix=prefix)
+    try:
+        assert broker.counts() == {TYPE: {Status.COMPLETED: MANY_TASKS}}
+        assert {t.claims for t in broker.list(Filter(type=TYPE))} == {1}
+    finally:
+        broker.close()
+    assert _slots_held(probe.client, prefix) == []
+
+
+# -- crash: a SIGKILLed gate leaks its slot for at most one TTL after its last heartbeat -------
+
+TTL_S = 1.0
+TTL_US = 1_000_000
+
+
+def _start_hanging_child(url: str, prefix: str) -> Any:
+    spec = WorkerSpec(url, prefix, "hang", workers=1, lease_ttl=TTL_S)
+    child = SPAWN.Process(target=serve, args=(spec, None, None))
+    child.start()
+    return child
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.anyio
+async def test_a_killed_gate_frees_its_slot_and_its_task_reruns_within_two_ttls(
+    shared: tuple[str, str], probe: Probe
+) -> None:
+    url, prefix = shared
+    (task_id,) = _enqueue(url, prefix, 1)
+    child = _start_hanging_child(url, prefix)
+    try:
+        started = _wait_for(lambda: probe.client.get(probe.started), CHILD_TIMEOUT).decode().split()
+        assert started == [str(child.pid), task_id, "1"]
+        ((_, first_expiry),) = _slots_held(probe.client, prefix)
+        # The heartbeat renews the slot with the lease (capacity 1: the child holds it alone).
+        _wait_for(lambda: _slots_held(probe.client, prefix)[0][1] > first_expiry, 2 * TTL_S)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(CHILD_TIMEOUT)
+    killed_at = server_us(probe.client)
+    assert child.exitcode == -signal.SIGKILL
+    ((_, dead_expiry),) = _slots_held(probe.client, prefix)
+    assert dead_expiry <= killed_at + TTL_US, "renewed at most one TTL ahead"
+
+    rerun_at = await _rerun_here(url, prefix, probe, task_id)
+
+    assert dead_expiry <= rerun_at <= killed_at + 2 * TTL_US
+    broker = RedisBroker(url, key_prefix=prefix)
+    try:
+        task = broker.get(task_id)
+    finally:
+        broker.close()
+    assert (task.status, task.claims, task.lease_lost) == (Status.COMPLETED, 2, 1)
+    assert _slots_held(probe.client, prefix) == [], "the dead slot was purged, the new one released"
+
+
+async def _rerun_here(url: str, prefix: str, probe: Probe, task_id: str) -> int:
+    """Run a Gate in this process until ``task_id`` completes; the server µs it was claimed again."""
+    spec = WorkerSpec(url, prefix, "starts", workers=1, lease_ttl=TTL_S, reap_interval=0.05)
+    broker = RedisBroker(url, key_prefix=prefix)
+    helper = Probe(url, prefix)
+    try:
+        async with make_gate(spec, broker, helper) as gate:
+            with anyio.fail_after(CHILD_TIMEOUT):
+                while True:
+                    if (await gate.get(task_id)).status is Status.COMPLETED:
+                        break
+                    await anyio.sleep(0.01)
+    finally:
+        helper.close()
+        broker.close()
+    ((pid, started_us),) = (r.decode().split() for r in probe.client.lrange(probe.starts, 0, -1))
+    assert int(pid) == os.getpid()
+    return int(started_us)
