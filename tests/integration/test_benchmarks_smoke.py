@@ -1,0 +1,33 @@
+"""The benchmark harness still runs: a tiny run on the memory backend (about a second)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_benchmark_harness_prints_every_memory_figure_and_a_table() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--tiny", "--backend", "memory"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    figures = {line["name"]: line for line in lines if line["kind"] == "figure"}
+    assert lines[0]["kind"] == "run"
+    assert not [line for line in lines if line["kind"] == "error"]
+    expected = {
+        "submit.single", "submit.batch", "process.w10", "process.w100", "latency.same.p50",
+        "latency.same.p99", "claims.small_finished", "claims.big_finished", "limits.none",
+        "limits.rps", "limits.quota", "limits.deps", "memory.rss",
+    }  # fmt: skip
+    assert set(figures) == expected
+    assert all(f["value"] > 0 and f["backend"] == "memory" for f in figures.values())
+    assert "| memory | process.w10 |" in done.stdout
