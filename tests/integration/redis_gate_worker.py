@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,7 +26,7 @@ from taskgate import Config, Gate, QueueConfig, Status, Task
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 
-__all__ = ["Probe", "WorkerSpec", "make_gate", "serve", "server_us"]
+__all__ = ["CountingRedisBroker", "Probe", "WorkerSpec", "make_gate", "serve", "server_us"]
 
 QUEUE, TYPE = "q", "t"
 POLL = 0.01  # Gate.poll_interval of the children: idle processes retry slots and rate often
@@ -131,6 +132,36 @@ HANDLERS: dict[str, Callable[[Probe], Callable[[Task], None]]] = {
 }
 
 
+class CountingRedisBroker(RedisBroker):
+    """A `RedisBroker` that tallies what the runtime asked of the shared limiter and got.
+
+    The tallies show that a process really contended: which process wins each start is a race
+    (fairness is not promised), but a process refused slots or starts was held back globally.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+        self.tally: Counter[str] = Counter()
+
+    def _count(self, what: str, asked: int, granted: int) -> None:
+        with self._lock:
+            self.tally[f"{what}_granted"] += granted
+            self.tally[f"{what}_refused"] += asked - granted
+
+    def acquire_slots(self, queue: str, capacity: int, n: int, ttl: timedelta) -> list[str]:
+        """`RedisBroker.acquire_slots`, counted."""
+        tokens = super().acquire_slots(queue, capacity, n, ttl)
+        self._count("slots", n, len(tokens))
+        return tokens
+
+    def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
+        """`RedisBroker.take_rate`, counted."""
+        granted, retry_after = super().take_rate(queue, rps, burst, n)
+        self._count("rate", n, granted)
+        return granted, retry_after
+
+
 def make_gate(spec: WorkerSpec, broker: RedisBroker, probe: Probe) -> Gate:
     """The child's gate: queue ``q`` with the spec's limits, fast polling."""
     queue = QueueConfig(workers=spec.workers, rps=spec.rps, lease_ttl=spec.lease_ttl)
@@ -156,8 +187,11 @@ async def _run_until_done(gate: Gate, total: int) -> None:
 
 
 def serve(spec: WorkerSpec, barrier: Any, results: Any) -> None:
-    """Child entry: build the gate, wait at ``barrier`` (if any), run, report the pid to ``results``."""
-    broker = RedisBroker(spec.url, key_prefix=spec.prefix)
+    """Child entry: build the gate, wait at ``barrier`` (if any), run, report to ``results``.
+
+    The report is ``(pid, tally)``, the tally of `CountingRedisBroker`.
+    """
+    broker = CountingRedisBroker(spec.url, key_prefix=spec.prefix)
     probe = Probe(spec.url, spec.prefix)
     try:
         gate = make_gate(spec, broker, probe)
@@ -168,4 +202,4 @@ def serve(spec: WorkerSpec, barrier: Any, results: Any) -> None:
         probe.close()
         broker.close()
     if results is not None:
-        results.put(os.getpid())
+        results.put((os.getpid(), dict(broker.tally)))
