@@ -146,6 +146,7 @@ class CountingRedisBroker(RedisBroker):
 
     def _count(self, what: str, asked: int, granted: int) -> None:
         with self._lock:
+            self.tally[f"{what}_calls"] += 1
             self.tally[f"{what}_granted"] += granted
             self.tally[f"{what}_refused"] += asked - granted
 
