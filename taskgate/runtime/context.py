@@ -37,6 +37,8 @@ class RunContext:
     deadline: float
     slots: Sequence[str | None] = ()
     renew_slots: Callable[[Sequence[str | None]], Awaitable[list[str | None]]] | None = None
+    # The queue's group-commit ack (`AckBatcher.ack`); None: one ``broker.ack`` per task.
+    ack: Callable[[str, str, bytes | None], Awaitable[Task]] | None = None
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stop_reason: StopReason | None = None
     lease_deadline: float = 0.0

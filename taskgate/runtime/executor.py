@@ -140,6 +140,9 @@ class Executor:
         b, task_id, token = self._broker, ctx.task.id, ctx.lease.token
         deadline = ctx.deadline
         match outcome:
+            case Ack(result) if ctx.ack is not None:
+                group_ack = ctx.ack
+                return lambda: group_ack(task_id, token, result)
             case Ack(result):
                 return lambda: self._calls(b.ack, task_id, token, result, deadline=deadline)
             case Retry(kind, error, delay):

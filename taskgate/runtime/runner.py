@@ -18,6 +18,7 @@ from anyio.abc import TaskStatus
 from taskgate.brokers.base import DistributedLimiter, Lease
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
+from taskgate.runtime.acks import AckBatcher
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import RunContext
 from taskgate.runtime.executor import Executor, Handler
@@ -174,6 +175,7 @@ class Runtime:
             quota=self._quota(name, conf),
             poll_interval=self.poll_interval,
             deadline=worker_deadline(conf),
+            acks=AckBatcher(self.broker, self.calls, deadline=worker_deadline(conf)),
         )
         self.schedulers[name] = scheduler
 
@@ -263,6 +265,7 @@ class Runtime:
             deadline=worker_deadline(conf),
             slots=[slot] if slot is not None else [],
             renew_slots=scheduler.limits.renew if slot is not None else None,
+            ack=scheduler.acks.ack,
             lease_deadline=claimed_at + conf.lease.total_seconds(),
         )
         self.active[lease.task.id] = ctx

@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup
 from taskgate.brokers.base import Broker, Lease
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
+from taskgate.runtime.acks import AckBatcher
 from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.limits import Limits, Slot
@@ -49,8 +50,10 @@ class QueueScheduler:
         quota: QuotaGate | None,
         poll_interval: float,
         deadline: float,
+        acks: AckBatcher,
     ) -> None:
         self.name, self.conf = name, conf
+        self.acks = acks  # the queue's group commit of acks (see `taskgate.runtime.acks`)
         self._broker, self._calls = broker, calls
         self.limits, self.quota = limits, quota
         self._poll, self._deadline = poll_interval, deadline

@@ -1,0 +1,197 @@
+"""Group commit of acks: one `ack_many` per batch of finished handlers, slots freed only after it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import pytest
+from gate_helpers import GUARD, eventually, make_gate
+
+from taskgate import LeaseLostError, QueueConfig, Status, Task
+from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease
+from taskgate.errors import BrokerError
+from taskgate.runtime.acks import AckBatcher
+from taskgate.runtime.calls import BrokerCalls
+from taskgate.testing.contract._support import new_task
+
+pytestmark = pytest.mark.anyio
+
+
+class Recording:
+    """A broker wrapper recording ack batch sizes; ``ack_many`` can be held or made to fail."""
+
+    def __init__(self, inner: Broker) -> None:
+        self._inner = inner
+        self.capabilities = inner.capabilities
+        self.batches: list[int] = []
+        self.single_acks = 0
+        self.hold: threading.Event | None = None
+        self.entered = threading.Event()
+        self.failures: list[Exception] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
+        self.single_acks += 1
+        return self._inner.ack(task_id, token, result)
+
+    def ack_many(self, items: Sequence[AckItem]) -> list[AckOutcome]:
+        self.entered.set()
+        if self.hold is not None:
+            assert self.hold.wait(GUARD), "test never released ack_many"
+        if self.failures:
+            raise self.failures.pop(0)
+        self.batches.append(len(items))
+        return self._inner.ack_many(items)
+
+
+async def test_handlers_finishing_together_are_acked_in_one_batch(gate_broker):
+    broker = Recording(gate_broker)
+    gate = make_gate(broker, {"q": QueueConfig(workers=5)})
+    release, all_started = anyio.Event(), anyio.Event()
+    started = 0
+
+    @gate.handler("q")
+    async def together(task: Task) -> str:
+        nonlocal started
+        started += 1
+        if started == 5:
+            all_started.set()
+        await release.wait()
+        return task.id
+
+    async with gate:
+        ids = await gate.submit_many("q", [None] * 5)
+        with anyio.fail_after(GUARD):
+            await all_started.wait()
+        release.set()
+        for task_id in ids:
+            done = await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+            assert done.result == f'"{task_id}"'.encode()
+    assert sum(broker.batches) == 5 and len(broker.batches) <= 2, broker.batches
+    assert broker.single_acks == 0
+
+
+async def test_a_worker_slot_is_freed_only_after_its_ack_is_written(gate_broker):
+    broker = Recording(gate_broker)
+    broker.hold = threading.Event()
+    gate = make_gate(broker, {"q": QueueConfig(workers=1)})
+    ran: list[str] = []
+
+    @gate.handler("q")
+    async def quick(task: Task) -> None:
+        ran.append(task.id)
+
+    async with gate:
+        first, second = await gate.submit_many("q", [None, None])
+        with anyio.fail_after(GUARD):
+            await anyio.to_thread.run_sync(broker.entered.wait)
+        await anyio.sleep(0.05)  # time for a (wrong) second claim to happen
+        assert ran == [first]
+        assert (await gate.stats("q")).running == 1
+        broker.hold.set()
+        await eventually(gate, second, lambda t: t.status is Status.COMPLETED)
+    assert ran == [first, second]
+
+
+async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
+    broker = Recording(gate_broker)
+    broker.hold = threading.Event()
+    gate = make_gate(broker, {"q": QueueConfig(workers=2)})
+
+    @gate.handler("q")
+    async def quick(task: Task) -> str:
+        return "done"
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await anyio.to_thread.run_sync(broker.entered.wait)
+        shut = anyio.Event()
+
+        async def shut_down() -> None:
+            await gate.shutdown(timeout=0)
+            shut.set()
+
+        tg.start_soon(shut_down)
+        await anyio.sleep(0.05)
+        assert not shut.is_set()
+        broker.hold.set()
+        with anyio.fail_after(GUARD):
+            await shut.wait()
+    assert (await gate.get(task_id)).status is Status.COMPLETED
+
+
+async def test_a_failed_ack_batch_is_written_again(gate_broker):
+    broker = Recording(gate_broker)
+    broker.failures = [BrokerError("connection dropped")]
+    gate = make_gate(broker, {"q": QueueConfig(workers=2)})
+
+    @gate.handler("q")
+    async def quick(task: Task) -> str:
+        return "done"
+
+    async with gate:
+        ids = await gate.submit_many("q", [None, None])
+        for task_id in ids:
+            await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+    assert not broker.failures
+
+
+async def test_a_batch_the_broker_refuses_is_acked_item_by_item(gate_broker):
+    broker = Recording(gate_broker)
+    broker.failures = [ValueError("a result too large for the server")]
+    gate = make_gate(broker, {"q": QueueConfig(workers=3)})
+    release = anyio.Event()
+
+    @gate.handler("q")
+    async def together(task: Task) -> str:
+        await release.wait()
+        return "done"
+
+    async with gate:
+        ids = await gate.submit_many("q", [None] * 3)
+        await anyio.sleep(0.05)
+        release.set()
+        for task_id in ids:
+            await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+    assert (broker.single_acks, broker.batches) == (3, [])
+
+
+async def _claimed(broker: Broker, n: int) -> list[Lease]:
+    await anyio.to_thread.run_sync(broker.enqueue, [new_task() for _ in range(n)])
+    return await anyio.to_thread.run_sync(broker.claim, "q", n, timedelta(seconds=30))
+
+
+async def test_batcher_answers_a_stale_token_alone_and_groups_later_acks(gate_broker):
+    broker = Recording(gate_broker)
+    broker.hold = threading.Event()
+    batcher = AckBatcher(broker, BrokerCalls(4), deadline=GUARD)
+    first, good, stale, last = await _claimed(gate_broker, 4)
+    answers: dict[str, Any] = {}
+
+    async def ack(task_id: str, token: str) -> None:
+        try:
+            answers[task_id] = await batcher.ack(task_id, token, None)
+        except LeaseLostError as exc:
+            answers[task_id] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ack, first.task.id, first.token)
+        await anyio.to_thread.run_sync(broker.entered.wait)  # the first flush is in flight
+        tg.start_soon(ack, good.task.id, good.token)
+        tg.start_soon(ack, stale.task.id, "stale")
+        tg.start_soon(ack, last.task.id, last.token)
+        await anyio.sleep(0.02)
+        broker.hold.set()
+    assert broker.batches == [1, 3]
+    assert isinstance(answers[stale.task.id], LeaseLostError)
+    for lease in (first, good, last):
+        assert answers[lease.task.id].status is Status.COMPLETED
+    assert gate_broker.get(stale.task.id).status is Status.RUNNING
