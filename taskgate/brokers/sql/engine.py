@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import StaticPool
 
 from taskgate.errors import ConfigError
 
-__all__ = ["SQLITE_BUSY_TIMEOUT", "is_memory_sqlite", "make_engine", "normalize_url", "prepare_engine"]
+__all__ = [
+    "PING_AFTER_IDLE",
+    "SQLITE_BUSY_TIMEOUT",
+    "is_memory_sqlite",
+    "make_engine",
+    "normalize_url",
+    "prepare_engine",
+]
 
 # Seconds a SQLite writer waits for the file's write lock before SQLITE_BUSY (then retried).
 SQLITE_BUSY_TIMEOUT = 10.0
@@ -21,6 +30,12 @@ _DEFAULT_DRIVERS = {
     "mysql": "mysql+pymysql",
     "mariadb": "mariadb+pymysql",
 }
+
+# A pooled connection back in use within this many seconds is taken as alive; an older one is
+# pinged first. SQLAlchemy's ``pool_pre_ping`` pings on EVERY checkout: one more round trip
+# per transition, the largest fixed cost of a short transaction. A connection that died within
+# the window fails its transaction with a `BrokerError`, which the gate retries anyway.
+PING_AFTER_IDLE = 1.0
 
 # MySQL's default REPEATABLE READ would make a transaction's plain reads see its first
 # snapshot, so a child's wake-up check could miss a parent committed meanwhile; READ
@@ -56,10 +71,31 @@ def make_engine(url: str | URL) -> Engine:
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(parsed)
-    options: dict[str, Any] = {"pool_pre_ping": True}
+    options: dict[str, Any] = {}
     if backend in ("mysql", "mariadb"):
         options.update(isolation_level=_MYSQL_ISOLATION, pool_recycle=3600)
-    return create_engine(parsed, **options)
+    engine = create_engine(parsed, **options)
+    event.listen(engine, "checkin", _note_checkin)
+    event.listen(engine, "checkout", _ping_if_idle)
+    return engine
+
+
+def _note_checkin(dbapi_connection: Any, record: Any) -> None:
+    record.info["taskgate_idle_since"] = time.monotonic()
+
+
+def _ping_if_idle(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Ping a connection idle past `PING_AFTER_IDLE`; a dead one is replaced by the pool."""
+    since = record.info.get("taskgate_idle_since")
+    if since is None or time.monotonic() - since < PING_AFTER_IDLE:
+        return  # fresh from connect(), or in use a moment ago
+    dialect = proxy._pool._dialect
+    try:
+        dialect.do_ping(dbapi_connection)
+    except Exception as exc:
+        if dialect.is_disconnect(exc, dbapi_connection, None):
+            raise DisconnectionError(f"pooled connection is dead: {exc}") from exc
+        raise
 
 
 def prepare_engine(engine: Engine) -> Engine:

@@ -1,0 +1,52 @@
+"""Pooled connections: pinged only after being idle, and a dead idle one is replaced unseen."""
+
+from __future__ import annotations
+
+from sqlalchemy import create_engine, text
+
+from taskgate.brokers.sql import SQLBroker
+from taskgate.brokers.sql import engine as engine_module
+from taskgate.brokers.sql.engine import normalize_url
+from taskgate.testing.contract._support import claim_one, new_task
+
+
+def _kill_other_sessions(url: str) -> int:
+    admin = create_engine(normalize_url(url), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            return len(
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).all()
+            )
+    finally:
+        admin.dispose()
+
+
+def test_a_connection_killed_while_idle_is_replaced_before_use(postgresql_url, monkeypatch):
+    broker = SQLBroker(postgresql_url)
+    try:
+        (task,) = broker.enqueue([new_task()])
+        assert _kill_other_sessions(postgresql_url) >= 1
+        monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)  # every pooled one is "idle"
+        assert broker.get(task.id).id == task.id
+    finally:
+        broker.close()
+
+
+def test_a_connection_back_in_use_at_once_is_not_pinged(postgresql_url):
+    broker = SQLBroker(postgresql_url)
+    dialect = broker._engine.dialect
+    pings: list[object] = []
+    real_ping = dialect.do_ping
+    dialect.do_ping = lambda conn: pings.append(conn) or real_ping(conn)  # type: ignore[method-assign]
+    try:
+        broker.enqueue([new_task()])
+        lease = claim_one(broker)
+        broker.ack(lease.task.id, lease.token, None)
+        assert pings == []
+    finally:
+        broker.close()
