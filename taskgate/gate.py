@@ -125,21 +125,25 @@ class Gate:
         type: str,
         payloads: Iterable[Any],
         *,
+        business_keys: Iterable[str | None] | None = None,
         delay: DurationLike | None = None,
         run_at: datetime | None = None,
         max_retry: int | None = None,
         depends_on: Iterable[str] = (),
         ignore_parent_failure: bool = False,
     ) -> builtins.list[str]:
-        """Queue one task per payload in one all-or-nothing batch; ids in payload order.
+        """Queue one task per payload in one all-or-nothing batch (one broker call); ids in payload order.
 
-        Takes `submit`'s options except ``business_key`` (a key names one execution).
+        Takes `submit`'s options; instead of ``business_key``, ``business_keys`` gives one key
+        (or None) per payload. A used key raises `TaskExistsError` and stores none of the batch;
+        a key given twice or a key count unlike the payload count raises `ValueError`.
         """
         if isinstance(payloads, str | bytes):
             raise TypeError("payloads must be an iterable of payloads, not a single str/bytes")
         return await self._submit(
             type,
             payloads,
+            business_keys=business_keys,
             delay=delay,
             run_at=run_at,
             max_retry=max_retry,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -72,12 +72,33 @@ def _parents(depends_on: Iterable[str]) -> tuple[str, ...]:
     return parents
 
 
+def _keys(business_keys: Iterable[str | None] | None, count: int) -> Sequence[str | None]:
+    """One business key (or None) per payload; a key given twice or a count mismatch is refused."""
+    if business_keys is None:
+        return [None] * count
+    if isinstance(business_keys, str | bytes):
+        raise TypeError("business_keys must be a sequence of keys (one per payload), not a single string")
+    keys = list(business_keys)
+    if len(keys) != count:
+        raise ValueError(f"business_keys has {len(keys)} keys for {count} payloads; give one per payload")
+    seen: set[str] = set()
+    for n, key in enumerate(keys):
+        if key is None:
+            continue
+        check_identifier(key, what=f"business_keys[{n}]")
+        if key in seen:
+            raise ValueError(f"business_keys[{n}] = {key!r} appears twice; a key names one execution")
+        seen.add(key)
+    return keys
+
+
 def build_tasks(
     config: Config,
     task_type: str,
     payloads: Iterable[Any],
     *,
     business_key: str | None = None,
+    business_keys: Iterable[str | None] | None = None,
     delay: DurationLike | None = None,
     run_at: datetime | None = None,
     max_retry: int | None = None,
@@ -86,11 +107,15 @@ def build_tasks(
 ) -> list[NewTask]:
     """One `NewTask` per payload; raises `TypeError`/`ValueError`/`ConfigError` naming the argument.
 
-    ``run_at`` wins over ``delay``. Nothing is stored here, so bad input changes nothing.
+    ``run_at`` wins over ``delay``. ``business_key`` names the one task of a single submit;
+    ``business_keys`` gives one key (or None) per payload. Nothing is stored here, so bad
+    input changes nothing.
     """
     queue = route(config, task_type)
     if business_key is not None:
         check_identifier(business_key, what="business_key")
+    items = list(payloads)
+    keys = _keys(business_keys, len(items)) if business_key is None else [business_key] * len(items)
     if not isinstance(ignore_parent_failure, bool):
         raise TypeError(f"ignore_parent_failure must be a bool, got {ignore_parent_failure!r}")
     when = _run_at(run_at)
@@ -110,7 +135,7 @@ def build_tasks(
             delay=wait,
             depends_on=parents,
             ignore_parent_failure=ignore_parent_failure,
-            business_key=business_key,
+            business_key=key,
         )
-        for payload in payloads
+        for payload, key in zip(items, keys, strict=True)
     ]

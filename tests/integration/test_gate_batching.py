@@ -11,7 +11,7 @@ import anyio
 import pytest
 from gate_helpers import GUARD, eventually, make_gate
 
-from taskgate import LeaseLostError, QueueConfig, Status, Task
+from taskgate import LeaseLostError, QueueConfig, Status, Task, TaskExistsError
 from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckBatcher
@@ -195,3 +195,32 @@ async def test_batcher_answers_a_stale_token_alone_and_groups_later_acks(gate_br
     for lease in (first, good, last):
         assert answers[lease.task.id].status is Status.COMPLETED
     assert gate_broker.get(stale.task.id).status is Status.RUNNING
+
+
+async def test_submit_many_gives_each_payload_its_business_key(gate_broker):
+    gate = make_gate(gate_broker)
+    ids = await gate.submit_many("q", [1, 2, 3], business_keys=["k1", None, "k3"])
+    assert [t.id for t in await gate.history("k1")] == [ids[0]]
+    assert [t.id for t in await gate.history("k3")] == [ids[2]]
+    assert (await gate.get(ids[1])).business_key is None
+
+
+async def test_submit_many_with_one_used_key_stores_none_of_the_batch(gate_broker):
+    gate = make_gate(gate_broker)
+    used = await gate.submit("q", business_key="used")
+    with pytest.raises(TaskExistsError) as caught:
+        await gate.submit_many("q", [1, 2], business_keys=["fresh", "used"])
+    assert caught.value.execution_id == used
+    assert await gate.history("fresh") == []
+    assert await gate.overview() == {"q": {Status.PENDING: 1}}
+
+
+@pytest.mark.parametrize(
+    ("keys", "error"),
+    [(["same", "same"], ValueError), (["one"], ValueError), ("ab", TypeError), (["", "x"], ValueError)],
+)
+async def test_submit_many_refuses_bad_business_keys_and_stores_nothing(gate_broker, keys, error):
+    gate = make_gate(gate_broker)
+    with pytest.raises(error):
+        await gate.submit_many("q", [1, 2], business_keys=keys)
+    assert await gate.overview() == {}
