@@ -161,7 +161,7 @@ class Run:
         runs: list[dict[str, float]] = []
         for _ in range(self.s.repeats):
             with isolated_store(backend) as store:
-                measured = measure_floors(store, self.s.n)
+                measured = measure_floors(store, self.s.n, self.s.run_cap / 3)
             if not measured:
                 return
             runs.append(measured)

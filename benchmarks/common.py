@@ -60,14 +60,17 @@ def completed_count(broker: Broker, task_type: str = QUEUE) -> int:
     return broker.counts().get(task_type, {}).get(Status.COMPLETED, 0)
 
 
-def wait_completed(broker: Broker, n: int, *, poll: float = 0.005, timeout: float = 600.0) -> float:
-    """Block until ``n`` no-op tasks are completed; return the ``perf_counter`` time it was seen."""
-    deadline = time.perf_counter() + timeout
-    while completed_count(broker) < n:
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"only {completed_count(broker)} of {n} tasks completed in {timeout:.0f}s")
+def wait_completed(broker: Broker, n: int, *, poll: float, until: float) -> tuple[int, float]:
+    """Block until ``n`` no-op tasks are completed or ``perf_counter()`` passes ``until``.
+
+    Returns how many were completed and the ``perf_counter`` time that count was read.
+    """
+    while True:
+        done = completed_count(broker)
+        now = time.perf_counter()
+        if done >= n or now >= until:
+            return done, now
         time.sleep(poll)
-    return time.perf_counter()
 
 
 class Countdown:

@@ -8,7 +8,8 @@ Per server, on a one-table queue of its own (in the run's isolated store):
   RETURNING`` write transaction with sqlite3);
 - ``work10``: a minimal worker loop -- claim 10, then mark those 10 done in one statement.
 
-All in jobs per second. The memory backend has no floor.
+All in jobs per second; each measurement stops after ``cap`` seconds (the rate is then that
+of the jobs done so far). The memory backend has no floor.
 """
 
 from __future__ import annotations
@@ -26,48 +27,62 @@ FLOOR_NAMES = ("insert1", "insert_batch", "claim1", "claim100", "work10")
 BATCH = 1000
 
 
-def measure_floors(store: Store, n: int) -> dict[str, float]:
-    """Every floor of ``store``'s server, ``n`` jobs each; ``{}`` for the memory backend."""
+def measure_floors(store: Store, n: int, cap: float) -> dict[str, float]:
+    """Every floor of ``store``'s server, up to ``n`` jobs or ``cap`` seconds each; ``{}`` for memory."""
     runner = {"postgresql": _PgFloor, "mariadb": _MySQLFloor, "redis": _RedisFloor, "sqlite": _SQLiteFloor}
     floor_class = runner.get(store.backend)
     if floor_class is None:
         return {}
     floor = floor_class(store)
     try:
-        return floor.measure(n)
+        return floor.measure(n, cap)
     finally:
         floor.close()
 
 
-def _rate(n: int, fn: Callable[[], Any]) -> float:
+def _rate(fn: Callable[[float], int]) -> float:
+    """Jobs per second of ``fn(stop_time)``, which returns how many jobs it did."""
     start = time.perf_counter()
-    fn()
-    return n / (time.perf_counter() - start)
+    return fn(start) / (time.perf_counter() - start)
 
 
 class _Floor:
     """The shared measuring sequence; subclasses say how each step talks to their server."""
 
-    def measure(self, n: int) -> dict[str, float]:
-        out = {"insert1": _rate(n, lambda: self.insert_single(n))}
+    def measure(self, n: int, cap: float) -> dict[str, float]:
+        out = {"insert1": _rate(lambda t0: self._insert_single(n, t0 + cap))}
         self.reset()
-        out["insert_batch"] = _rate(n, lambda: self.insert_batch(n))
-        for name, k in (("claim1", 1), ("claim100", 100)):
+        out["insert_batch"] = _rate(lambda t0: self._insert_batches(n, t0 + cap))
+        for name, k, done in (("claim1", 1, False), ("claim100", 100, False), ("work10", 10, True)):
             self.reset()
             self.insert_batch(n)
-            out[name] = _rate(n, lambda k=k: self.drain(k, done=False))
-        self.reset()
-        self.insert_batch(n)
-        out["work10"] = _rate(n, lambda: self.drain(10, done=True))
+            out[name] = _rate(lambda t0, k=k, done=done: self._drain(k, done, t0 + cap))
         return out
 
-    def drain(self, k: int, *, done: bool) -> None:
-        while True:
+    def _insert_single(self, n: int, stop: float) -> int:
+        done = 0
+        while done < n and (done % 100 or time.perf_counter() < stop):
+            self.insert_single(1)
+            done += 1
+        return done
+
+    def _insert_batches(self, n: int, stop: float) -> int:
+        done = 0
+        while done < n and time.perf_counter() < stop:
+            self.insert_batch(min(BATCH, n - done))
+            done += min(BATCH, n - done)
+        return done
+
+    def _drain(self, k: int, done: bool, stop: float) -> int:
+        count = 0
+        while time.perf_counter() < stop:
             ids = self.claim(k)
             if not ids:
-                return
+                break
             if done:
                 self.complete(ids)
+            count += len(ids)
+        return count
 
     def insert_single(self, n: int) -> None:
         raise NotImplementedError
