@@ -68,6 +68,18 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return s
 
 
+def _commit() -> str:
+    """The checked-out commit (with ``+dirty`` if taskgate/ has changes), or ``unknown``."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "taskgate"], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") or "unknown"
+
+
 def _reachable(backend: str) -> str | None:
     address = server_address(backend)
     if address is None:
@@ -97,6 +109,7 @@ class Run:
             "loadavg": os.getloadavg(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "commit": _commit(),
             "backends": backends,
             "groups": self.groups,
             "settings": asdict(self.s),
