@@ -132,7 +132,15 @@ class SQLBroker:
             create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
         if not items:
             return []
-        return self._run("enqueue", lambda tx: create.enqueue(tx, items))
+        attempts = 0
+
+        def step(tx: Tx) -> builtins.list[Task]:
+            # The first attempt leaves taken ids to the primary key; a re-run checks them.
+            nonlocal attempts
+            attempts += 1
+            return create.enqueue(tx, items, check_ids=attempts > 1)
+
+        return self._run("enqueue", step)
 
     def replay(
         self,

@@ -42,10 +42,16 @@ def check_value_size(value: bytes | None, limit: int | None, *, what: str) -> No
         )
 
 
-def enqueue(tx: Tx, items: Sequence[NewTask]) -> list[Task]:
-    """Insert ``items`` (already validated in themselves) after checking them against the store."""
+def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list[Task]:
+    """Insert ``items`` (already validated in themselves) after checking them against the store.
+
+    ``check_ids=False`` skips the look-up of ids in use: fresh ULIDs almost never are, and the
+    primary key still refuses one that is (`Conflict`); the caller then runs the transaction
+    again WITH the check, which names the id in a `ValueError`.
+    """
     _check_batch(items)
-    _check_ids_free(tx, [item.id for item in items])
+    if check_ids:
+        _check_ids_free(tx, [item.id for item in items])
     _check_keys_free(tx, [item.business_key for item in items if item.business_key is not None])
     parents = _parent_statuses(tx, items)
     rows = []
