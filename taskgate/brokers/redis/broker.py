@@ -33,6 +33,7 @@ from taskgate.brokers.checks import (
     check_timeout,
 )
 from taskgate.brokers.redis.codec import (
+    arrived_task,
     from_us,
     lease_from_flat,
     new_task_args,
@@ -127,7 +128,9 @@ class RedisBroker:
         args: builtins.list[Any] = [len(items)]
         for item in items:
             args.extend(new_task_args(item))
-        return [task_from_flat(flat) for flat in self._run("enqueue", args)]
+        created_at, *arrivals = self._run("enqueue", args)
+        at = from_us(created_at)
+        return [arrived_task(item, at, arrival) for item, arrival in zip(items, arrivals, strict=True)]
 
     def replay(
         self,

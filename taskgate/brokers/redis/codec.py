@@ -15,6 +15,7 @@ from taskgate.clock import utc
 from taskgate.task import Status, Task
 
 __all__ = [
+    "arrived_task",
     "from_us",
     "lease_from_flat",
     "new_task_args",
@@ -110,3 +111,23 @@ def new_task_args(task: NewTask) -> list[str | bytes | int]:
         task.business_key or "",
         json.dumps(list(task.depends_on)),
     ]
+
+
+def arrived_task(item: NewTask, created_at: datetime, arrival: Sequence[bytes]) -> Task:
+    """The snapshot of a task enqueue.lua just stored: ``item`` plus its (status, run_at, error)."""
+    status, run_at, error = Status(arrival[0].decode()), from_us(arrival[1]), arrival[2].decode()
+    return Task(
+        id=item.id,
+        type=item.type,
+        queue=item.queue,
+        payload=item.payload,
+        status=status,
+        created_at=created_at,
+        run_at=run_at,
+        last_error=error or None,
+        max_retry=item.max_retry,
+        depends_on=item.depends_on,
+        ignore_parent_failure=item.ignore_parent_failure,
+        business_key=item.business_key,
+        finished_at=created_at if status.is_final else None,
+    )

@@ -70,8 +70,13 @@ local function snapshot(id)
 end
 
 -- Wake wait_for_work callers of this queue in every process (a Pub/Sub message, not a key).
+-- Once per queue per script: a batch making 1000 tasks ready wakes the same waiters as one.
+local SIGNALED = {}
 local function signal(queue)
-  redis.call('PUBLISH', B .. 'signal:' .. queue, '1')
+  if not SIGNALED[queue] then
+    SIGNALED[queue] = true
+    redis.call('PUBLISH', B .. 'signal:' .. queue, '1')
+  end
 end
 
 -- Take the task out of the structure its current status keeps it in.

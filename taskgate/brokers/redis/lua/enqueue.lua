@@ -6,7 +6,8 @@
 --          id, type, queue, has_payload (0/1), payload, max_retry, run_at (µs or ""),
 --          delay (µs or ""), ignore_parent_failure (0/1), has_business_key (0/1),
 --          business_key, depends_on (JSON array of ids)
--- Returns  {"ok", snapshot...} with one HGETALL array per task, in batch order; or
+-- Returns  {"ok", created_at (µs), arrival...} with one {status, run_at (µs), last_error or ""}
+--          per task, in batch order (every other field is what the caller sent); or
 --          {"duplicate", id}                 an id exists already or twice in the batch
 --          {"exists", key, newest_id, status} a business key is used already
 --          {"dupkey", key}                    a business key appears twice in the batch
@@ -101,6 +102,7 @@ local function store(n)
   else
     set_status(t, status)
   end
+  return { status, run_at, err or '' }
 end
 
 local batch = read_batch()
@@ -108,11 +110,9 @@ local problem = check(batch)
 if problem then
   return problem
 end
-local reply = { 'ok' }
+-- A compact answer: sending back 1000 full hashes costs more than storing them.
+local reply = { 'ok', NOW_S }
 for _, n in ipairs(batch) do
-  store(n)
-end
-for _, n in ipairs(batch) do
-  reply[#reply + 1] = snapshot(n.id)
+  reply[#reply + 1] = store(n)
 end
 return reply
