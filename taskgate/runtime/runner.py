@@ -118,10 +118,10 @@ class Runtime:
         if scheduler is not None:
             scheduler.wake()
 
-    def wake_all(self) -> None:
-        """Wake every scheduler."""
+    def wake_all(self, *, new_work: bool = False) -> None:
+        """Wake every scheduler: work was queued elsewhere (``new_work``) or children may be due."""
         for scheduler in self.schedulers.values():
-            scheduler.wake()
+            scheduler.wake(new_work=new_work)
 
     # -- run / shutdown ------------------------------------------------------------------------
 
@@ -278,7 +278,7 @@ class Runtime:
             scheduler.running -= 1
             with anyio.CancelScope(shield=True):
                 await scheduler.limits.release([slot])
-            scheduler.wake()
+            scheduler.wake(new_work=False)
 
     async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
         try:

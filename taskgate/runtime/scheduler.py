@@ -63,14 +63,25 @@ class QueueScheduler:
         self._paused_until = 0.0
         self._claim_failures = 0
         self._claim_started = 0.0
+        # The last claim found less than it asked for: nothing more may be due. Rate tokens
+        # and quota units taken for an empty claim are spent for good on a shared limiter,
+        # so an idle queue asks whether work is due before taking them (see `_cycle`). A new
+        # scheduler knows nothing yet: it asks first.
+        self._idle = True
+        self._metered = conf.rps > 0 or conf.has_quota
 
     def stop(self) -> None:
         """Stop claiming; the loop ends at its next check."""
         self._stopping = True
         self.signal.fire()
 
-    def wake(self) -> None:
-        """Work may be due now (a submit, a freed slot, a woken child)."""
+    def wake(self, *, new_work: bool = True) -> None:
+        """Look again now: work was queued (``new_work``), or a slot freed / a child may be due.
+
+        Only news of queued work skips the idle queue's "is anything due?" check.
+        """
+        if new_work:
+            self._idle = False
         self.signal.fire()
 
     async def run(self, work: TaskGroup, start: StartLease, requeue: Requeue) -> None:
@@ -87,6 +98,9 @@ class QueueScheduler:
         if free <= 0:
             await self.signal.wait(None)
             return
+        if self._idle and self._metered and not await self._work_due():
+            await self.signal.wait(self._poll)
+            return
         claimed = await self._claim_within_limits(free, requeue)
         if claimed is None:
             return
@@ -98,7 +112,8 @@ class QueueScheduler:
                 continue
             self.running += 1
             work.start_soon(start, lease, slot, self._claim_started)
-        if len(leases) < len(slots):
+        self._idle = len(leases) < len(slots)
+        if self._idle:
             await self.signal.wait(self._poll)
 
     async def _claim_within_limits(
@@ -151,6 +166,13 @@ class QueueScheduler:
             return None
         self._claim_failures = 0
         return leases
+
+    async def _work_due(self) -> bool:
+        """Whether a task of this queue is due now (a zero-timeout `wait_for_work`)."""
+        try:
+            return await self._calls(self._broker.wait_for_work, [self.name], 0, deadline=self._deadline)
+        except BrokerError:
+            return True  # let the claim path meet the error and back off
 
     def _pause(self, seconds: float) -> None:
         self._paused_until = anyio.current_time() + seconds

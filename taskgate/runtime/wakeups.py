@@ -50,5 +50,5 @@ async def wait_for_work_forever(runtime: Runtime, poll_interval: float) -> None:
             woke = False
             await anyio.sleep(max(poll_interval, 0.5))
         if woke:
-            runtime.wake_all()
+            runtime.wake_all(new_work=True)
             await anyio.sleep(poll_interval)

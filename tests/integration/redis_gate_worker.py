@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +23,7 @@ import anyio
 import redis
 
 from taskgate import Config, Gate, QueueConfig, Status, Task
+from taskgate.brokers.base import Lease
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 
@@ -161,6 +162,19 @@ class CountingRedisBroker(RedisBroker):
         granted, retry_after = super().take_rate(queue, rps, burst, n)
         self._count("rate", n, granted)
         return granted, retry_after
+
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+        """`RedisBroker.claim`, counted (an empty claim is an idle poll)."""
+        leases = super().claim(queue, limit, lease_ttl)
+        self._count("claim", limit, len(leases))
+        return leases
+
+    def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
+        """`RedisBroker.wait_for_work`, counting the zero-timeout "is anything due?" probes."""
+        due = super().wait_for_work(queues, timeout)
+        if timeout == 0:
+            self._count("probe", 1, int(due))
+        return due
 
 
 def make_gate(spec: WorkerSpec, broker: RedisBroker, probe: Probe) -> Gate:

@@ -116,15 +116,17 @@ async def test_a_same_process_submit_starts_without_polling_delay(gate_broker):
 
 async def test_stats_show_running_here_and_the_backlog(gate_broker):
     gate = make_gate(gate_broker, {"q": QueueConfig(workers=1, rps=2.5)})
-    release = anyio.Event()
+    started, release = anyio.Event(), anyio.Event()
 
     @gate.handler("q")
     async def hold(task: Task) -> None:
+        started.set()
         await release.wait()
 
     async with gate:
-        first, _, _ = await gate.submit_many("q", [1, 2, 3])
-        await eventually(gate, first, lambda t: t.status is Status.RUNNING)
+        await gate.submit_many("q", [1, 2, 3])
+        with anyio.fail_after(GUARD):
+            await started.wait()  # the broker shows RUNNING a moment before the handler starts
         stats = await gate.stats("q")
         assert (stats.workers, stats.running, stats.queue_len, stats.rps) == (1, 1, 2, 2.5)
         release.set()
