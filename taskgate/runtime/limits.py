@@ -19,6 +19,7 @@ from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.bucket import TokenBucket
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.group import GroupCall
 
 __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 
@@ -87,6 +88,8 @@ class DistributedLimits:
     ) -> None:
         self._limiter, self._calls, self._queue, self._conf = limiter, calls, queue, conf
         self._deadline = deadline
+        # Handlers finishing together give their slots back in one call, not one each.
+        self._releases: GroupCall[list[str], None] = GroupCall(self._release_many, max_batch=256)
 
     @property
     def _ttl(self) -> timedelta:
@@ -94,6 +97,8 @@ class DistributedLimits:
 
     async def take_slots(self, n: int) -> list[Slot]:
         """Up to ``n`` of the queue's global ``workers`` slots (none when the broker fails)."""
+        # Slots being given back right now would be refused to us: let that land first.
+        await self._releases.settled()
         try:
             tokens = await self._calls(
                 self._limiter.acquire_slots,
@@ -139,11 +144,15 @@ class DistributedLimits:
         return list(lost)
 
     async def release(self, slots: Sequence[Slot]) -> None:
-        """Give slots back; failures only delay them until they expire."""
+        """Give slots back (grouped with other releases); failures only delay them until they expire."""
         tokens = [s for s in slots if s is not None]
-        if not tokens:
-            return
+        if tokens:
+            await self._releases(tokens)
+
+    async def _release_many(self, groups: list[list[str]]) -> list[None]:
+        tokens = [token for group in groups for token in group]
         try:
             await self._calls(self._limiter.release_slots, self._queue, tokens, deadline=self._deadline)
         except BrokerError as exc:
             log.warning("queue %r: could not release %d slot(s): %s", self._queue, len(tokens), exc)
+        return [None] * len(groups)
