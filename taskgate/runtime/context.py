@@ -21,7 +21,11 @@ from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.outcome import StopReason
 from taskgate.task import Task
 
-__all__ = ["RunContext", "current_context", "renew_lease", "renew_lease_sync"]
+__all__ = ["FENCE_MARGIN", "RunContext", "current_context", "renew_lease", "renew_lease_sync"]
+
+# Fence this fraction of the TTL before the local lease deadline: room for the cancellation
+# to land and for the broker's clock to run a little faster than ours.
+FENCE_MARGIN = 0.05
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("taskgate_run_context")
 
@@ -42,12 +46,19 @@ class RunContext:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stop_reason: StopReason | None = None
     lease_deadline: float = 0.0
+    kept: bool = False  # a `LeaseKeeper` renews this lease (automatic heartbeats)
 
     def __post_init__(self) -> None:
         # The lease was granted no earlier than now; counting from now would be late, so the
         # claimer passes its pre-claim timestamp in `lease_deadline` and we only fill a default.
         if not self.lease_deadline:
             self.lease_deadline = anyio.current_time() + self.ttl.total_seconds()
+        self.scope.deadline = self.fence_at  # the fence: see `taskgate.runtime.lease`
+
+    @property
+    def fence_at(self) -> float:
+        """When (event-loop time) the handler is cancelled unless the lease was renewed."""
+        return self.lease_deadline - self.ttl.total_seconds() * FENCE_MARGIN
 
     @property
     def task(self) -> Task:
@@ -84,6 +95,8 @@ class RunContext:
             self.stop(StopReason.LEASE_LOST)
             raise LeaseLostError(f"task {self.task.id}: lease lost; the result will be discarded") from None
         self.lease_deadline = max(self.lease_deadline, started + self.ttl.total_seconds())
+        if self.stop_reason is None:
+            self.scope.deadline = self.fence_at
         if renewal.cancel_requested:
             self.stop(StopReason.CANCELED)
             self.raise_if_stopped()

@@ -8,7 +8,6 @@ write happens shielded, so a runtime being cancelled still puts its tasks back.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,7 +21,7 @@ from taskgate.codec import encode_value
 from taskgate.errors import BrokerError, LeaseLostError, TaskgateError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import RunContext, enter, leave
-from taskgate.runtime.lease import keep_lease
+from taskgate.runtime.lease import LeaseKeeper, note_fenced
 from taskgate.runtime.outcome import (
     Ack,
     Discard,
@@ -64,31 +63,34 @@ class Executor:
         throttled_max: int,
         thread_limiter: anyio.CapacityLimiter,
         on_settled: Settled,
+        keeper: LeaseKeeper,
     ) -> None:
         self._broker, self._calls, self._handlers = broker, calls, handlers
         self._throttled_max = throttled_max
         self._threads = thread_limiter
         self._on_settled = on_settled
+        self._keeper = keeper
 
     async def run(self, ctx: RunContext, *, auto_heartbeat: bool) -> None:
         """Run ``ctx``'s task to one final write; a cancelled runtime requeues it untouched."""
+        if auto_heartbeat:
+            self._keeper.add(ctx)
         try:
-            outcome = await self._execute(ctx, auto_heartbeat)
+            outcome = await self._execute(ctx)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.settle(ctx, Stop(StopReason.SHUTDOWN))
             raise
+        finally:
+            self._keeper.remove(ctx)
         with anyio.CancelScope(shield=True):
             await self.settle(ctx, outcome)
 
-    async def _execute(self, ctx: RunContext, auto_heartbeat: bool) -> Outcome:
+    async def _execute(self, ctx: RunContext) -> Outcome:
         handler = self._handlers.get(ctx.task.type)
         if handler is None:
             return unknown_type(ctx.task)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(keep_lease, ctx, auto=auto_heartbeat))
-            outcome, finished = await self._call(ctx, handler)
-            tg.cancel_scope.cancel()
+        outcome, finished = await self._call(ctx, handler)
         return _final_outcome(ctx, outcome, finished)
 
     async def _call(self, ctx: RunContext, handler: Handler) -> tuple[Outcome, bool]:
@@ -105,6 +107,8 @@ class Executor:
                     outcome = decide(exc, ctx.task, throttled_max=self._throttled_max)
         finally:
             leave(token)
+        if ctx.scope.cancel_called:
+            note_fenced(ctx)  # cancelled by its deadline, not by a stop: the lease was not kept
         return outcome, finished
 
     async def _invoke(self, handler: Handler, task: Task) -> Any:

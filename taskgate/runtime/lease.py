@@ -1,70 +1,136 @@
-"""Keeping a lease alive while its handler runs, and fencing the handler when that fails.
+"""Keeping leases alive while handlers run, and fencing a handler whose lease could not be kept.
 
-With automatic heartbeats the keeper renews every ``lease_ttl/3``. Either way it watches the
-local lease deadline (counted from before the claim or the last successful renewal, so it is
-never later than the broker's): if the lease cannot be renewed before that deadline, the
-handler is cancelled and its result discarded -- the worker fences itself instead of waiting
-for a reaper to tell it that someone else may already hold the task.
+Fencing needs no task: each handler runs inside its context's cancel scope, whose deadline is
+the local lease deadline minus `FENCE_MARGIN` (counted from before the claim or the last
+successful renewal, so never later than the broker's). A renewal moves the deadline; a
+handler still running when it passes is cancelled and its result discarded -- the worker
+fences itself instead of waiting for a reaper to tell it that someone else may hold the task.
+
+Automatic heartbeats come from ONE `LeaseKeeper` per runtime, not one sleeping task per
+handler (a task and a timer per run cost more than a short handler): it renews each
+registered context every ``lease_ttl/3``, each renewal in a task of its own so a slow one
+delays no other.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+from collections import OrderedDict
 
 import anyio
 
 from taskgate.errors import BrokerError, LeaseLostError, TaskCanceledError
-from taskgate.runtime.context import RunContext
+from taskgate.runtime.context import FENCE_MARGIN, RunContext
 from taskgate.runtime.outcome import StopReason
+from taskgate.runtime.signals import Signal
 
-__all__ = ["FENCE_MARGIN", "keep_lease"]
+__all__ = ["FENCE_MARGIN", "LeaseKeeper", "note_fenced"]
 
 log = logging.getLogger("taskgate")
 
-# Fence this fraction of the TTL before the local deadline: room for the cancellation to land
-# and for the broker's clock to run a little faster than ours.
-FENCE_MARGIN = 0.05
 
+class LeaseKeeper:
+    """Renews the leases of registered contexts every ``lease_ttl/3`` until they are removed.
 
-async def keep_lease(ctx: RunContext, *, auto: bool) -> None:
-    """Renew ``ctx``'s lease (when ``auto``) and fence its handler at the deadline; runs until cancelled."""
-    ttl = ctx.ttl.total_seconds()
-    interval, margin = ttl / 3, ttl * FENCE_MARGIN
-    next_renewal = anyio.current_time() + interval
-    while ctx.stop_reason is None:
-        fence_at = ctx.lease_deadline - margin
-        wake_at = min(next_renewal, fence_at) if auto else fence_at
-        await anyio.sleep(max(0.0, wake_at - anyio.current_time()))
-        now = anyio.current_time()
-        if now >= ctx.lease_deadline - margin:
-            _fence(ctx)
+    Contexts with one renewal interval wait in one ordered dict (due times only grow, so its
+    first entry is the next due); a renewal that failed retries sooner, from a small heap.
+    """
+
+    def __init__(self) -> None:
+        self._due: dict[float, OrderedDict[RunContext, float]] = {}
+        self._retries: list[tuple[float, int, RunContext]] = []
+        self._order = itertools.count()
+        self._wake = Signal()
+
+    def add(self, ctx: RunContext) -> None:
+        """Start renewing ``ctx``'s lease, first after one interval."""
+        interval = _interval(ctx)
+        group = self._due.setdefault(interval, OrderedDict())
+        ctx.kept = True
+        group[ctx] = anyio.current_time() + interval
+        if len(group) == 1:
+            self._wake.fire()  # maybe earlier than what the keeper sleeps towards
+
+    def remove(self, ctx: RunContext) -> None:
+        """Stop renewing ``ctx`` (its handler ended)."""
+        ctx.kept = False
+        group = self._due.get(_interval(ctx))
+        if group is not None:
+            group.pop(ctx, None)
+
+    async def run(self) -> None:
+        """Renew what falls due, forever (cancel to stop)."""
+        async with anyio.create_task_group() as renewals:
+            while True:
+                for ctx in self._take_due(anyio.current_time()):
+                    renewals.start_soon(self._renew, ctx)
+                next_at = self._next_due()
+                await self._wake.wait(None if next_at is None else max(0.0, next_at - anyio.current_time()))
+
+    def _take_due(self, now: float) -> list[RunContext]:
+        due: list[RunContext] = []
+        for group in self._due.values():
+            while group:
+                ctx, at = next(iter(group.items()))
+                if at > now:
+                    break
+                group.popitem(last=False)
+                due.append(ctx)
+        while self._retries and self._retries[0][0] <= now:
+            due.append(heapq.heappop(self._retries)[2])
+        return due
+
+    def _next_due(self) -> float | None:
+        fronts = [next(iter(group.values())) for group in self._due.values() if group]
+        if self._retries:
+            fronts.append(self._retries[0][0])
+        return min(fronts, default=None)
+
+    async def _renew(self, ctx: RunContext) -> None:
+        if ctx.stop_reason is not None or not ctx.kept:
             return
-        if auto and now >= next_renewal:
-            next_renewal = await _renew_once(ctx, interval, ctx.lease_deadline - margin)
+        interval = _interval(ctx)
+        started = anyio.current_time()
+        with anyio.move_on_after(max(0.0, ctx.fence_at - started)):
+            try:
+                await ctx.renew()
+            except (LeaseLostError, TaskCanceledError):
+                return  # the context was stopped; nothing more to renew
+            except BrokerError as exc:
+                log.warning(
+                    "task %s: heartbeat failed (will retry until the lease deadline): %s", ctx.task.id, exc
+                )
+                self._retry(ctx, anyio.current_time() + interval / 4)
+                return
+            self._reschedule(ctx, started + interval)
+            return
+        self._retry(ctx, anyio.current_time())  # the renewal hung until the fence: fenced by now
+
+    def _reschedule(self, ctx: RunContext, at: float) -> None:
+        group = self._due.get(_interval(ctx))
+        if group is not None and ctx.stop_reason is None and ctx.kept:
+            group[ctx] = at
+            if len(group) == 1:
+                self._wake.fire()
+
+    def _retry(self, ctx: RunContext, at: float) -> None:
+        if ctx.stop_reason is None and ctx.kept:
+            heapq.heappush(self._retries, (at, next(self._order), ctx))
+            self._wake.fire()
 
 
-async def _renew_once(ctx: RunContext, interval: float, fence_at: float) -> float:
-    """One automatic renewal; returns when the next one is due (sooner after a failure)."""
-    started = anyio.current_time()
-    with anyio.move_on_after(max(0.0, fence_at - started)):
-        try:
-            await ctx.renew()
-        except (LeaseLostError, TaskCanceledError):
-            return started + interval
-        except BrokerError as exc:
-            log.warning(
-                "task %s: heartbeat failed (will retry until the lease deadline): %s", ctx.task.id, exc
-            )
-            return anyio.current_time() + interval / 4
-        return started + interval
-    return anyio.current_time()
-
-
-def _fence(ctx: RunContext) -> None:
+def note_fenced(ctx: RunContext) -> None:
+    """Record that ``ctx``'s handler was cancelled by its fence deadline (lease deadline passed)."""
     if ctx.stop_reason is None:
         log.warning(
             "task %s: lease could not be renewed before its deadline; cancelling the handler "
             "and discarding its result",
             ctx.task.id,
         )
-    ctx.stop(StopReason.LEASE_LOST)
+        ctx.stop_reason = StopReason.LEASE_LOST
+
+
+def _interval(ctx: RunContext) -> float:
+    return ctx.ttl.total_seconds() / 3

@@ -23,6 +23,7 @@ from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import RunContext
 from taskgate.runtime.executor import Executor, Handler
 from taskgate.runtime.hooks import HookDispatcher
+from taskgate.runtime.lease import LeaseKeeper
 from taskgate.runtime.limits import DistributedLimits, Limits, LocalLimits, Slot
 from taskgate.runtime.outcome import StopReason
 from taskgate.runtime.quota import QuotaGate
@@ -61,6 +62,7 @@ class Runtime:
         self.hooks = HookDispatcher(config.on_state_change)
         self.schedulers: dict[str, QueueScheduler] = {}
         self.active: dict[str, RunContext] = {}
+        self.keeper = LeaseKeeper()
         self.closing = False
         self._calls: BrokerCalls | None = None
         self._threads: anyio.CapacityLimiter | None = None
@@ -198,6 +200,7 @@ class Runtime:
     async def _background_loops(self, scope: anyio.CancelScope) -> None:
         with scope:
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self.keeper.run)
                 tg.start_soon(reap_forever, self, self._reap_every())
                 if self.broker.capabilities.cross_process:
                     tg.start_soon(wait_for_work_forever, self, self.poll_interval)
@@ -231,6 +234,7 @@ class Runtime:
             throttled_max=self.config.throttled_max,
             thread_limiter=self._thread_limiter(),
             on_settled=lambda task: self.observe([task]),
+            keeper=self.keeper,
         )
 
     def _limits(self, name: str, conf: QueueConfig) -> Limits:
