@@ -47,4 +47,4 @@ def _drain(broker: Broker, n: int, cap: float) -> float:
         for lease in leases:
             broker.ack(lease.task.id, lease.token, None)
         done += len(leases)
-    return n / (time.perf_counter() - start)
+    return done / (time.perf_counter() - start)
