@@ -19,6 +19,10 @@ log = logging.getLogger("taskgate")
 # How long one blocking `wait_for_work` call may last; an abandoned call (shutdown) lingers
 # in its thread at most this long.
 WAIT_FOR_WORK_TIMEOUT = 1.0
+# A `wait_for_work` answer faster than this did not block: work was already due.
+IMMEDIATE_ANSWER = 0.005
+# The first pause after an immediate answer, in seconds.
+FIRST_PAUSE = 0.01
 
 
 async def reap_forever(runtime: Runtime, interval: float) -> None:
@@ -31,12 +35,17 @@ async def reap_forever(runtime: Runtime, interval: float) -> None:
 async def wait_for_work_forever(runtime: Runtime, poll_interval: float) -> None:
     """Block in a thread on ``broker.wait_for_work`` and wake the schedulers when it answers.
 
-    Runs on its own one-thread limiter, so it never takes a broker-call thread. After a wake it
-    pauses ``poll_interval`` so a broker answering "work may be due" at once cannot spin.
+    Runs on its own one-thread limiter, so it never takes a broker-call thread. A wake that
+    came after blocking (a notification from another process) is passed on at once; a broker
+    answering "work is due" without blocking means the schedulers have not claimed it yet or
+    are busy with a backlog, so the loop pauses, doubling the pause up to ``poll_interval``
+    while the answers stay immediate, rather than spin.
     """
     limiter = anyio.CapacityLimiter(1)
+    pause = FIRST_PAUSE
     while True:
         queues = sorted(runtime.schedulers)
+        asked = anyio.current_time()
         try:
             woke = await anyio.to_thread.run_sync(
                 runtime.broker.wait_for_work,
@@ -49,6 +58,11 @@ async def wait_for_work_forever(runtime: Runtime, poll_interval: float) -> None:
             log.warning("wait_for_work failed: %s", exc)
             woke = False
             await anyio.sleep(max(poll_interval, 0.5))
-        if woke:
-            runtime.wake_all(new_work=True)
-            await anyio.sleep(poll_interval)
+        if not woke:
+            continue
+        runtime.wake_all(new_work=True)
+        if anyio.current_time() - asked >= IMMEDIATE_ANSWER:
+            pause = FIRST_PAUSE
+            continue
+        await anyio.sleep(pause)
+        pause = min(pause * 2, poll_interval)

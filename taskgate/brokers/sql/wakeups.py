@@ -107,9 +107,12 @@ class Listener:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
             self.healthy = True
             while not self._stop.is_set():
-                queues = [n.payload for n in conn.notifies(timeout=_LISTEN_SLICE)]
-                if queues:
-                    self._signals.bump(queues)
+                # One bump per notification as it arrives: collecting the whole slice first
+                # would delay every wake-up by up to _LISTEN_SLICE.
+                for note in conn.notifies(timeout=_LISTEN_SLICE):
+                    self._signals.bump([note.payload])
+                    if self._stop.is_set():
+                        break
         finally:
             self.healthy = False
             conn.close()
