@@ -184,6 +184,8 @@ class Capabilities:
     - ``cross_process``: several processes can share the tasks.
     - ``distributed_limits``: implements `DistributedLimiter` (global workers and rps).
     - ``push_wakeups``: `Broker.wait_for_work` is woken by other processes' submits, not polled.
+    - ``nonblocking``: every method but `Broker.wait_for_work` returns within microseconds and
+      does no I/O, so `Gate` may call it on the event loop instead of hopping to a thread.
     """
 
     shared_quota: bool = False
@@ -191,6 +193,7 @@ class Capabilities:
     distributed_limits: bool = False
     push_wakeups: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)
+    nonblocking: bool = False
 
 
 @runtime_checkable

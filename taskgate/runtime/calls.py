@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from taskgate.errors import BrokerError
 
@@ -23,15 +24,28 @@ T = TypeVar("T")
 
 
 class BrokerCalls:
-    """Runs broker methods in threads through one limiter; created inside the event loop."""
+    """Runs broker methods in threads through one limiter; created inside the event loop.
 
-    def __init__(self, max_threads: int) -> None:
+    ``inline=True`` (a broker declaring ``capabilities.nonblocking``) runs them on the event
+    loop instead: a thread hop costs far more than an in-memory transition. Each call is
+    still a checkpoint, so loops calling the broker cannot starve the event loop.
+    """
+
+    def __init__(self, max_threads: int, *, inline: bool = False) -> None:
         self.limiter = anyio.CapacityLimiter(max_threads)
+        self.inline = inline
 
     async def __call__(
         self, fn: Callable[..., T], /, *args: Any, deadline: float | None = None, **kwargs: Any
     ) -> T:
         """Run ``fn(*args, **kwargs)`` in a thread; raise `BrokerError` past ``deadline`` seconds."""
+        if self.inline:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            result = fn(*args, **kwargs)
+            # Yield without a cancellation point: the transition happened, its answer must not
+            # be lost (a claimed lease dropped here would wait for the reaper).
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+            return result
         target = functools.partial(fn, *args, **kwargs) if kwargs else fn
         if deadline is None:
             return await self._hop(target, args if not kwargs else ())

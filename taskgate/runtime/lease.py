@@ -34,8 +34,10 @@ log = logging.getLogger("taskgate")
 class LeaseKeeper:
     """Renews the leases of registered contexts every ``lease_ttl/3`` until they are removed.
 
-    Contexts with one renewal interval wait in one ordered dict (due times only grow, so its
-    first entry is the next due); a renewal that failed retries sooner, from a small heap.
+    Contexts with one renewal interval wait in one ordered dict in registration order, which is
+    due order up to one renewal's duration (a renewed context goes to the end): a renewal may
+    run that much late, far inside the fence margin. A renewal that failed retries sooner,
+    from a small heap.
     """
 
     def __init__(self) -> None:

@@ -79,7 +79,10 @@ class Runtime:
         """The broker door; created on first use inside the event loop."""
         if self._calls is None:
             workers = sum(q.workers for q in self._all_queue_configs())
-            self._calls = BrokerCalls(max(MIN_BROKER_THREADS, workers + len(self.config.queues) + 4))
+            self._calls = BrokerCalls(
+                max(MIN_BROKER_THREADS, workers + len(self.config.queues) + 4),
+                inline=self.broker.capabilities.nonblocking,
+            )
         return self._calls
 
     def _thread_limiter(self) -> anyio.CapacityLimiter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -26,7 +27,8 @@ class Recording:
 
     def __init__(self, inner: Broker) -> None:
         self._inner = inner
-        self.capabilities = inner.capabilities
+        # ack_many may block its thread (``hold``): never run it on the event loop.
+        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False)
         self.batches: list[int] = []
         self.single_acks = 0
         self.hold: threading.Event | None = None
@@ -224,3 +226,31 @@ async def test_submit_many_refuses_bad_business_keys_and_stores_nothing(gate_bro
     with pytest.raises(error):
         await gate.submit_many("q", [1, 2], business_keys=keys)
     assert await gate.overview() == {}
+
+
+class _Threads:
+    """Records the thread of every claim; declares ``nonblocking`` as told."""
+
+    def __init__(self, inner: Broker, nonblocking: bool) -> None:
+        self._inner = inner
+        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=nonblocking)
+        self.claim_threads: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+        self.claim_threads.add(threading.get_ident())
+        return self._inner.claim(queue, limit, lease_ttl)
+
+
+@pytest.mark.parametrize("nonblocking", [True, False])
+async def test_a_nonblocking_broker_is_called_on_the_event_loop(gate_broker, nonblocking):
+    broker = _Threads(gate_broker, nonblocking)
+    gate = make_gate(broker)
+    gate.handle("q", lambda task: None)
+    async with gate:
+        task_id = await gate.submit("q")
+        await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+    on_loop = broker.claim_threads == {threading.get_ident()}
+    assert on_loop is nonblocking

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import anyio
@@ -105,7 +106,8 @@ class _ClaimHeldOpen:
 
     def __init__(self, inner):
         self._inner = inner
-        self.capabilities = inner.capabilities
+        # `claim` blocks its thread, so this wrapper is not nonblocking whatever it wraps.
+        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False)
         self.entered, self.proceed, self.done = threading.Event(), threading.Event(), threading.Event()
 
     def __getattr__(self, name):

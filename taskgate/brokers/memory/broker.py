@@ -62,10 +62,11 @@ class MemoryBroker:
     with respect to every other thread. Claims pop per-queue heaps ordered by
     ``(run_at, id)``; counts and queue lengths are maintained counters. Times come from
     ``clock`` (default: the system clock). All users live in one process, so quota counts
-    are shared by construction (``shared_quota=True``).
+    are shared by construction (``shared_quota=True``). Methods only hold the lock for
+    in-memory work, so the runtime calls them on its event loop (``nonblocking=True``).
     """
 
-    capabilities = Capabilities(shared_quota=True)
+    capabilities = Capabilities(shared_quota=True, nonblocking=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
