@@ -69,6 +69,8 @@ class Runtime:
         self._running = False
         self._stopped: anyio.Event | None = None
         self._work_done: anyio.Event | None = None
+        # Shutdown's grace has run out: anything still running (or starting) is put back.
+        self._grace_over = False
         self._work_group: anyio.abc.TaskGroup | None = None
         self._executor_ref: Executor | None = None
 
@@ -137,6 +139,7 @@ class Runtime:
             raise RuntimeError("this gate is already running")
         self._running = True
         self._stopped, self._work_done = anyio.Event(), anyio.Event()
+        self._grace_over = False
         try:
             await self._run(task_status)
         finally:
@@ -223,6 +226,7 @@ class Runtime:
             scheduler.stop()
         with anyio.move_on_after(grace):
             await self._work_done.wait()
+        self._grace_over = True
         for ctx in list(self.active.values()):
             ctx.stop(StopReason.SHUTDOWN)
         await self._stopped.wait()
@@ -276,6 +280,8 @@ class Runtime:
             lease_deadline=claimed_at + conf.lease.total_seconds(),
         )
         self.active[lease.task.id] = ctx
+        if self._grace_over:
+            ctx.stop(StopReason.SHUTDOWN)  # claimed after shutdown's grace ran out: put it back
         try:
             await self.observe([lease.task])
             await executor.run(ctx, auto_heartbeat=not conf.manual_heartbeat)

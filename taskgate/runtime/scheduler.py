@@ -108,11 +108,9 @@ class QueueScheduler:
         if claimed is None:
             return
         leases, slots = claimed
+        # Leases that come back after `stop` still run: graceful shutdown finishes the work
+        # already claimed (the runtime puts them back once the shutdown grace is over).
         for lease, slot in zip(leases, slots, strict=False):
-            if self._stopping:
-                await requeue(lease)  # claimed while stopping: put it back untouched
-                await self.limits.release([slot])
-                continue
             self.running += 1
             work.start_soon(start, lease, slot, self._claim_started)
         self._idle = len(leases) < len(slots)
