@@ -137,11 +137,11 @@ def test_two_gates_with_two_workers_each_never_run_more_than_two_at_once(
     assert len(snapshots) == CONCURRENT_TASKS
     assert max(len(s) for s in snapshots) == 2, "two at once, never more, over both processes"
     # Which process wins each freed slot is a race (fairness is not promised; under load one
-    # process may win them all). That each was refused slots while its own two workers were
-    # free is what shows the limit is global: per-process limits would never refuse.
+    # process may win them all). A process refused slots while its own two workers were free
+    # shows the limit is global: per-process limits never refuse.
     running_pids = {int(member.split(":")[0]) for s in snapshots for member in s}
     assert running_pids <= set(tallies)
-    assert all(t.get("slots_refused", 0) > 0 for t in tallies.values()), "each was held back globally"
+    assert any(t.get("slots_refused", 0) > 0 for t in tallies.values()), "a process was held back globally"
     assert _slots_held(probe.client, prefix) == [], "every slot was released"
 
 
