@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 
-from taskgate.brokers.base import AckItem, FailureKind, NewTask, Unset, check_identifier
+from taskgate.brokers.base import AckItem, FailureKind, NewTask, QuotaGrant, Unset, check_identifier
 
 __all__ = [
     "check_ack_items",
@@ -15,6 +15,8 @@ __all__ = [
     "check_failure",
     "check_new_tasks",
     "check_queues",
+    "check_quota_release",
+    "check_quota_request",
     "check_timeout",
 ]
 
@@ -96,3 +98,20 @@ def check_ack_items(items: object) -> list[AckItem]:
         check_bytes(result, what=f"result of ack_many item {n}")
         checked.append((task_id, token, result))
     return checked
+
+
+def check_quota_request(key: object, limit: object, period: object, n: object) -> None:
+    """Arguments of `reserve_quota`: a key, ``limit`` >= 1, ``period`` > 0, ``n`` >= 0."""
+    check_identifier(key, what="quota key")
+    check_count(limit, what="quota limit", minimum=1)
+    check_duration(period, what="quota period", positive=True)
+    check_count(n, what="quota units n", minimum=0)
+
+
+def check_quota_release(grant: object, n: object) -> None:
+    """Arguments of `release_quota`: a `QuotaGrant` and 0 <= ``n`` <= its ``granted``."""
+    if not isinstance(grant, QuotaGrant):
+        raise TypeError(f"grant must be a QuotaGrant, got {type(grant).__name__}")
+    count = check_count(n, what="released units n", minimum=0)
+    if count > grant.granted:
+        raise ValueError(f"cannot release {count} units of a grant of {grant.granted}")

@@ -31,6 +31,8 @@ from taskgate.brokers.checks import (
     check_failure,
     check_new_tasks,
     check_queues,
+    check_quota_release,
+    check_quota_request,
     check_timeout,
 )
 from taskgate.brokers.memory._dependencies import arrival_status, settle_children
@@ -404,20 +406,13 @@ class MemoryBroker:
 
         ``limit`` must be >= 1, ``n`` >= 0 and ``period`` > 0.
         """
-        check_identifier(key, what="quota key")
-        check_count(limit, what="quota limit", minimum=1)
-        check_duration(period, what="quota period", positive=True)
-        check_count(n, what="quota units n", minimum=0)
+        check_quota_request(key, limit, period, n)
         with self._cond:
             return self._quota.reserve(key, limit, period, n, self._now())
 
     def release_quota(self, grant: QuotaGrant, n: int) -> None:
         """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
-        if not isinstance(grant, QuotaGrant):
-            raise TypeError(f"grant must be a QuotaGrant, got {type(grant).__name__}")
-        check_count(n, what="released units n", minimum=0)
-        if n > grant.granted:
-            raise ValueError(f"cannot release {n} units of a grant of {grant.granted}")
+        check_quota_release(grant, n)
         with self._cond:
             self._check_open()
             self._quota.release(grant, n)

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from taskgate.brokers.base import QuotaGrant, check_identifier
-from taskgate.brokers.checks import check_count, check_duration
+from taskgate.brokers.checks import check_count, check_duration, check_quota_release, check_quota_request
 from taskgate.brokers.redis.codec import from_us, to_us, ttl_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import redis_errors
@@ -53,10 +53,7 @@ class RedisLimits:
 
     def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
         """Take up to ``n`` units of the epoch-aligned window of ``period`` holding "now"."""
-        check_identifier(key, what="quota key")
-        check_count(limit, what="quota limit", minimum=1)
-        check_duration(period, what="quota period", positive=True)
-        check_count(n, what="quota units n", minimum=0)
+        check_quota_request(key, limit, period, n)
         start_us, granted = self._run("quota_reserve", [key, limit, ttl_us(period), n])
         start = from_us(start_us)
         end = start + period
@@ -64,11 +61,7 @@ class RedisLimits:
 
     def release_quota(self, grant: QuotaGrant, n: int) -> None:
         """Give ``n`` (0 … ``grant.granted``) units back to the grant's window, never below 0."""
-        if not isinstance(grant, QuotaGrant):
-            raise TypeError(f"grant must be a QuotaGrant, got {type(grant).__name__}")
-        check_count(n, what="released units n", minimum=0)
-        if n > grant.granted:
-            raise ValueError(f"cannot release {n} units of a grant of {grant.granted}")
+        check_quota_release(grant, n)
         if n:
             self._run("quota_release", [grant.key, to_us(grant.window_start), n])
 

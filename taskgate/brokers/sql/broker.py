@@ -40,6 +40,8 @@ from taskgate.brokers.checks import (
     check_failure,
     check_new_tasks,
     check_queues,
+    check_quota_release,
+    check_quota_request,
     check_timeout,
 )
 from taskgate.brokers.sql import batch, create, finish, leases, quotas, reads
@@ -291,19 +293,12 @@ class SQLBroker:
         ``limit`` must be >= 1, ``n`` >= 0 and ``period`` > 0. The window is aligned on the
         database server's clock (or the injected clock).
         """
-        check_identifier(key, what="quota key")
-        check_count(limit, what="quota limit", minimum=1)
-        check_duration(period, what="quota period", positive=True)
-        check_count(n, what="quota units n", minimum=0)
+        check_quota_request(key, limit, period, n)
         return self._run("reserve_quota", lambda tx: quotas.reserve_quota(tx, key, limit, period, n))
 
     def release_quota(self, grant: QuotaGrant, n: int) -> None:
         """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
-        if not isinstance(grant, QuotaGrant):
-            raise TypeError(f"grant must be a QuotaGrant, got {type(grant).__name__}")
-        check_count(n, what="released units n", minimum=0)
-        if n > grant.granted:
-            raise ValueError(f"cannot release {n} units of a grant of {grant.granted}")
+        check_quota_release(grant, n)
         if n:
             self._run("release_quota", lambda tx: quotas.release_quota(tx, grant, n))
 
