@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, require_mysql
+from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, require_mysql, sql_brokers
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
@@ -31,14 +31,6 @@ class TestMySQLBroker(BrokerContract):
 
     @pytest.fixture
     def broker_factory(self, clock: ManualClock, database_url: str) -> Iterator[BrokerFactory]:
-        opened: list[SQLBroker] = []
-
-        def open_broker() -> SQLBroker:
-            broker = SQLBroker(database_url, clock=clock, poll_interval=0.02)
-            opened.append(broker)
-            return broker
-
-        yield open_broker
-        for broker in opened:
-            broker.close()
+        with sql_brokers(database_url, clock) as open_broker:
+            yield open_broker
         empty_tables(database_url)

@@ -15,6 +15,7 @@ from helpers.sql_databases import (
     empty_tables,
     postgresql_database,
     require_postgresql,
+    sql_brokers,
 )
 
 from taskgate.brokers.sql import SQLBroker
@@ -37,14 +38,6 @@ class TestPostgreSQLBroker(BrokerContract):
 
     @pytest.fixture
     def broker_factory(self, clock: ManualClock, database_url: str) -> Iterator[BrokerFactory]:
-        opened: list[SQLBroker] = []
-
-        def open_broker() -> SQLBroker:
-            broker = SQLBroker(database_url, clock=clock, poll_interval=0.02)
-            opened.append(broker)
-            return broker
-
-        yield open_broker
-        for broker in opened:
-            broker.close()
+        with sql_brokers(database_url, clock) as open_broker:
+            yield open_broker
         empty_tables(database_url)

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.sql_databases import sql_brokers
 
-from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
 from taskgate.testing.contract import BrokerFactory
@@ -18,14 +18,5 @@ class TestSQLiteBroker(BrokerContract):
 
     @pytest.fixture
     def broker_factory(self, clock: ManualClock, tmp_path: Path) -> Iterator[BrokerFactory]:
-        url = f"sqlite:///{tmp_path / 'tasks.db'}"
-        opened: list[SQLBroker] = []
-
-        def open_broker() -> SQLBroker:
-            broker = SQLBroker(url, clock=clock, poll_interval=0.02)
-            opened.append(broker)
-            return broker
-
-        yield open_broker
-        for broker in opened:
-            broker.close()
+        with sql_brokers(f"sqlite:///{tmp_path / 'tasks.db'}", clock) as open_broker:
+            yield open_broker

@@ -12,14 +12,16 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import create_engine, delete, update
 
+from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.engine import normalize_url
+from taskgate.clock import Clock
 from taskgate.models import models_for
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "require_postgresql",
     "require_redis",
     "require_server",
+    "sql_brokers",
 ]
 
 # Settings of the test servers, overridable from the environment.
@@ -122,3 +125,20 @@ def empty_tables(url: str, prefix: str = "taskgate_") -> None:
             conn.execute(delete(m.task))
     finally:
         engine.dispose()
+
+
+@contextmanager
+def sql_brokers(url: str, clock: Clock) -> Iterator[Callable[[], SQLBroker]]:
+    """A contract-suite broker factory: each call opens a new `SQLBroker` on ``url``; all closed on exit."""
+    opened: list[SQLBroker] = []
+
+    def open_broker() -> SQLBroker:
+        broker = SQLBroker(url, clock=clock, poll_interval=0.02)
+        opened.append(broker)
+        return broker
+
+    try:
+        yield open_broker
+    finally:
+        for broker in opened:
+            broker.close()
