@@ -3,10 +3,11 @@
 The grouping is `taskgate.runtime.group.GroupCall` (no fixed delay; the batch size follows
 the load: one at a time when idle, up to every worker of the queue under load).
 
-Each caller gets the answer of its own item, and only then does its handler's worker slot go
-back (the executor awaits the answer), so ``workers`` still bounds running handlers exactly
-and shutdown waits for every flush. A crash before a flush leaves those tasks running under
-their leases: the reaper puts them back and they run again -- a re-run, never a loss.
+Each caller gets the answer of its own item. The handler's worker slot went back when the
+handler finished (`RunContext.handler_done`), so the queue's next claim overlaps this write:
+``workers`` bounds running handlers, not writes in flight. Shutdown still waits for every
+flush (the executor awaits the answer). A crash before a flush leaves those tasks running
+under their leases: the reaper puts them back and they run again -- a re-run, never a loss.
 """
 
 from __future__ import annotations

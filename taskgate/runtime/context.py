@@ -47,6 +47,10 @@ class RunContext:
     stop_reason: StopReason | None = None
     lease_deadline: float = 0.0
     kept: bool = False  # a `LeaseKeeper` renews this lease (automatic heartbeats)
+    # Gives the worker slot back (running count, concurrency slot, scheduler wake-up); called
+    # once, as soon as the handler is done -- before its outcome is written, so the next claim
+    # overlaps that write instead of waiting for it.
+    free_slot: Callable[[], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
         # The lease was granted no earlier than now; counting from now would be late, so the
@@ -64,6 +68,13 @@ class RunContext:
     def task(self) -> Task:
         """The task snapshot taken when it was claimed."""
         return self.lease.task
+
+    async def handler_done(self) -> None:
+        """The handler returned, raised or was stopped: give its worker slot back (once)."""
+        free, self.free_slot = self.free_slot, None
+        if free is not None:
+            with anyio.CancelScope(shield=True):
+                await free()
 
     def stop(self, reason: StopReason) -> None:
         """Stop the handler for ``reason`` (the first reason given wins)."""

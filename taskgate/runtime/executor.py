@@ -79,11 +79,13 @@ class Executor:
             outcome = await self._execute(ctx)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
+                await ctx.handler_done()
                 await self.settle(ctx, Stop(StopReason.SHUTDOWN))
             raise
         finally:
             self._keeper.remove(ctx)
         with anyio.CancelScope(shield=True):
+            await ctx.handler_done()
             await self.settle(ctx, outcome)
 
     async def _execute(self, ctx: RunContext) -> Outcome:

@@ -268,6 +268,12 @@ class Runtime:
         self, executor: Executor, scheduler: QueueScheduler, lease: Lease, slot: Slot, claimed_at: float
     ) -> None:
         conf = scheduler.conf
+
+        async def free_slot() -> None:
+            scheduler.running -= 1
+            await scheduler.limits.release([slot])
+            scheduler.wake(new_work=False)
+
         ctx = RunContext(
             lease=lease,
             broker=self.broker,
@@ -278,6 +284,7 @@ class Runtime:
             renew_slots=scheduler.limits.renew if slot is not None else None,
             ack=scheduler.acks.ack,
             lease_deadline=claimed_at + conf.lease.total_seconds(),
+            free_slot=free_slot,
         )
         self.active[lease.task.id] = ctx
         if self._grace_over:
@@ -288,10 +295,7 @@ class Runtime:
         finally:
             if self.active.get(lease.task.id) is ctx:
                 del self.active[lease.task.id]
-            scheduler.running -= 1
-            with anyio.CancelScope(shield=True):
-                await scheduler.limits.release([slot])
-            scheduler.wake(new_work=False)
+            await ctx.handler_done()  # a no-op unless the executor never got that far
 
     async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
         try:

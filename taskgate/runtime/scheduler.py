@@ -90,9 +90,6 @@ class QueueScheduler:
             await self._cycle(work, start, requeue)
 
     async def _cycle(self, work: TaskGroup, start: StartLease, requeue: Requeue) -> None:
-        # Slots that acks in flight are about to free join this claim: one claim for the whole
-        # group keeps batches whole instead of splitting into small out-of-step ones.
-        await self.acks.settled()
         now = anyio.current_time()
         free = self.conf.workers - self.running
         if now < self._paused_until:

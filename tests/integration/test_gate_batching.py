@@ -1,4 +1,4 @@
-"""Group commit of acks: one `ack_many` per batch of finished handlers, slots freed only after it."""
+"""Group commit of acks: one `ack_many` per batch of finished handlers, overlapping the next claim."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from gate_helpers import GUARD, eventually, make_gate
 
@@ -79,26 +80,40 @@ async def test_handlers_finishing_together_are_acked_in_one_batch(gate_broker):
     assert broker.single_acks == 0
 
 
-async def test_a_worker_slot_is_freed_only_after_its_ack_is_written(gate_broker):
+async def test_the_next_claim_overlaps_the_ack_write_without_exceeding_workers(gate_broker):
     broker = Recording(gate_broker)
     broker.hold = threading.Event()
     gate = make_gate(broker, {"q": QueueConfig(workers=1)})
     ran: list[str] = []
+    inside = 0
+    most_inside = 0
+    second_started = anyio.Event()
 
     @gate.handler("q")
     async def quick(task: Task) -> None:
+        nonlocal inside, most_inside
+        inside += 1
+        most_inside = max(most_inside, inside)
         ran.append(task.id)
+        if len(ran) == 2:
+            second_started.set()
+        await anyio.lowlevel.checkpoint()
+        inside -= 1
 
     async with gate:
         first, second = await gate.submit_many("q", [None, None])
         with anyio.fail_after(GUARD):
             await anyio.to_thread.run_sync(broker.entered.wait)
-        await anyio.sleep(0.05)  # time for a (wrong) second claim to happen
-        assert ran == [first]
-        assert (await gate.stats("q")).running == 1
+            # The first ack is held in the broker, yet its handler's slot is back: the second
+            # task is claimed and run meanwhile.
+            await second_started.wait()
+        assert ran == [first, second]
+        assert (await gate.get(first)).status is Status.RUNNING  # its ack is not written yet
+        assert (await gate.stats("q")).running <= 1
         broker.hold.set()
-        await eventually(gate, second, lambda t: t.status is Status.COMPLETED)
-    assert ran == [first, second]
+        for task_id in (first, second):
+            await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+    assert most_inside == 1
 
 
 async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
