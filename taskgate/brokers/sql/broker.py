@@ -50,6 +50,7 @@ from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
 from taskgate.brokers.sql.retry import run_with_retries
 from taskgate.brokers.sql.schema import prepare_schema
+from taskgate.brokers.sql.serverclock import SampledServerClock
 from taskgate.brokers.sql.tx import Tx
 from taskgate.brokers.sql.wakeups import Listener, Signals
 from taskgate.clock import Clock, utc
@@ -74,7 +75,8 @@ class SQLBroker:
     raises `SchemaError` saying so if it is missing or behind.
     ``poll_interval`` (seconds) paces `wait_for_work` where no push wake-ups exist.
     ``clock``: when given, every time read or written comes from ``clock.now()`` (tests);
-    otherwise from the database server's clock (the host's clock for SQLite).
+    otherwise from the database server's clock (the host's clock for SQLite), read every few
+    seconds and carried forward locally (`taskgate.brokers.sql.serverclock`).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class SQLBroker:
         self._reader = self._engine.execution_options(taskgate_read_only=True)
         self._traits: Traits = traits_for(self._engine.dialect.name)
         self._clock = clock
+        self._server_clock = SampledServerClock(self._traits)
         # One shared connection (in-memory SQLite) must not interleave two transactions.
         self._serial = threading.Lock() if memory else None
         # SQLite admits one writer per file, and a writer that finds the file locked sleeps in
@@ -366,7 +369,9 @@ class SQLBroker:
         """THE time source: the injected clock if any, else the database server's clock."""
         if self._clock is not None:
             return utc(self._clock.now())
-        return self._traits.server_now(conn)
+        if self._traits.host_clock:
+            return self._traits.server_now(conn)
+        return self._server_clock.now(conn)
 
     @contextmanager
     def _serialized(self, read_only: bool) -> Iterator[None]:

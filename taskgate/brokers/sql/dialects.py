@@ -67,6 +67,15 @@ class Traits:
         """The database server's current time, aware UTC."""
         raise NotImplementedError
 
+    def server_clock(self, conn: Connection) -> datetime:
+        """The server's clock at this moment (not frozen at the start of the transaction)."""
+        return self.server_now(conn)
+
+    @property
+    def host_clock(self) -> bool:
+        """True when "the server's clock" is this host's (no server to ask)."""
+        return False
+
     @contextmanager
     def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
         """Hold a lock named ``name`` so only one process creates the schema at a time."""
@@ -112,6 +121,10 @@ class PostgreSQLTraits(Traits):
     def server_now(self, conn: Connection) -> datetime:
         """``now()``: the start of the current transaction, so one transition sees one time."""
         return utc(conn.execute(select(func.now())).scalar_one())
+
+    def server_clock(self, conn: Connection) -> datetime:
+        """``clock_timestamp()``: the time now, even late in a transaction that waited on locks."""
+        return utc(conn.execute(select(func.clock_timestamp())).scalar_one())
 
     @contextmanager
     def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
@@ -197,6 +210,11 @@ class SQLiteTraits(Traits):
     def server_now(self, conn: Connection) -> datetime:
         """The host's clock: a database file has none, and every user runs on this host."""
         return datetime.now(UTC)
+
+    @property
+    def host_clock(self) -> bool:
+        """SQLite has no server: its clock is this host's."""
+        return True
 
 
 def traits_for(dialect_name: str) -> Traits:
