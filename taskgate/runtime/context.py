@@ -70,11 +70,13 @@ class RunContext:
         return self.lease.task
 
     async def handler_done(self) -> None:
-        """The handler returned, raised or was stopped: give its worker slot back (once)."""
+        """The handler returned, raised or was stopped: give its worker slot back (once).
+
+        Call it shielded from cancellation: a slot half given back is lost to the queue.
+        """
         free, self.free_slot = self.free_slot, None
         if free is not None:
-            with anyio.CancelScope(shield=True):
-                await free()
+            await free()
 
     def stop(self, reason: StopReason) -> None:
         """Stop the handler for ``reason`` (the first reason given wins)."""

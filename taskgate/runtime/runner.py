@@ -295,7 +295,8 @@ class Runtime:
         finally:
             if self.active.get(lease.task.id) is ctx:
                 del self.active[lease.task.id]
-            await ctx.handler_done()  # a no-op unless the executor never got that far
+            with anyio.CancelScope(shield=True):
+                await ctx.handler_done()  # a no-op unless the executor never got that far
 
     async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
         try:

@@ -92,6 +92,7 @@ class SQLBroker:
         self._poll = _check_poll_interval(poll_interval)
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
+        self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._traits: Traits = traits_for(self._engine.dialect.name)
         self._clock = clock
         self._server_clock = SampledServerClock(self._traits)
@@ -207,6 +208,9 @@ class SQLBroker:
         check_identifier(queue, what="queue")
         check_count(limit, what="claim limit", minimum=1)
         check_duration(lease_ttl, what="lease_ttl", positive=True)
+        if self._traits.dml_ctes:
+            step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
+            return self._run("claim", step, one_statement=True)
         return self._run("claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl))
 
     def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
@@ -347,20 +351,38 @@ class SQLBroker:
 
     # -- the one transaction runner --------------------------------------------------------
 
-    def _run(self, operation: str, step: Callable[[Tx], _T], *, read_only: bool = False) -> _T:
-        """Run ``step`` in one transaction: retried on deadlocks, errors translated, wake-ups sent."""
+    def _run(
+        self,
+        operation: str,
+        step: Callable[[Tx], _T],
+        *,
+        read_only: bool = False,
+        one_statement: bool = False,
+    ) -> _T:
+        """Run ``step`` in one transaction: retried on deadlocks, errors translated, wake-ups sent.
+
+        ``one_statement``: ``step`` sends exactly one statement (which announces its own
+        wake-ups), so it runs in autocommit -- atomic by itself, without BEGIN and COMMIT.
+        """
         if self._closed:
             raise BrokerError("SQLBroker is closed")
         with translated(operation):
-            return run_with_retries(lambda: self._attempt(step, read_only), self._traits.is_retryable)
+            return run_with_retries(
+                lambda: self._attempt(step, read_only, one_statement), self._traits.is_retryable
+            )
 
-    def _attempt(self, step: Callable[[Tx], _T], read_only: bool) -> _T:
-        engine = self._reader if read_only else self._engine
-        with self._serialized(read_only), engine.begin() as conn:
-            tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
-            result = step(tx)
-            if tx.woken:
-                self._traits.notify(conn, self._channel, sorted(tx.woken))
+    def _attempt(self, step: Callable[[Tx], _T], read_only: bool, one_statement: bool) -> _T:
+        if one_statement:
+            with self._autocommit.connect() as conn:
+                tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
+                result = step(tx)
+        else:
+            engine = self._reader if read_only else self._engine
+            with self._serialized(read_only), engine.begin() as conn:
+                tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
+                result = step(tx)
+                if tx.woken:
+                    self._traits.notify(conn, self._channel, sorted(tx.woken))
         if tx.woken:
             self._signals.bump(tx.woken)
         return result

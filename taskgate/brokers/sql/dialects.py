@@ -13,11 +13,12 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row, Select, Table, func, select, text, update
+from sqlalchemy import Connection, Row, Select, String, Table, cast, func, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import GenerativeSelect
 
 from taskgate.clock import utc
@@ -33,6 +34,8 @@ class Traits:
 
     name = "generic"
     push_wakeups = False
+    # UPDATE/INSERT … RETURNING inside WITH: a transition of several writes in one statement.
+    dml_ctes = False
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         """``stmt`` taking write locks on the rows it reads (``SKIP LOCKED``: skip busy rows)."""
@@ -88,12 +91,17 @@ class Traits:
     def notify(self, conn: Connection, channel: str, queues: Sequence[str]) -> None:
         """Tell other processes, on commit, that ``queues`` may have work (push wake-ups only)."""
 
+    def random_token(self) -> ColumnElement[str]:
+        """SQL for a fresh lease token drawn by the server (32 hex digits); ``dml_ctes`` only."""
+        raise NotImplementedError
+
 
 class PostgreSQLTraits(Traits):
     """PostgreSQL: one ``UPDATE … WHERE id IN (SELECT … FOR NO KEY UPDATE SKIP LOCKED) RETURNING``."""
 
     name = "postgresql"
     push_wakeups = True
+    dml_ctes = True
     _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
@@ -136,6 +144,10 @@ class PostgreSQLTraits(Traits):
         """``pg_notify`` per queue; PostgreSQL delivers them when (and only if) we commit."""
         for queue in sorted(set(queues)):
             conn.execute(select(func.pg_notify(channel, queue)))
+
+    def random_token(self) -> ColumnElement[str]:
+        """``gen_random_uuid()`` (PostgreSQL >= 13, a strong random source) as 32 hex digits."""
+        return func.replace(cast(func.gen_random_uuid(), String), "-", "")
 
 
 class MySQLTraits(Traits):

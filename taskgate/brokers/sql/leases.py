@@ -7,20 +7,23 @@ for each other and never take the same task twice.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Row, delete, insert, select, true, update
+from sqlalchemy import Integer, Row, Select, bindparam, delete, false, insert, select, true, update
 
 from taskgate.brokers.base import Lease, Renewal
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
+from taskgate.models import Models
 from taskgate.task import Status, Task
 
-__all__ = ["CANCELED_ERROR", "claim", "heartbeat", "lease_lost_error", "reap"]
+__all__ = ["CANCELED_ERROR", "claim", "claim_in_one_statement", "heartbeat", "lease_lost_error", "reap"]
 
 CANCELED_ERROR = "canceled"
 
@@ -29,12 +32,7 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
     """Lease up to ``limit`` due tasks of ``queue``, oldest due first."""
     task = tx.models.task
     now = tx.now
-    candidates = (
-        select(task.id)
-        .where(task.queue == queue, task.ready == true(), task.run_at <= now)
-        .order_by(task.run_at, task.id)
-        .limit(limit)
-    )
+    candidates = _due(tx, queue, limit)
     values = {**status_values(Status.RUNNING), "claims": task.claims + 1, "started_at": now}
     rows = sorted(
         tx.traits.claim_rows(tx.conn, table_of(task), candidates, values), key=lambda r: (r.run_at, r.id)
@@ -49,6 +47,65 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
     ]
     tx.conn.execute(insert(tx.models.lease), leases)
     return [Lease(task=snapshot(row), token=tokens[row.id], expires_at=expires_at) for row in rows]
+
+
+def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+    """`claim` as ONE statement (data-modifying CTEs, ``traits.dml_ctes``): run it in autocommit.
+
+    Lock the due rows (``SKIP LOCKED``), mark them running and insert their leases, tokens drawn
+    by the server's random generator -- atomic like any single statement, and one round trip
+    instead of BEGIN, UPDATE, INSERT and COMMIT.
+    """
+    now = tx.now
+    expires_at = now + lease_ttl
+    # Parameter names must not be column names: in an UPDATE those would mean "SET this column".
+    params = {"p_queue": queue, "p_limit": limit, "p_now": now, "p_expires_at": expires_at}
+    rows = sorted(tx.conn.execute(_one_statement_claim(tx.models, tx.traits), params), key=_due_order)
+    return [Lease(task=snapshot(row), token=row.lease_token, expires_at=expires_at) for row in rows]
+
+
+@functools.lru_cache(maxsize=32)
+def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
+    """Built once per schema: building a statement this size costs more than running it."""
+    task, lease = table_of(models.task), table_of(models.lease)
+    now = bindparam("p_now", type_=task.c.run_at.type)
+    due = (
+        select(task.c.id)
+        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .order_by(task.c.run_at, task.c.id)
+        .limit(bindparam("p_limit", type_=Integer))
+    )
+    locked = traits.lock(due, skip_locked=True).scalar_subquery()
+    values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
+    claimed = update(task).where(task.c.id.in_(locked)).values(values).returning(*task.c).cte("claimed")
+    expires_at = bindparam("p_expires_at", type_=lease.c.expires_at.type)
+    new_leases = (
+        insert(lease)
+        .from_select(
+            ["task_id", "token", "expires_at", "cancel_requested"],
+            select(claimed.c.id, traits.random_token(), expires_at, false()),
+        )
+        .returning(lease.c.task_id, lease.c.token)
+        .cte("new_leases")
+    )
+    return select(claimed, new_leases.c.token.label("lease_token")).join(
+        new_leases, new_leases.c.task_id == claimed.c.id
+    )
+
+
+def _due_order(row: Row[Any]) -> tuple[Any, str]:
+    return (row.run_at, row.id)
+
+
+def _due(tx: Tx, queue: str, limit: int) -> Select[Any]:
+    """Ids of up to ``limit`` due tasks of ``queue``, oldest due first (the claim index's order)."""
+    task = tx.models.task
+    return (
+        select(task.id)
+        .where(task.queue == queue, task.ready == true(), task.run_at <= tx.now)
+        .order_by(task.run_at, task.id)
+        .limit(limit)
+    )
 
 
 def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
