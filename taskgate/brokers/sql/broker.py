@@ -142,6 +142,15 @@ class SQLBroker:
             create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
         if not items:
             return []
+        if self._traits.dml_ctes and len(items) == 1 and _plain(items[0]):
+            item = items[0]
+            stored = self._run(
+                "enqueue",
+                lambda tx: create.enqueue_one_in_one_statement(tx, item, self._channel),
+                one_statement=True,
+            )
+            if stored is not None:
+                return [stored]
         attempts = 0
 
         def step(tx: Tx) -> builtins.list[Task]:
@@ -425,6 +434,11 @@ def _open_engine(url_or_engine: str | URL | Engine) -> tuple[Engine, bool, bool]
         url = normalize_url(url_or_engine)
         return make_engine(url), True, is_memory_sqlite(url)
     raise TypeError(f"SQLBroker needs a database URL or an Engine, got {type(url_or_engine).__name__}")
+
+
+def _plain(item: NewTask) -> bool:
+    """A task with neither parents nor business key: nothing to read or lock before inserting."""
+    return not item.depends_on and item.business_key is None
 
 
 def _check_poll_interval(value: object) -> float:

@@ -8,18 +8,19 @@ and runs again (`Conflict`), and its checks then name the winner.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Select, String, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import NewTask, Unset
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
-from taskgate.brokers.sql.tx import Tx
+from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.clock import utc
 from taskgate.errors import (
     AlreadyReplayedError,
@@ -28,9 +29,10 @@ from taskgate.errors import (
     TaskExistsError,
     TaskNotFoundError,
 )
+from taskgate.models import Models
 from taskgate.task import Status, Task
 
-__all__ = ["check_value_size", "enqueue", "replay"]
+__all__ = ["check_value_size", "enqueue", "enqueue_one_in_one_statement", "replay"]
 
 
 def check_value_size(value: bytes | None, limit: int | None, *, what: str) -> None:
@@ -61,6 +63,33 @@ def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list
         rows.append(_new_row(item, tx.now, status, error))
     _insert(tx, rows, items)
     return [snapshot(row) for row in rows]
+
+
+def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> Task | None:
+    """`enqueue` of ONE task without parents or business key as one statement (``traits.dml_ctes``).
+
+    The INSERT and the ``pg_notify`` of its queue are one statement, run in autocommit: one
+    round trip where the transaction takes four. None when the id is taken (the statement
+    changed nothing): the caller then runs `enqueue`, whose checks name the id.
+    """
+    row = _new_row(item, tx.now, Status.PENDING, None)
+    params = {f"p_{name}": value for name, value in row.items()}
+    params["p_channel"] = channel
+    try:
+        tx.conn.execute(_insert_and_notify(tx.models), params).all()
+    except IntegrityError:
+        return None
+    tx.woken.add(item.queue)
+    return snapshot(row)
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_and_notify(models: Models) -> Select[Any]:
+    """INSERT one task row and ``pg_notify`` its queue; built once per schema."""
+    task = table_of(models.task)
+    values = {column.name: bindparam(f"p_{column.name}", type_=column.type) for column in task.c}
+    inserted = insert(task).values(values).returning(task.c.queue).cte("inserted")
+    return select(func.pg_notify(bindparam("p_channel", type_=String), inserted.c.queue))
 
 
 def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: bytes | Unset | None) -> Task:
