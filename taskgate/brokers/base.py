@@ -373,6 +373,15 @@ class DistributedLimiter(Protocol):
         """Take up to ``n`` of the queue's ``capacity`` slots, each expiring after ``ttl``."""
         ...
 
+    def claim_with_slots(self, queue: str, capacity: int, limit: int, lease_ttl: timedelta) -> list[Lease]:
+        """`Broker.claim` and `acquire_slots` as ONE atomic step: up to ``limit`` due tasks, each
+        under one of the queue's ``capacity`` slots, taken only for tasks claimed.
+
+        Each slot's token is its lease's token and expires with the lease (``lease_ttl``);
+        renew and release it by that token like any slot.
+        """
+        ...
+
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
         ...

@@ -8,13 +8,13 @@ every process. Both speak the same small interface, so the scheduler never asks 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
 import anyio
 
-from taskgate.brokers.base import DistributedLimiter
+from taskgate.brokers.base import DistributedLimiter, Lease
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.bucket import TokenBucket
@@ -26,10 +26,24 @@ __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 log = logging.getLogger("taskgate")
 
 Slot = str | None
+CombinedClaim = Callable[[str, int, int, timedelta], list[Lease]]
 
 
 class Limits(Protocol):
     """Slots and rate for one queue's scheduler."""
+
+    @property
+    def combined_claim(self) -> CombinedClaim | None:
+        """A broker call taking slots and claiming in one step, when nothing must come between.
+
+        Called as ``combined_claim(queue, capacity, n, lease_ttl)``; each lease's token is then
+        its slot. None: take slots, rate and quota first, then claim.
+        """
+        ...
+
+    async def settle_releases(self) -> None:
+        """Return once slots being given back have landed (so a claim counts them free)."""
+        ...
 
     async def take_slots(self, n: int) -> list[Slot]:
         """Up to ``n`` concurrency slots (the caller already capped ``n`` by local free workers)."""
@@ -57,6 +71,14 @@ class LocalLimits:
 
     def __init__(self, conf: QueueConfig) -> None:
         self._bucket = TokenBucket(conf.rps, conf.burst, anyio.current_time())
+
+    @property
+    def combined_claim(self) -> CombinedClaim | None:
+        """Local slots cost no call: nothing to combine."""
+        return None
+
+    async def settle_releases(self) -> None:
+        """Local slots are given back at once."""
 
     async def take_slots(self, n: int) -> list[Slot]:
         """Local slots are the scheduler's free workers: all ``n`` are granted."""
@@ -95,10 +117,18 @@ class DistributedLimits:
     def _ttl(self) -> timedelta:
         return self._conf.lease
 
+    @property
+    def combined_claim(self) -> CombinedClaim | None:
+        """With no global rate to take between slots and claim, both are one script."""
+        return self._limiter.claim_with_slots if self._conf.rps == 0 else None
+
+    async def settle_releases(self) -> None:
+        """Slots being given back right now would be refused to us: let that land first."""
+        await self._releases.settled()
+
     async def take_slots(self, n: int) -> list[Slot]:
         """Up to ``n`` of the queue's global ``workers`` slots (none when the broker fails)."""
-        # Slots being given back right now would be refused to us: let that land first.
-        await self._releases.settled()
+        await self.settle_releases()
         try:
             tokens = await self._calls(
                 self._limiter.acquire_slots,

@@ -22,7 +22,7 @@ from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckBatcher
 from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
-from taskgate.runtime.limits import Limits, Slot
+from taskgate.runtime.limits import CombinedClaim, Limits, Slot
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
 
@@ -118,6 +118,14 @@ class QueueScheduler:
         self, free: int, requeue: Requeue
     ) -> tuple[list[Lease], list[Slot]] | None:
         """Take slots, rate and quota for up to ``free`` starts, then claim; None when paused."""
+        combined = self.limits.combined_claim if self.quota is None else None
+        if combined is not None:
+            # Global slots and the claim in one call; each lease's token is its slot.
+            await self.limits.settle_releases()
+            leases = await self._claim(free, requeue, combined)
+            if leases is None:
+                return None
+            return leases, [*(lease.token for lease in leases), *[None] * (free - len(leases))]
         slots = await self.limits.take_slots(free)
         if not slots:
             self._pause(self._poll)
@@ -146,15 +154,22 @@ class QueueScheduler:
         await self.limits.release(slots[len(got) :])
         return got, slots[:wanted]
 
-    async def _claim(self, n: int, requeue: Requeue) -> list[Lease] | None:
+    async def _claim(
+        self, n: int, requeue: Requeue, combined: CombinedClaim | None = None
+    ) -> list[Lease] | None:
         self._claim_started = anyio.current_time()
         try:
             # Shielded: an abandoned claim thread would still lease tasks that nobody runs,
             # stranding them until their lease expires (and costing them a lease_lost).
             with anyio.CancelScope(shield=True):
-                leases = await self._calls(
-                    self._broker.claim, self.name, n, self.conf.lease, deadline=self._deadline
-                )
+                if combined is not None:
+                    leases = await self._calls(
+                        combined, self.name, self.conf.workers, n, self.conf.lease, deadline=self._deadline
+                    )
+                else:
+                    leases = await self._calls(
+                        self._broker.claim, self.name, n, self.conf.lease, deadline=self._deadline
+                    )
             await _requeue_if_cancelled(leases, requeue)
         except BrokerError as exc:
             self._claim_failures += 1

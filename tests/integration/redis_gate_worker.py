@@ -157,6 +157,15 @@ class CountingRedisBroker(RedisBroker):
         self._count("slots", n, len(tokens))
         return tokens
 
+    def claim_with_slots(self, queue: str, capacity: int, limit: int, lease_ttl: timedelta) -> list[Lease]:
+        """`RedisBroker.claim_with_slots`, counted as slots: a shortfall while tasks were still
+        queued was for want of a slot (tasks leave the queue only by being claimed)."""
+        leases = super().claim_with_slots(queue, capacity, limit, lease_ttl)
+        short = limit - len(leases)
+        self._count("slots", limit, limit - short if short and self.queue_length(queue) else limit)
+        self._count("claim", limit, len(leases))
+        return leases
+
     def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
         """`RedisBroker.take_rate`, counted."""
         granted, retry_after = super().take_rate(queue, rps, burst, n)

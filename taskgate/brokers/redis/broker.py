@@ -323,6 +323,22 @@ class RedisBroker:
         """Take up to ``n`` of the queue's ``capacity`` slots (global), each expiring after ``ttl``."""
         return self._limits.acquire_slots(queue, capacity, n, ttl)
 
+    def claim_with_slots(
+        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta
+    ) -> builtins.list[Lease]:
+        """Claim up to ``limit`` due tasks, each under one of the queue's ``capacity`` slots.
+
+        One script: slots are taken only for tasks claimed; each slot's token is its lease's
+        token and expires with the lease (renew and release it by that token).
+        """
+        check_identifier(queue, what="queue")
+        check_count(capacity, what="slot capacity", minimum=1)
+        check_count(limit, what="claim limit", minimum=1)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        flats = self._run("claim_slots", [queue, capacity, ttl_us(lease_ttl), *tokens])
+        return [lease_from_flat(flat) for flat in flats]
+
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
         return self._limits.renew_slots(queue, tokens, ttl)

@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "ack_many",
     "cancel",
     "claim",
+    "claim_slots",
     "enqueue",
     "fail",
     "finish_canceled",

@@ -105,6 +105,16 @@ local function set_status(t, to)
 end
 
 -- Make the task claimable at `run_at` (µs string) and wake waiters of its queue.
+-- Give the due task `id` (still in its queue) a lease: running, `token`, until `lease_until`.
+-- Returns its snapshot. claim.lua and claim_slots.lua both lease through here.
+local function lease_task(id, token, lease_until)
+  set_status(load(id), 'running')
+  redis.call('HSET', task_key(id), 'token', token, 'lease_until', lease_until, 'started_at', NOW_S)
+  redis.call('HINCRBY', task_key(id), 'claims', 1)
+  redis.call('ZADD', B .. 'leases', lease_until, id)
+  return snapshot(id)
+end
+
 local function make_ready(t, to, run_at)
   set_status(t, to)
   redis.call('HSET', task_key(t.id), 'run_at', run_at)

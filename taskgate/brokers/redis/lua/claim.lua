@@ -19,12 +19,6 @@ local lease_until = int_str(NOW + ttl)
 local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
 local reply = { 'ok' }
 for i, id in ipairs(ids) do
-  local t = load(id)
-  local token = ARGV[3 + i]
-  set_status(t, 'running')
-  redis.call('HSET', task_key(id), 'token', token, 'lease_until', lease_until, 'started_at', NOW_S)
-  redis.call('HINCRBY', task_key(id), 'claims', 1)
-  redis.call('ZADD', B .. 'leases', lease_until, id)
-  reply[#reply + 1] = snapshot(id)
+  reply[#reply + 1] = lease_task(id, ARGV[3 + i], lease_until)
 end
 return reply
