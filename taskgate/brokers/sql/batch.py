@@ -9,17 +9,20 @@ answered with their own error and not written.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, bindparam, delete, select, update
+from sqlalchemy import Delete, Row, Select, Update, bindparam, delete, select, update
 
 from taskgate.brokers.base import AckItem, AckOutcome
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import chunks, snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
+from taskgate.models import Models
 from taskgate.task import Status
 
 __all__ = ["ack_many"]
@@ -57,16 +60,10 @@ def _status_now(
 
 def _lock_held(tx: Tx, ids: list[str]) -> dict[str, Row[Any]]:
     """Running tasks among ``ids`` with their lease token, locked in id order."""
-    task, lease = tx.models.task, tx.models.lease
+    stmt = _held(tx.models, tx.traits)
     found: dict[str, Row[Any]] = {}
     for part in chunks(ids):
-        stmt = (
-            select(table_of(task), lease.token, lease.cancel_requested)
-            .join(lease, lease.task_id == task.id)
-            .where(task.id.in_(part))
-            .order_by(task.id)
-        )
-        found.update((row.id, row) for row in tx.conn.execute(tx.traits.lock(stmt)))
+        found.update((row.id, row) for row in tx.conn.execute(stmt, {"p_ids": part}))
     return found
 
 
@@ -74,16 +71,45 @@ def _complete(tx: Tx, items: list[AckItem], final: dict[str, Any]) -> None:
     """Delete the leases, write status and results, and settle the children of ``items``."""
     if not items:
         return
-    task, lease = tx.models.task, tx.models.lease
+    drop, finish = _finish_statements(tx.models)
     ids = [task_id for task_id, _, _ in items]
     for part in chunks(ids):
-        tx.conn.execute(delete(lease).where(lease.task_id.in_(part)))
-        tx.conn.execute(update(task).where(task.id.in_(part)).values({**final, "result": None}))
+        tx.conn.execute(drop, {"p_ids": part})
+        tx.conn.execute(finish, {"p_ids": part, "p_now": final["finished_at"]})
     results = [{"b_id": task_id, "b_result": result} for task_id, _, result in items if result is not None]
     if results:
+        task = tx.models.task
         stmt = update(task).where(task.id == bindparam("b_id")).values(result=bindparam("b_result"))
         tx.conn.execute(stmt, results)
     settle_children(tx, [(task_id, Status.COMPLETED) for task_id in ids])
+
+
+# The statements of every batch, built once per schema (building costs more than running).
+
+
+@functools.lru_cache(maxsize=32)
+def _held(models: Models, traits: Traits) -> Select[Any]:
+    task, lease = models.task, models.lease
+    stmt = (
+        select(table_of(task), lease.token, lease.cancel_requested)
+        .join(lease, lease.task_id == task.id)
+        .where(task.id.in_(bindparam("p_ids", expanding=True)))
+        .order_by(task.id)
+    )
+    return traits.lock(stmt)
+
+
+@functools.lru_cache(maxsize=32)
+def _finish_statements(models: Models) -> tuple[Delete, Update]:
+    task, lease = table_of(models.task), table_of(models.lease)
+    drop = delete(lease).where(lease.c.task_id.in_(bindparam("p_ids", expanding=True)))
+    values = {
+        **status_values(Status.COMPLETED),
+        "finished_at": bindparam("p_now", type_=task.c.finished_at.type),
+        "result": None,
+    }
+    finish = update(task).where(task.c.id.in_(bindparam("p_ids", expanding=True))).values(values)
+    return drop, finish
 
 
 def _statuses(tx: Tx, ids: list[str]) -> dict[str, Status]:

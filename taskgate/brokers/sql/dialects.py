@@ -34,6 +34,8 @@ class Traits:
 
     name = "generic"
     push_wakeups = False
+    # UPDATE … RETURNING: mark rows and read them back in one statement.
+    update_returning = False
     # UPDATE/INSERT … RETURNING inside WITH: a transition of several writes in one statement.
     dml_ctes = False
 
@@ -97,10 +99,12 @@ class Traits:
 
 
 class PostgreSQLTraits(Traits):
-    """PostgreSQL: one ``UPDATE … WHERE id IN (SELECT … FOR NO KEY UPDATE SKIP LOCKED) RETURNING``."""
+    """PostgreSQL: ``UPDATE … WHERE id IN (SELECT … FOR NO KEY UPDATE SKIP LOCKED) RETURNING``,
+    with the lease INSERT in the same statement (data-modifying CTEs)."""
 
     name = "postgresql"
     push_wakeups = True
+    update_returning = True
     dml_ctes = True
     _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 
@@ -108,14 +112,6 @@ class PostgreSQLTraits(Traits):
         # NO KEY UPDATE: we never change a primary key, and the weaker lock lets foreign-key
         # checks of concurrent inserts (new children, leases) proceed instead of queueing.
         return stmt.with_for_update(skip_locked=skip_locked, key_share=True)
-
-    def claim_rows(
-        self, conn: Connection, table: Table, candidates: Select[Any], values: Mapping[str, Any]
-    ) -> Sequence[Row[Any]]:
-        """One round trip: lock, update and return the claimed rows."""
-        locked = self.lock(candidates, skip_locked=True).scalar_subquery()
-        stmt = update(table).where(table.c.id.in_(locked)).values(dict(values)).returning(*table.c)
-        return conn.execute(stmt).all()
 
     def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
         """``INSERT … ON CONFLICT DO NOTHING``."""
@@ -200,6 +196,7 @@ class SQLiteTraits(Traits):
 
     name = "sqlite"
     _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+    update_returning = sqlite3.sqlite_version_info >= (3, 35)  # RETURNING arrived in 3.35
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         """No row locks: the immediate write transaction already excludes other writers."""

@@ -8,14 +8,17 @@ parent final, so "parent done, child still blocked" is never observable.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, bindparam, select, update
 
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.rows import chunks, status_values
 from taskgate.brokers.sql.tx import Tx
+from taskgate.models import Models
 from taskgate.task import Status
 
 __all__ = ["arrival_status", "parent_error", "settle_children"]
@@ -64,18 +67,25 @@ def settle_children(tx: Tx, finals: Iterable[tuple[str, Status]]) -> None:
 
 def _blocked_children(tx: Tx, parent_ids: list[str]) -> dict[str, tuple[str, bool]]:
     """Blocked children of ``parent_ids``, locked: id -> (queue, ignore_parent_failure)."""
-    task, dep = tx.models.task, tx.models.dependency
+    stmt = _blocked_children_of(tx.models, tx.traits)
     found: dict[str, tuple[str, bool]] = {}
     for part in chunks(parent_ids):
-        child_ids = select(dep.child_id).where(dep.parent_id.in_(part))
-        stmt = (
-            select(task.id, task.queue, task.ignore_parent_failure)
-            .where(task.id.in_(child_ids), task.status == Status.BLOCKED.value)
-            .order_by(task.id)
-        )
-        for row in tx.conn.execute(tx.traits.lock(stmt)):
+        for row in tx.conn.execute(stmt, {"p_parents": part}):
             found[row.id] = (row.queue, bool(row.ignore_parent_failure))
     return found
+
+
+@functools.lru_cache(maxsize=32)
+def _blocked_children_of(models: Models, traits: Traits) -> Select[str, str, bool]:
+    """Built once per schema: every completion asks it."""
+    task, dep = models.task, models.dependency
+    child_ids = select(dep.child_id).where(dep.parent_id.in_(bindparam("p_parents", expanding=True)))
+    stmt = (
+        select(task.id, task.queue, task.ignore_parent_failure)
+        .where(task.id.in_(child_ids), task.status == Status.BLOCKED.value)
+        .order_by(task.id)
+    )
+    return traits.lock(stmt)
 
 
 def _parents_of(tx: Tx, child_ids: list[str]) -> dict[str, list[tuple[str, Status]]]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Row, Select, bindparam, delete, false, insert, select, true, update
+from sqlalchemy import Integer, Row, Select, Update, bindparam, delete, false, insert, select, true, update
 
 from taskgate.brokers.base import Lease, Renewal
 from taskgate.brokers.sql.dialects import Traits
@@ -30,15 +30,16 @@ CANCELED_ERROR = "canceled"
 
 def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
     """Lease up to ``limit`` due tasks of ``queue``, oldest due first."""
-    task = tx.models.task
     now = tx.now
-    candidates = _due(tx, queue, limit)
-    values = {**status_values(Status.RUNNING), "claims": task.claims + 1, "started_at": now}
-    rows = sorted(
-        tx.traits.claim_rows(tx.conn, table_of(task), candidates, values), key=lambda r: (r.run_at, r.id)
-    )
+    if tx.traits.update_returning:
+        rows = list(tx.conn.execute(_mark_running(tx.models, tx.traits), _claim_params(queue, limit, now)))
+    else:
+        task = tx.models.task
+        values = {**status_values(Status.RUNNING), "claims": task.claims + 1, "started_at": now}
+        rows = list(tx.traits.claim_rows(tx.conn, table_of(task), _due(tx, queue, limit), values))
     if not rows:
         return []
+    rows.sort(key=_due_order)
     expires_at = now + lease_ttl
     tokens = {row.id: secrets.token_hex(16) for row in rows}
     leases = [
@@ -58,16 +59,24 @@ def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta)
     """
     now = tx.now
     expires_at = now + lease_ttl
-    # Parameter names must not be column names: in an UPDATE those would mean "SET this column".
-    params = {"p_queue": queue, "p_limit": limit, "p_now": now, "p_expires_at": expires_at}
+    params = {**_claim_params(queue, limit, now), "p_expires_at": expires_at}
     rows = sorted(tx.conn.execute(_one_statement_claim(tx.models, tx.traits), params), key=_due_order)
     return [Lease(task=snapshot(row), token=row.lease_token, expires_at=expires_at) for row in rows]
 
 
+def _claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:
+    # Parameter names must not be column names: in an UPDATE those would mean "SET this column".
+    return {"p_queue": queue, "p_limit": limit, "p_now": now}
+
+
+# Claim statements are built once per schema: building statements this size costs more
+# than running them.
+
+
 @functools.lru_cache(maxsize=32)
-def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
-    """Built once per schema: building a statement this size costs more than running it."""
-    task, lease = table_of(models.task), table_of(models.lease)
+def _mark_running(models: Models, traits: Traits) -> Update:
+    """UPDATE the due rows (locked, ``SKIP LOCKED``) to running, RETURNING them."""
+    task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
     due = (
         select(task.c.id)
@@ -77,7 +86,14 @@ def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
     )
     locked = traits.lock(due, skip_locked=True).scalar_subquery()
     values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
-    claimed = update(task).where(task.c.id.in_(locked)).values(values).returning(*task.c).cte("claimed")
+    return update(task).where(task.c.id.in_(locked)).values(values).returning(*task.c)
+
+
+@functools.lru_cache(maxsize=32)
+def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
+    """`_mark_running` and the INSERT of the leases, as data-modifying CTEs."""
+    lease = table_of(models.lease)
+    claimed = _mark_running(models, traits).cte("claimed")
     expires_at = bindparam("p_expires_at", type_=lease.c.expires_at.type)
     new_leases = (
         insert(lease)
