@@ -12,17 +12,21 @@ __all__ = ["MAX_ID_LENGTH", "new_id"]
 MAX_ID_LENGTH = 255
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [high + low for high in _CROCKFORD for low in _CROCKFORD]  # 10 bits -> two digits
+_SHIFTS = tuple(range(120, -1, -10))
 _lock = threading.Lock()
 _last_ms = -1
 _last_rand = 0
 
 
-def _encode(value: int, length: int) -> str:
-    chars = []
-    for _ in range(length):
-        value, digit = divmod(value, 32)
-        chars.append(_CROCKFORD[digit])
-    return "".join(reversed(chars))
+def encode_ulid(ms: int, rand: int) -> str:
+    """The 26 Crockford base-32 digits of the 128-bit ULID (48-bit ``ms``, 80-bit ``rand``).
+
+    130 bits read as 13 groups of 10 bits, each looked up as a pair of digits (ids are made
+    per task, so this is on the submit path).
+    """
+    value = (ms << 80) | rand
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])
 
 
 def new_id() -> str:
@@ -36,5 +40,6 @@ def new_id() -> str:
             rand = _last_rand + 1
         else:
             rand = int.from_bytes(os.urandom(10), "big")
-        _last_ms, _last_rand = ms, rand & ((1 << 80) - 1)
-    return _encode(ms, 10) + _encode(_last_rand, 16)
+        rand &= (1 << 80) - 1
+        _last_ms, _last_rand = ms, rand
+    return encode_ulid(ms, rand)

@@ -8,7 +8,10 @@ import pytest
 
 from taskgate.clock import ManualClock, utc
 from taskgate.codec import encode_value
-from taskgate.ids import new_id
+from hypothesis import given
+from hypothesis import strategies as st
+
+from taskgate.ids import encode_ulid, new_id
 
 
 def test_ids_are_26_character_ulids_sorted_by_creation() -> None:
@@ -16,6 +19,25 @@ def test_ids_are_26_character_ulids_sorted_by_creation() -> None:
     assert all(len(i) == 26 for i in ids)
     assert ids == sorted(ids)
     assert len(set(ids)) == len(ids)
+
+
+def _reference_ulid(ms: int, rand: int) -> str:
+    """The ULID spec's encoding, digit by digit: 10 digits of time, then 16 of randomness."""
+    alphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    value = (ms << 80) | rand
+    return "".join(alphabet[(value >> (5 * (25 - n))) & 31] for n in range(26))
+
+
+@given(st.integers(0, 2**48 - 1), st.integers(0, 2**80 - 1))
+def test_the_fast_encoding_is_the_ulid_specs(ms: int, rand: int) -> None:
+    assert encode_ulid(ms, rand) == _reference_ulid(ms, rand)
+
+
+def test_a_known_ulid_and_the_ids_time_part() -> None:
+    assert encode_ulid(0, 0) == "0" * 26
+    assert encode_ulid(2**48 - 1, 2**80 - 1) == "7" + "Z" * 25  # the largest ULID
+    ms = 1_469_918_176_385  # the example time of the ULID spec: "01ARYZ6S41"
+    assert encode_ulid(ms, 0)[:10] == "01ARYZ6S41"
 
 
 def test_ids_made_by_many_threads_are_unique() -> None:
