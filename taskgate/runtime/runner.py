@@ -295,8 +295,9 @@ class Runtime:
         finally:
             if self.active.get(lease.task.id) is ctx:
                 del self.active[lease.task.id]
-            with anyio.CancelScope(shield=True):
-                await ctx.handler_done()  # a no-op unless the executor never got that far
+            if ctx.free_slot is not None:  # the executor never got that far
+                with anyio.CancelScope(shield=True):
+                    await ctx.handler_done()
 
     async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
         try:

@@ -5,12 +5,11 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from taskgate.clock import ManualClock, utc
-from taskgate.codec import encode_value
 from hypothesis import given
 from hypothesis import strategies as st
 
+from taskgate.clock import ManualClock, utc
+from taskgate.codec import encode_value
 from taskgate.ids import encode_ulid, new_id
 
 
