@@ -58,6 +58,7 @@ class _BrokerTimer:
 
     METHODS = ("enqueue", "claim", "ack", "ack_many", "heartbeat", "reap", "counts", "wait_for_work")
     METHODS += ("acquire_slots", "release_slots", "renew_slots", "take_rate", "reserve_quota")
+    METHODS += ("claim_with_slots",)
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Delete, Row, Select, Update, bindparam, delete, select, update
+from sqlalchemy import Delete, Row, Select, Update, and_, bindparam, delete, select, update
 
 from taskgate.brokers.base import AckItem, AckOutcome
 from taskgate.brokers.sql.dialects import Traits
@@ -30,6 +30,8 @@ __all__ = ["ack_many"]
 
 def ack_many(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
     """Complete every item whose token holds its task; answer the others with their error."""
+    if tx.traits.dml_ctes and len({task_id for task_id, _, _ in items}) == len(items):
+        return _ack_many_in_one_statement(tx, items)
     held = _lock_held(tx, sorted({task_id for task_id, _, _ in items}))
     winners: dict[str, int] = {}  # task id -> index of the item that completes it
     for n, (task_id, token, _) in enumerate(items):
@@ -46,6 +48,29 @@ def ack_many(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
         else:
             answers.append(_lost(task_id, _status_now(task_id, winners, held, losers)))
     return answers
+
+
+def _ack_many_in_one_statement(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
+    """`ack_many` of distinct tasks with the lock, the token check, the lease DELETE and the
+    task UPDATE in ONE statement (data-modifying CTEs); the children are settled after it.
+
+    The children query must be a statement of its own: it has to see children whose parent
+    row lock the first statement waited for (a later statement's snapshot does).
+    """
+    now = tx.now
+    params = {
+        "p_ids": [task_id for task_id, _, _ in items],
+        "p_tokens": [token for _, token, _ in items],
+        "p_results": [result for _, _, result in items],
+        "p_now": now,
+    }
+    done = {row.id: row for row in tx.conn.execute(_complete_held(tx.models, tx.traits), params)}
+    settle_children(tx, [(task_id, Status.COMPLETED) for task_id in sorted(done)])
+    others = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in done])
+    return [
+        snapshot(done[task_id]) if task_id in done else _lost(task_id, others.get(task_id))
+        for task_id, _, _ in items
+    ]
 
 
 def _status_now(
@@ -97,6 +122,38 @@ def _held(models: Models, traits: Traits) -> Select[Any]:
         .order_by(task.id)
     )
     return traits.lock(stmt)
+
+
+@functools.lru_cache(maxsize=32)
+def _complete_held(models: Models, traits: Traits) -> Select[Any]:
+    """Lock the tasks the items' tokens hold (id order), delete their leases, complete them."""
+    task, lease = table_of(models.task), table_of(models.lease)
+    items = traits.unnest(
+        "items",
+        id=("p_ids", task.c.id.type),
+        token=("p_tokens", lease.c.token.type),
+        result=("p_results", task.c.result.type),
+    )
+    held = traits.lock(
+        select(task.c.id)
+        .join(lease, lease.c.task_id == task.c.id)
+        .join(items, and_(items.c.id == task.c.id, items.c.token == lease.c.token))
+        .order_by(task.c.id)
+    ).cte("held")
+    gone = delete(lease).where(lease.c.task_id.in_(select(held.c.id))).returning(lease.c.task_id).cte("gone")
+    values = {
+        **status_values(Status.COMPLETED),
+        "finished_at": bindparam("p_now", type_=task.c.finished_at.type),
+        "result": items.c.result,
+    }
+    done = (
+        update(task)
+        .where(task.c.id == items.c.id, task.c.id.in_(select(gone.c.task_id)))
+        .values(values)
+        .returning(*task.c)
+        .cte("done")
+    )
+    return select(done)
 
 
 @functools.lru_cache(maxsize=32)

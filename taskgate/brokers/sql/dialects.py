@@ -13,13 +13,14 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row, Select, String, Table, cast, func, select, text, update
+from sqlalchemy import Connection, Row, Select, String, Table, bindparam, cast, func, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.sql.selectable import GenerativeSelect
+from sqlalchemy.sql.selectable import GenerativeSelect, TableValuedAlias
+from sqlalchemy.types import TypeEngine
 
 from taskgate.clock import utc
 from taskgate.errors import ConfigError
@@ -97,6 +98,13 @@ class Traits:
         """SQL for a fresh lease token drawn by the server (32 hex digits); ``dml_ctes`` only."""
         raise NotImplementedError
 
+    def unnest(self, name: str, **columns: tuple[str, TypeEngine[Any]]) -> TableValuedAlias:
+        """A FROM item ``name`` whose rows zip list parameters: ``column=(parameter, type)``.
+
+        ``dml_ctes`` only: a batch of any size in one cached statement.
+        """
+        raise NotImplementedError
+
 
 class PostgreSQLTraits(Traits):
     """PostgreSQL: ``UPDATE … WHERE id IN (SELECT … FOR NO KEY UPDATE SKIP LOCKED) RETURNING``,
@@ -144,6 +152,11 @@ class PostgreSQLTraits(Traits):
     def random_token(self) -> ColumnElement[str]:
         """``gen_random_uuid()`` (PostgreSQL >= 13, a strong random source) as 32 hex digits."""
         return func.replace(cast(func.gen_random_uuid(), String), "-", "")
+
+    def unnest(self, name: str, **columns: tuple[str, TypeEngine[Any]]) -> TableValuedAlias:
+        """``unnest(array, array, …) AS name(column, …)`` over typed array parameters."""
+        arrays = [bindparam(param, type_=postgresql.ARRAY(type_)) for param, type_ in columns.values()]
+        return func.unnest(*arrays).table_valued(*columns).render_derived(name=name)
 
 
 class MySQLTraits(Traits):
