@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from benchmarks.cli import ALIASES
 from benchmarks.common import QUEUE, enqueue_noops
 from benchmarks.stores import isolated_store
 
@@ -57,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--backend", required=True)
     p.add_argument("-n", type=int, default=3000)
     args = p.parse_args(argv)
-    backend = {"pg": "postgresql", "mysql": "mariadb"}.get(args.backend, args.backend)
+    backend = ALIASES.get(args.backend, args.backend)
     with isolated_store(backend) as store:
         broker = store.open()
         enqueue_noops(broker, args.n)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from benchmarks.cli import ALIASES
 from benchmarks.processing import process_in_process
 from benchmarks.settings import Settings
 from benchmarks.submit import submit_single
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--backend", required=True)
     p.add_argument("-n", type=int, default=2000)
     args = p.parse_args(argv)
-    backend = {"pg": "postgresql", "mysql": "mariadb"}.get(args.backend, args.backend)
+    backend = ALIASES.get(args.backend, args.backend)
     if backend != "memory":
         (_hook_redis if backend == "redis" else _hook_sql)()
     timer = _BrokerTimer()

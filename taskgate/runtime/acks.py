@@ -41,10 +41,6 @@ class AckBatcher:
         """
         return await self._group((task_id, token, result))
 
-    async def settled(self) -> None:
-        """Return once no ack is queued or being written."""
-        await self._group.settled()
-
     async def _write(self, items: list[AckItem]) -> Sequence[AckOutcome | Exception]:
         try:
             return await self._calls(self._broker.ack_many, items, deadline=self._deadline)

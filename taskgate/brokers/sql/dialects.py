@@ -70,12 +70,8 @@ class Traits:
         return False
 
     def server_now(self, conn: Connection) -> datetime:
-        """The database server's current time, aware UTC."""
+        """The database server's clock at this moment (not frozen at the transaction's start)."""
         raise NotImplementedError
-
-    def server_clock(self, conn: Connection) -> datetime:
-        """The server's clock at this moment (not frozen at the start of the transaction)."""
-        return self.server_now(conn)
 
     @property
     def host_clock(self) -> bool:
@@ -131,10 +127,6 @@ class PostgreSQLTraits(Traits):
         return getattr(orig, "sqlstate", None) in self._RETRYABLE_SQLSTATES
 
     def server_now(self, conn: Connection) -> datetime:
-        """``now()``: the start of the current transaction, so one transition sees one time."""
-        return utc(conn.execute(select(func.now())).scalar_one())
-
-    def server_clock(self, conn: Connection) -> datetime:
         """``clock_timestamp()``: the time now, even late in a transaction that waited on locks."""
         return utc(conn.execute(select(func.clock_timestamp())).scalar_one())
 

@@ -39,7 +39,7 @@ class SampledServerClock:
         base = self._base
         if base is None or time.monotonic() - base[1] >= self._resync:
             before = time.monotonic()
-            server = self._traits.server_clock(conn)
+            server = self._traits.server_now(conn)
             # The server read its clock somewhere inside the round trip: take the middle.
             base = (server, (before + time.monotonic()) / 2)
             self._base = base
