@@ -1,58 +1,163 @@
 """Group commit of acks: handlers of one queue that finish together complete in ONE `ack_many`.
 
-The grouping is `taskgate.runtime.group.GroupCall` (no fixed delay; the batch size follows
-the load: one at a time when idle, up to every worker of the queue under load).
+A worker whose handler returned hands the ack to the queue's `AckWriter` and goes on to its
+next task: nothing per task waits for the write. The writer is one long-lived task per queue;
+while a write is in flight, the acks that arrive pile up and go out together in the next one.
+The batch size thus follows the load (one at a time when idle, every finished handler of a
+round trip under load) with no fixed delay.
 
-Each caller gets the answer of its own item. The handler's worker slot went back when the
-handler finished (`RunContext.handler_done`), so the queue's next claim overlaps this write:
-``workers`` bounds running handlers, not writes in flight. Shutdown still waits for every
-flush (the executor awaits the answer). A crash before a flush leaves those tasks running
-under their leases: the reaper puts them back and they run again -- a re-run, never a loss.
+Acks waiting for the writer count against the queue's claims beyond one batch of ``workers``
+(`backlog_beyond`), so a slow medium slows the claims instead of growing the backlog. A crash
+before a write leaves those tasks running under their leases: the reaper puts them back and
+they run again -- a re-run, never a loss. Shutdown waits for every write (the writer drains
+before it ends, shielded when the runtime is cancelled).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import anyio.lowlevel
 
 from taskgate.brokers.base import AckItem, AckOutcome, Broker
+from taskgate.errors import BrokerError, LeaseLostError, TaskgateError
 from taskgate.runtime.calls import BrokerCalls
-from taskgate.runtime.group import GroupCall
+from taskgate.runtime.outcome import describe
+from taskgate.runtime.signals import Signal
 from taskgate.task import Task
 
-__all__ = ["MAX_ACK_BATCH", "AckBatcher"]
+__all__ = ["MAX_ACK_BATCH", "WRITE_TRIES", "AckWriter"]
 
-# Items per `ack_many`: bounds one statement/script; more wait for the next flush.
+log = logging.getLogger("taskgate")
+
+# Items per `ack_many`: bounds one statement/script; more wait for the next write.
 MAX_ACK_BATCH = 256
+# Tries of a write the broker could not take (medium down or too slow) before giving the
+# tasks up to the reaper.
+WRITE_TRIES = 3
+
+Settled = Callable[[list[Task]], Awaitable[None]]
 
 
-class AckBatcher:
-    """Acks of one queue, written by group commit (`GroupCall`); `ack` behaves like ``broker.ack``."""
+class AckWriter:
+    """The acks of one queue, written in batches by `run`; `put` never waits."""
 
     def __init__(
-        self, broker: Broker, calls: BrokerCalls, *, deadline: float, max_batch: int = MAX_ACK_BATCH
+        self,
+        broker: Broker,
+        calls: BrokerCalls,
+        *,
+        deadline: float,
+        on_settled: Settled,
+        on_written: Callable[[], None] = lambda: None,
+        max_batch: int = MAX_ACK_BATCH,
     ) -> None:
         self._broker, self._calls, self._deadline = broker, calls, deadline
-        self._group: GroupCall[AckItem, Task] = GroupCall(self._write, max_batch=max_batch)
+        self._on_settled, self.on_written = on_settled, on_written
+        self._max_batch = max_batch
+        self._queued: deque[AckItem] = deque()
+        self._arrived = Signal()
+        self._closed = False
+        self.in_flight = 0
 
-    async def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
-        """Complete the task; raises what ``broker.ack`` would (`LeaseLostError`, `BrokerError`, …).
+    @property
+    def backlog(self) -> int:
+        """Acks handed in and not yet answered (queued or being written)."""
+        return len(self._queued) + self.in_flight
 
-        Call it shielded from cancellation (the executor settles shielded).
-        """
-        return await self._group((task_id, token, result))
+    def backlog_beyond(self, allowance: int) -> int:
+        """How far the backlog exceeds ``allowance`` (0 when it does not)."""
+        return max(0, self.backlog - allowance)
 
-    async def _write(self, items: list[AckItem]) -> Sequence[AckOutcome | Exception]:
+    def put(self, task_id: str, token: str, result: bytes | None) -> None:
+        """Queue an ack (as ``broker.ack`` would take it); the writer completes the task."""
+        if self._closed:
+            raise RuntimeError("the ack writer is closed")
+        self._queued.append((task_id, token, result))
+        self._arrived.fire()
+
+    def close(self) -> None:
+        """Take no more acks; `run` returns once everything queued is written."""
+        self._closed = True
+        self._arrived.fire()
+
+    async def run(self) -> None:
+        """Write what is queued until `close`d and drained; a cancelled writer drains shielded."""
+        try:
+            while self._queued or not self._closed:
+                if not self._queued:
+                    await self._arrived.wait(None)
+                    continue
+                # One loop tick: acks of handlers finishing right now join this write.
+                await anyio.lowlevel.checkpoint()
+                await self._write_next()
+        finally:
+            with anyio.CancelScope(shield=True):
+                while self._queued:
+                    await self._write_next()
+
+    async def _write_next(self) -> None:
+        count = min(len(self._queued), self._max_batch)
+        batch = [self._queued.popleft() for _ in range(count)]
+        self.in_flight = count
+        try:
+            with anyio.CancelScope(shield=True):
+                settled = await self._write(batch)
+                if settled:
+                    await self._on_settled(settled)
+        finally:
+            self.in_flight = 0
+            self.on_written()
+
+    async def _write(self, batch: list[AckItem]) -> list[Task]:
+        """Write ``batch`` (retrying a write that failed as a whole); the tasks it completed."""
+        for attempt in range(1, WRITE_TRIES + 1):
+            try:
+                answers = await self._ack_many(batch)
+            except BrokerError as exc:
+                log.warning("writing %d ack(s) failed (try %d): %s", len(batch), attempt, exc)
+                if attempt < WRITE_TRIES:
+                    await anyio.sleep(0.05 * 2**attempt)
+                continue
+            except Exception:
+                log.exception("writing %d ack(s) failed; the reaper will take the tasks back", len(batch))
+                return []
+            return _completed(batch, answers)
+        log.error("%d ack(s) not written; the reaper will take the tasks back", len(batch))
+        return []
+
+    async def _ack_many(self, items: list[AckItem]) -> Sequence[AckOutcome | Exception]:
         try:
             return await self._calls(self._broker.ack_many, items, deadline=self._deadline)
         except (TypeError, ValueError):
             if len(items) == 1:
-                raise
+                return [await self._ack_one(items[0])]
         # One item the broker refuses (a result too large for the server) must not fail the
         # others: ack them one by one so each gets its own answer.
-        return [await self._write_one(item) for item in items]
+        return [await self._ack_one(item) for item in items]
 
-    async def _write_one(self, item: AckItem) -> AckOutcome | Exception:
+    async def _ack_one(self, item: AckItem) -> AckOutcome | Exception:
         try:
             return await self._calls(self._broker.ack, *item, deadline=self._deadline)
+        except BrokerError:
+            raise  # the medium failed: retry the whole batch
         except Exception as exc:
             return exc
+
+
+def _completed(batch: Sequence[AckItem], answers: Sequence[AckOutcome | Exception]) -> list[Task]:
+    """The tasks each answer completed; the rest are logged (their outcome is not written)."""
+    done: list[Task] = []
+    for (task_id, _, _), answer in zip(batch, answers, strict=True):
+        if isinstance(answer, Task):
+            done.append(answer)
+        elif isinstance(answer, LeaseLostError):
+            log.info("task %s: lease was lost before its outcome was written; discarded", task_id)
+        elif isinstance(answer, TaskgateError):
+            log.warning("task %s: outcome not written: %s", task_id, describe(answer))
+        else:
+            log.warning("task %s: outcome not written: %r", task_id, answer)
+    return done

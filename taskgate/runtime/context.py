@@ -41,16 +41,17 @@ class RunContext:
     deadline: float
     slots: Sequence[str | None] = ()
     renew_slots: Callable[[Sequence[str | None]], Awaitable[list[str | None]]] | None = None
-    # The queue's group-commit ack (`AckBatcher.ack`); None: one ``broker.ack`` per task.
-    ack: Callable[[str, str, bytes | None], Awaitable[Task]] | None = None
+    # Hands an ack to the queue's group commit (`AckWriter.put`); None: one ``broker.ack`` per task.
+    ack: Callable[[str, str, bytes | None], None] | None = None
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stop_reason: StopReason | None = None
     lease_deadline: float = 0.0
     kept: bool = False  # a `LeaseKeeper` renews this lease (automatic heartbeats)
     # Gives the worker slot back (running count, concurrency slot, scheduler wake-up); called
     # once, as soon as the handler is done -- before its outcome is written, so the next claim
-    # overlaps that write instead of waiting for it.
-    free_slot: Callable[[], Awaitable[None]] | None = None
+    # overlaps that write instead of waiting for it. It returns what must still be awaited
+    # (a global slot's release), or None when the slot is back already.
+    free_slot: Callable[[], Awaitable[None] | None] | None = None
 
     def __post_init__(self) -> None:
         # The lease was granted no earlier than now; counting from now would be late, so the
@@ -69,14 +70,19 @@ class RunContext:
         """The task snapshot taken when it was claimed."""
         return self.lease.task
 
+    def release_slot(self) -> Awaitable[None] | None:
+        """Give the worker slot back (once); what must still be awaited, shielded, or None."""
+        free, self.free_slot = self.free_slot, None
+        return free() if free is not None else None
+
     async def handler_done(self) -> None:
         """The handler returned, raised or was stopped: give its worker slot back (once).
 
         Call it shielded from cancellation: a slot half given back is lost to the queue.
         """
-        free, self.free_slot = self.free_slot, None
-        if free is not None:
-            await free()
+        pending = self.release_slot()
+        if pending is not None:
+            await pending
 
     def stop(self, reason: StopReason) -> None:
         """Stop the handler for ``reason`` (the first reason given wins)."""

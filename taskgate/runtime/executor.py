@@ -84,8 +84,12 @@ class Executor:
             raise
         finally:
             self._keeper.remove(ctx)
+        pending = ctx.release_slot()
+        if pending is None and _hand_to_writer(ctx, outcome):
+            return  # the common case awaits nothing: the queue's ack writer completes the task
         with anyio.CancelScope(shield=True):
-            await ctx.handler_done()
+            if pending is not None:
+                await pending
             await self.settle(ctx, outcome)
 
     async def _execute(self, ctx: RunContext) -> Outcome:
@@ -122,6 +126,8 @@ class Executor:
 
     async def settle(self, ctx: RunContext, outcome: Outcome) -> None:
         """Write ``outcome`` with the lease token; a stale token means someone else owns the task."""
+        if _hand_to_writer(ctx, outcome):
+            return
         write = self._write_for(ctx, outcome)
         if write is None:
             return
@@ -146,9 +152,6 @@ class Executor:
         b, task_id, token = self._broker, ctx.task.id, ctx.lease.token
         deadline = ctx.deadline
         match outcome:
-            case Ack(result) if ctx.ack is not None:
-                group_ack = ctx.ack
-                return lambda: group_ack(task_id, token, result)
             case Ack(result):
                 return lambda: self._calls(b.ack, task_id, token, result, deadline=deadline)
             case Retry(kind, error, delay):
@@ -163,6 +166,14 @@ class Executor:
             case Stop(StopReason.SHUTDOWN):
                 return lambda: self._calls(b.requeue, task_id, token, deadline=deadline)
         return None
+
+
+def _hand_to_writer(ctx: RunContext, outcome: Outcome) -> bool:
+    """Queue an ack with the queue's ack writer when it has one; whether it did."""
+    if ctx.ack is None or type(outcome) is not Ack:
+        return False
+    ctx.ack(ctx.task.id, ctx.lease.token, outcome.result)
+    return True
 
 
 def _final_outcome(ctx: RunContext, outcome: Outcome, finished: bool) -> Outcome:

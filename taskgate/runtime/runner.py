@@ -1,7 +1,8 @@
 """The runtime behind `Gate`: schedulers, executor, reaper, wake-ups and hooks, started by `run`.
 
 Layout of `Runtime.run` (outer to inner task groups): background (hook consumer, reaper,
-cross-process wake-ups) -> work (one task per running handler) -> schedulers (one per queue).
+cross-process wake-ups) -> work (one scheduler per queue, each with its ack writer and its
+``workers`` long-lived worker tasks).
 Shutdown stops the schedulers first, lets the work group drain (cancelling and requeueing on
 timeout), then stops the background loops and lets the hook consumer deliver what is queued.
 """
@@ -9,7 +10,7 @@ timeout), then stops the background loops and lets the hook consumer deliver wha
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Awaitable, Iterable, MutableMapping
 from typing import cast
 
 import anyio
@@ -18,7 +19,7 @@ from anyio.abc import TaskStatus
 from taskgate.brokers.base import DistributedLimiter, Lease
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
-from taskgate.runtime.acks import AckBatcher
+from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import RunContext
 from taskgate.runtime.executor import Executor, Handler
@@ -174,6 +175,7 @@ class Runtime:
     def _add_scheduler(self, work: anyio.abc.TaskGroup, executor: Executor, name: str) -> None:
         conf = self.config.queue_config(name)
         assert conf is not None, f"queue {name!r} has no configuration"
+        acks = AckWriter(self.broker, self.calls, deadline=worker_deadline(conf), on_settled=self.observe)
         scheduler = QueueScheduler(
             name,
             conf,
@@ -183,8 +185,9 @@ class Runtime:
             quota=self._quota(name, conf),
             poll_interval=self.poll_interval,
             deadline=worker_deadline(conf),
-            acks=AckBatcher(self.broker, self.calls, deadline=worker_deadline(conf)),
+            acks=acks,
         )
+        acks.on_written = lambda: scheduler.wake(new_work=False)  # a backlog may have held claims
         self.schedulers[name] = scheduler
 
         async def start(lease: Lease, slot: Slot, claimed_at: float) -> None:
@@ -193,7 +196,7 @@ class Runtime:
         async def requeue(lease: Lease) -> None:
             await self._requeue(scheduler, lease)
 
-        work.start_soon(scheduler.run, work, start, requeue)
+        work.start_soon(scheduler.run, start, requeue)
 
     def add_queue_for(self, task_type: str) -> None:
         """Start the scheduler of a type registered while running (no-op when not running)."""
@@ -269,10 +272,10 @@ class Runtime:
     ) -> None:
         conf = scheduler.conf
 
-        async def free_slot() -> None:
+        def free_slot() -> Awaitable[None] | None:
             scheduler.running -= 1
-            await scheduler.limits.release([slot])
             scheduler.wake(new_work=False)
+            return None if slot is None else scheduler.limits.release([slot])
 
         ctx = RunContext(
             lease=lease,
@@ -282,7 +285,7 @@ class Runtime:
             deadline=worker_deadline(conf),
             slots=[slot] if slot is not None else [],
             renew_slots=scheduler.limits.renew if slot is not None else None,
-            ack=scheduler.acks.ack,
+            ack=scheduler.acks.put,
             lease_deadline=claimed_at + conf.lease.total_seconds(),
             free_slot=free_slot,
         )

@@ -1,25 +1,29 @@
-"""One queue's claim loop: free workers -> rate -> quota -> ``claim`` k tasks at once.
+"""One queue's claim loop and its workers: free workers -> rate -> quota -> ``claim`` k tasks.
 
 Each queue has its own scheduler task, limits and quota, so a slow, rate-limited or
 quota-exhausted queue never delays another. A same-process submit fires the queue's
 `Signal` (no polling delay); delayed and retrying tasks become due by polling every
 ``poll_interval``.
+
+Claimed leases go to the queue's ``workers`` long-lived worker tasks through a memory
+stream, and finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from taskgate.brokers.base import Broker, Lease
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
-from taskgate.runtime.acks import AckBatcher
+from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.limits import CombinedClaim, Limits, Slot
@@ -34,6 +38,7 @@ log = logging.getLogger("taskgate")
 # time the claim began -- the lease cannot end earlier than that plus its TTL).
 StartLease = Callable[[Lease, Slot, float], Coroutine[Any, Any, None]]
 Requeue = Callable[[Lease], Coroutine[Any, Any, None]]
+Claimed = tuple[Lease, Slot, float]
 
 
 class QueueScheduler:
@@ -50,10 +55,11 @@ class QueueScheduler:
         quota: QuotaGate | None,
         poll_interval: float,
         deadline: float,
-        acks: AckBatcher,
+        acks: AckWriter,
     ) -> None:
         self.name, self.conf = name, conf
         self.acks = acks  # the queue's group commit of acks (see `taskgate.runtime.acks`)
+        self._ready = anyio.create_memory_object_stream[Claimed](math.inf)
         self._broker, self._calls = broker, calls
         self.limits, self.quota = limits, quota
         self._poll, self._deadline = poll_interval, deadline
@@ -84,14 +90,44 @@ class QueueScheduler:
             self._idle = False
         self.signal.fire()
 
-    async def run(self, work: TaskGroup, start: StartLease, requeue: Requeue) -> None:
-        """Claim until `stop`; claimed leases run in ``work`` through ``start``."""
-        while not self._stopping:
-            await self._cycle(work, start, requeue)
+    async def run(self, start: StartLease, requeue: Requeue) -> None:
+        """Claim until `stop`; the queue's workers run the claimed leases through ``start``.
 
-    async def _cycle(self, work: TaskGroup, start: StartLease, requeue: Requeue) -> None:
+        After `stop` the workers finish what was claimed and the ack writer drains. When the
+        runtime is cancelled instead, leases claimed but not yet started are put back.
+        """
+        send, receive = self._ready
+        async with anyio.create_task_group() as writer:
+            writer.start_soon(self.acks.run)
+            try:
+                async with anyio.create_task_group() as workers:
+                    for _ in range(self.conf.workers):
+                        workers.start_soon(_work, receive, start)
+                    try:
+                        while not self._stopping:
+                            await self._cycle(requeue)
+                    finally:
+                        send.close()
+            finally:
+                self.acks.close()
+                with anyio.CancelScope(shield=True):
+                    await self._requeue_unstarted(receive, requeue)
+
+    async def _requeue_unstarted(self, receive: MemoryObjectReceiveStream[Claimed], requeue: Requeue) -> None:
+        """Put back leases claimed but never started (the workers were cancelled first)."""
+        with receive:
+            while True:
+                try:
+                    lease, slot, _ = receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    return
+                self.running -= 1
+                await requeue(lease)
+                await self.limits.release([slot])
+
+    async def _cycle(self, requeue: Requeue) -> None:
         now = anyio.current_time()
-        free = self.conf.workers - self.running
+        free = self.conf.workers - self.running - self.acks.backlog_beyond(self.conf.workers)
         if now < self._paused_until:
             await self.signal.wait(self._paused_until - now)
             return
@@ -107,9 +143,10 @@ class QueueScheduler:
         leases, slots = claimed
         # Leases that come back after `stop` still run: graceful shutdown finishes the work
         # already claimed (the runtime puts them back once the shutdown grace is over).
+        send = self._ready[0]
         for lease, slot in zip(leases, slots, strict=False):
             self.running += 1
-            work.start_soon(start, lease, slot, self._claim_started)
+            send.send_nowait((lease, slot, self._claim_started))
         self._idle = len(leases) < len(slots)
         if self._idle:
             await self.signal.wait(self._poll)
@@ -189,6 +226,12 @@ class QueueScheduler:
 
     def _pause(self, seconds: float) -> None:
         self._paused_until = anyio.current_time() + seconds
+
+
+async def _work(receive: MemoryObjectReceiveStream[Claimed], start: StartLease) -> None:
+    """One worker: run claimed leases one after another until the stream is closed and empty."""
+    async for lease, slot, claimed_at in receive:
+        await start(lease, slot, claimed_at)
 
 
 async def _requeue_if_cancelled(leases: list[Lease], requeue: Requeue) -> None:

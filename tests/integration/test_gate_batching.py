@@ -13,10 +13,10 @@ import anyio.lowlevel
 import pytest
 from gate_helpers import GUARD, eventually, make_gate
 
-from taskgate import LeaseLostError, QueueConfig, Status, Task, TaskExistsError
+from taskgate import QueueConfig, Status, Task, TaskExistsError
 from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease
 from taskgate.errors import BrokerError
-from taskgate.runtime.acks import AckBatcher
+from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.testing.contract._support import new_task
 
@@ -186,32 +186,44 @@ async def _claimed(broker: Broker, n: int) -> list[Lease]:
     return await anyio.to_thread.run_sync(broker.claim, "q", n, timedelta(seconds=30))
 
 
-async def test_batcher_answers_a_stale_token_alone_and_groups_later_acks(gate_broker):
+async def test_writer_drops_a_stale_token_alone_and_groups_acks_queued_during_a_write(gate_broker):
     broker = Recording(gate_broker)
     broker.hold = threading.Event()
-    batcher = AckBatcher(broker, BrokerCalls(4), deadline=GUARD)
-    first, good, stale, last = await _claimed(gate_broker, 4)
-    answers: dict[str, Any] = {}
+    settled: list[list[str]] = []
 
-    async def ack(task_id: str, token: str) -> None:
-        try:
-            answers[task_id] = await batcher.ack(task_id, token, None)
-        except LeaseLostError as exc:
-            answers[task_id] = exc
+    async def on_settled(tasks: list[Task]) -> None:
+        settled.append([t.id for t in tasks])
+
+    writer = AckWriter(broker, BrokerCalls(4), deadline=GUARD, on_settled=on_settled)
+    first, good, stale, last = await _claimed(gate_broker, 4)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ack, first.task.id, first.token)
-        await anyio.to_thread.run_sync(broker.entered.wait)  # the first flush is in flight
-        tg.start_soon(ack, good.task.id, good.token)
-        tg.start_soon(ack, stale.task.id, "stale")
-        tg.start_soon(ack, last.task.id, last.token)
-        await anyio.sleep(0.02)
+        tg.start_soon(writer.run)
+        writer.put(first.task.id, first.token, None)
+        await anyio.to_thread.run_sync(broker.entered.wait)  # the first write is in flight
+        writer.put(good.task.id, good.token, None)
+        writer.put(stale.task.id, "stale", None)
+        writer.put(last.task.id, last.token, None)
+        assert writer.backlog == 4
         broker.hold.set()
+        writer.close()
     assert broker.batches == [1, 3]
-    assert isinstance(answers[stale.task.id], LeaseLostError)
-    for lease in (first, good, last):
-        assert answers[lease.task.id].status is Status.COMPLETED
+    assert settled == [[first.task.id], [good.task.id, last.task.id]]
+    assert writer.backlog == 0
     assert gate_broker.get(stale.task.id).status is Status.RUNNING
+    for lease in (first, good, last):
+        assert gate_broker.get(lease.task.id).status is Status.COMPLETED
+
+
+async def test_a_closed_writer_refuses_acks(gate_broker):
+    async def on_settled(tasks: list[Task]) -> None:
+        raise AssertionError("nothing was written")
+
+    writer = AckWriter(gate_broker, BrokerCalls(4), deadline=GUARD, on_settled=on_settled)
+    writer.close()
+    await writer.run()  # returns at once: closed and empty
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.put("t", "token", None)
 
 
 async def test_submit_many_gives_each_payload_its_business_key(gate_broker):
