@@ -42,6 +42,7 @@ __all__ = [
     "FailureKind",
     "Lease",
     "NewTask",
+    "QuotaClaim",
     "QuotaGrant",
     "Renewal",
     "Unset",
@@ -176,6 +177,19 @@ class QuotaGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaClaim:
+    """What `Broker.claim_within_quota` did.
+
+    ``grant`` holds exactly the units the claimed tasks took (``granted == len(leases)``);
+    ``exhausted`` is True when the window had no unit left at all (wait for ``window_end``).
+    """
+
+    leases: list[Lease]
+    grant: QuotaGrant
+    exhausted: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a broker can do beyond the base protocol. Declared, never sniffed.
 
@@ -269,6 +283,17 @@ class Broker(Protocol):
         Oldest due first (``run_at``, then id). Each becomes ``running`` with ``claims += 1``,
         ``started_at = now`` and a fresh token valid until ``now + lease_ttl``. A task is
         returned to at most one claimer while its lease is valid. Never more than ``limit``.
+        """
+        ...
+
+    def claim_within_quota(
+        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
+    ) -> QuotaClaim:
+        """`claim` and `reserve_quota` as ONE atomic step: one unit of ``key``'s current window
+        per task claimed, up to ``limit`` tasks and the units left.
+
+        Units are taken only for tasks claimed, so nothing is given back afterwards and a
+        failed call spends nothing. Raises `BrokerError` when the medium cannot be reached.
         """
         ...
 

@@ -15,6 +15,7 @@ __all__ = [
     "check_failure",
     "check_new_tasks",
     "check_queues",
+    "check_quota_claim",
     "check_quota_release",
     "check_quota_request",
     "check_timeout",
@@ -106,6 +107,16 @@ def check_quota_request(key: object, limit: object, period: object, n: object) -
     check_count(limit, what="quota limit", minimum=1)
     check_duration(period, what="quota period", positive=True)
     check_count(n, what="quota units n", minimum=0)
+
+
+def check_quota_claim(
+    queue: object, limit: object, lease_ttl: object, key: object, quota_limit: object, period: object
+) -> None:
+    """Arguments of `claim_within_quota`: those of `claim` and of `reserve_quota`."""
+    check_identifier(queue, what="queue")
+    check_count(limit, what="claim limit", minimum=1)
+    check_duration(lease_ttl, what="lease_ttl", positive=True)
+    check_quota_request(key, quota_limit, period, 0)
 
 
 def check_quota_release(grant: object, n: object) -> None:

@@ -258,13 +258,7 @@ class Runtime:
         if key is None or conf.period is None:
             return None
         return QuotaGate(
-            self.broker,
-            self.calls,
-            key=key,
-            limit=conf.quota_limit,
-            period=conf.period,
-            deadline=worker_deadline(conf),
-            recheck=max(self.poll_interval * 5, 0.05),
+            key=key, limit=conf.quota_limit, period=conf.period, recheck=max(self.poll_interval * 5, 0.05)
         )
 
     async def _execute(

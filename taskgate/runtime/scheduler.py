@@ -20,7 +20,7 @@ import anyio
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from taskgate.brokers.base import Broker, Lease
+from taskgate.brokers.base import Broker, Lease, QuotaClaim
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
@@ -172,24 +172,13 @@ class QueueScheduler:
             await self.limits.release(slots)
             self._pause(max(wait, 0.001))
             return None
-        wanted = granted
-        grant = None
-        if self.quota is not None:
-            grant = await self.quota.reserve(granted)
-            if grant is None:
-                await self.limits.release(slots)
-                self.limits.spent(granted, 0)
-                self._pause(self.quota.pause)
-                return None
-            wanted = min(granted, grant.granted)
-        leases = await self._claim(wanted, requeue)
-        if grant is not None and leases is not None:
-            # A failed claim keeps its units: on a fault the quota issues fewer, never more.
-            await self.quota.release(grant, grant.granted - len(leases))  # type: ignore[union-attr]
+        leases = await self._claim(granted, requeue)
         got = leases or []
         self.limits.spent(granted, len(got))
         await self.limits.release(slots[len(got) :])
-        return got, slots[:wanted]
+        if leases is None:
+            return None
+        return got, slots[:granted]
 
     async def _claim(
         self, n: int, requeue: Requeue, combined: CombinedClaim | None = None
@@ -203,19 +192,38 @@ class QueueScheduler:
                     leases = await self._calls(
                         combined, self.name, self.conf.workers, n, self.conf.lease, deadline=self._deadline
                     )
+                elif self.quota is not None:
+                    leases = self.quota.took(await self._claim_within_quota(self.quota, n))
                 else:
                     leases = await self._calls(
                         self._broker.claim, self.name, n, self.conf.lease, deadline=self._deadline
                     )
             await _requeue_if_cancelled(leases, requeue)
         except BrokerError as exc:
+            if self.quota is not None:
+                self.quota.unreachable()
             self._claim_failures += 1
             backoff = exponential(self._claim_failures, base=self._poll / 2, cap=10.0)
             log.warning("queue %r: claim failed (retry in %.2fs): %s", self.name, backoff, exc)
             self._pause(backoff)
             return None
         self._claim_failures = 0
+        if self.quota is not None and self.quota.exhausted:
+            self._pause(self.quota.pause)
+            return None
         return leases
+
+    async def _claim_within_quota(self, quota: QuotaGate, n: int) -> QuotaClaim:
+        return await self._calls(
+            self._broker.claim_within_quota,
+            self.name,
+            n,
+            self.conf.lease,
+            key=quota.key,
+            quota_limit=quota.limit,
+            period=quota.period,
+            deadline=self._deadline,
+        )
 
     async def _work_due(self) -> bool:
         """Whether a task of this queue is due now (a zero-timeout `wait_for_work`)."""

@@ -18,6 +18,7 @@ from taskgate.brokers.base import (
     FailureKind,
     Lease,
     NewTask,
+    QuotaClaim,
     QuotaGrant,
     Renewal,
     Unset,
@@ -31,6 +32,7 @@ from taskgate.brokers.checks import (
     check_failure,
     check_new_tasks,
     check_queues,
+    check_quota_claim,
     check_quota_release,
     check_quota_request,
     check_timeout,
@@ -39,6 +41,7 @@ from taskgate.brokers.memory._dependencies import arrival_status, settle_childre
 from taskgate.brokers.memory._quota import QuotaBook
 from taskgate.brokers.memory._record import Record
 from taskgate.brokers.memory._table import READY_STATUSES, TaskTable
+from taskgate.brokers.within_quota import claim_within_grant
 from taskgate.clock import Clock, SystemClock, utc
 from taskgate.errors import (
     AlreadyFinalError,
@@ -218,6 +221,20 @@ class MemoryBroker:
         with self._cond:
             now = self._now()
             return [self._lease(r, now, lease_ttl) for r in self._table.pop_due(queue, now, limit)]
+
+    def claim_within_quota(
+        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
+    ) -> QuotaClaim:
+        """`claim` and `reserve_quota` under one lock: a unit of ``key`` per task claimed."""
+        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+        with self._cond:
+            now = self._now()
+            grant = self._quota.reserve(key, quota_limit, period, limit, now)
+
+            def claim(n: int) -> builtins.list[Lease]:
+                return [self._lease(r, now, lease_ttl) for r in self._table.pop_due(queue, now, n)]
+
+            return claim_within_grant(grant, claim, self._quota.release)
 
     def _lease(self, record: Record, now: datetime, lease_ttl: timedelta) -> Lease:
         self._table.set_status(record, Status.RUNNING)

@@ -17,6 +17,7 @@ from taskgate.brokers.base import (
     FailureKind,
     Lease,
     NewTask,
+    QuotaClaim,
     QuotaGrant,
     Renewal,
     Unset,
@@ -30,6 +31,7 @@ from taskgate.brokers.checks import (
     check_failure,
     check_new_tasks,
     check_queues,
+    check_quota_claim,
     check_timeout,
 )
 from taskgate.brokers.redis.codec import (
@@ -216,6 +218,22 @@ class RedisBroker:
         check_duration(lease_ttl, what="lease_ttl", positive=True)
         tokens = [secrets.token_hex(16) for _ in range(limit)]
         return [lease_from_flat(flat) for flat in self._run("claim", [queue, ttl_us(lease_ttl), *tokens])]
+
+    def claim_within_quota(
+        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
+    ) -> QuotaClaim:
+        """`claim` and `reserve_quota` in one script: a unit of ``key`` per task claimed."""
+        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        start_us, left, *flats = self._run(
+            "claim_quota", [queue, ttl_us(lease_ttl), key, quota_limit, ttl_us(period), *tokens]
+        )
+        start = from_us(start_us)
+        claimed = [lease_from_flat(flat) for flat in flats]
+        grant = QuotaGrant(
+            key=key, window_start=start, window_end=start + period, granted=len(claimed), limit=quota_limit
+        )
+        return QuotaClaim(leases=claimed, grant=grant, exhausted=int(left) <= 0)
 
     def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.

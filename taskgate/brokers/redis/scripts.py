@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "ack_many",
     "cancel",
     "claim",
+    "claim_quota",
     "claim_slots",
     "enqueue",
     "fail",

@@ -27,6 +27,7 @@ from taskgate.brokers.base import (
     FailureKind,
     Lease,
     NewTask,
+    QuotaClaim,
     QuotaGrant,
     Renewal,
     Unset,
@@ -40,6 +41,7 @@ from taskgate.brokers.checks import (
     check_failure,
     check_new_tasks,
     check_queues,
+    check_quota_claim,
     check_quota_release,
     check_quota_request,
     check_timeout,
@@ -53,6 +55,7 @@ from taskgate.brokers.sql.schema import prepare_schema
 from taskgate.brokers.sql.serverclock import SampledServerClock
 from taskgate.brokers.sql.tx import Tx
 from taskgate.brokers.sql.wakeups import Listener, Signals
+from taskgate.brokers.within_quota import claim_within_grant
 from taskgate.clock import Clock, utc
 from taskgate.errors import BrokerError, ConfigError
 from taskgate.models import DEFAULT_PREFIX, check_prefix, models_for
@@ -221,6 +224,22 @@ class SQLBroker:
             step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
             return self._run("claim", step, one_statement=True)
         return self._run("claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl))
+
+    def claim_within_quota(
+        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
+    ) -> QuotaClaim:
+        """`claim` and `reserve_quota` in one transaction: a unit of ``key`` per task claimed."""
+        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+
+        def step(tx: Tx) -> QuotaClaim:
+            grant = quotas.reserve_quota(tx, key, quota_limit, period, limit)
+            return claim_within_grant(
+                grant,
+                lambda n: leases.claim(tx, queue, n, lease_ttl),
+                lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
+            )
+
+        return self._run("claim_within_quota", step)
 
     def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.

@@ -34,7 +34,7 @@ from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
-from taskgate.testing.contract.quota import QuotaContract
+from taskgate.testing.contract.quota import QuotaClaimContract, QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
 from taskgate.testing.contract.replay import ReplayContract
@@ -55,6 +55,7 @@ class BrokerContract(
     BusinessKeyContract,
     ReplayContract,
     QuotaContract,
+    QuotaClaimContract,
     ValidationContract,
     RaceContract,
     BatchContract,

@@ -11,10 +11,11 @@ import pytest
 
 from taskgate.brokers.base import Broker, QuotaGrant
 from taskgate.clock import ManualClock
+from taskgate.task import Status
 from taskgate.testing.contract._fixtures import START, BrokerFactory
-from taskgate.testing.contract._support import race
+from taskgate.testing.contract._support import TTL, new_task, race
 
-__all__ = ["QuotaContract"]
+__all__ = ["QuotaClaimContract", "QuotaContract"]
 
 MINUTE = timedelta(minutes=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -151,3 +152,80 @@ class QuotaContract:
         assert all(total <= limit for total in per_window.values()), dict(per_window)
         left = brokers[0].reserve_quota("edge", limit, MINUTE, 2 * limit).granted
         assert left == limit - per_window[START + MINUTE]
+
+
+class QuotaClaimContract:
+    """claim_within_quota: claim and quota as one step, units only for tasks claimed."""
+
+    def test_claims_no_more_tasks_than_units_left(self, broker: Broker) -> None:
+        broker.enqueue([new_task() for _ in range(5)])
+        assert broker.reserve_quota("api", 4, MINUTE, 1).granted == 1
+        taken = broker.claim_within_quota("q", 10, TTL, key="api", quota_limit=4, period=MINUTE)
+        assert (len(taken.leases), taken.grant.granted, taken.exhausted) == (3, 3, False)
+        assert {lease.task.status for lease in taken.leases} == {Status.RUNNING}
+        assert broker.reserve_quota("api", 4, MINUTE, 1).granted == 0
+        assert broker.queue_length("q") == 2
+
+    def test_units_are_spent_only_for_tasks_claimed(self, broker: Broker) -> None:
+        broker.enqueue([new_task() for _ in range(2)])
+        taken = broker.claim_within_quota("q", 5, TTL, key="api", quota_limit=10, period=MINUTE)
+        assert (len(taken.leases), taken.grant.granted) == (2, 2)
+        empty = broker.claim_within_quota("q", 5, TTL, key="api", quota_limit=10, period=MINUTE)
+        assert (empty.leases, empty.grant.granted, empty.exhausted) == ([], 0, False)
+        assert broker.reserve_quota("api", 10, MINUTE, 10).granted == 8
+
+    def test_an_exhausted_window_claims_nothing_and_says_so(self, broker: Broker, clock: ManualClock) -> None:
+        broker.enqueue([new_task() for _ in range(2)])
+        assert broker.reserve_quota("api", 3, MINUTE, 3).granted == 3
+        clock.advance(30)
+        taken = broker.claim_within_quota("q", 2, TTL, key="api", quota_limit=3, period=MINUTE)
+        assert (taken.leases, taken.grant.granted, taken.exhausted) == ([], 0, True)
+        assert (taken.grant.window_start, taken.grant.window_end) == (START, START + MINUTE)
+        assert broker.queue_length("q") == 2
+        clock.advance(30)
+        assert (
+            len(broker.claim_within_quota("q", 2, TTL, key="api", quota_limit=3, period=MINUTE).leases) == 2
+        )
+
+    def test_claims_oldest_due_first_like_claim(self, broker: Broker, clock: ManualClock) -> None:
+        first, second = new_task(), new_task()
+        broker.enqueue([first])
+        clock.advance(1)
+        broker.enqueue([second])
+        taken = broker.claim_within_quota("q", 1, TTL, key="api", quota_limit=5, period=MINUTE)
+        assert [lease.task.id for lease in taken.leases] == [first.id]
+        assert broker.ack(first.id, taken.leases[0].token, None).status is Status.COMPLETED
+
+    @pytest.mark.parametrize(
+        ("queue", "limit", "quota_limit", "error"),
+        [("", 1, 1, ValueError), ("q", 0, 1, ValueError), ("q", 1, 0, ValueError), ("q", True, 1, TypeError)],
+    )
+    def test_bad_arguments_change_nothing(
+        self, broker: Broker, queue: str, limit: int, quota_limit: int, error: type[Exception]
+    ) -> None:
+        broker.enqueue([new_task()])
+        with pytest.raises(error):
+            broker.claim_within_quota(queue, limit, TTL, key="api", quota_limit=quota_limit, period=MINUTE)
+        assert broker.queue_length("q") == 1
+        assert broker.reserve_quota("api", 1, MINUTE, 1).granted == 1
+
+    def test_racing_claimers_never_over_issue_nor_double_claim(self, broker_factory: BrokerFactory) -> None:
+        brokers = [broker_factory() for _ in range(RESERVERS)]
+        _require_shared_quota(brokers[0])
+        brokers[0].enqueue([new_task() for _ in range(40)])
+        limit = 25
+
+        def claim_until_empty(broker: Broker) -> list[str]:
+            ids: list[str] = []
+            while (
+                taken := broker.claim_within_quota("q", 3, TTL, key="hot", quota_limit=limit, period=MINUTE)
+            ).leases:
+                ids += [lease.task.id for lease in taken.leases]
+            return ids
+
+        outcomes = race([partial(claim_until_empty, b) for b in brokers])
+        assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
+        claimed = [task_id for o in outcomes for task_id in (o.value or [])]
+        assert len(claimed) == len(set(claimed)) == limit
+        assert brokers[0].reserve_quota("hot", limit, MINUTE, 1).granted == 0
+        assert brokers[0].queue_length("q") == 40 - limit

@@ -1,0 +1,47 @@
+-- claim_quota.lua: claim up to `limit` due tasks of one queue, one unit of a quota key's
+-- current window per task, in one step: units are taken only for tasks claimed.
+-- (quota_reserve.lua, claim.lua, then quota_release.lua for the units no task took would be
+-- three round trips.) Windows follow quota_reserve.lua: epoch-aligned, only the newest kept,
+-- a clock stepping back into a forgotten window gets nothing.
+--
+-- KEYS[1]  base (hash-tagged prefix)
+-- ARGV[1]  now in µs, or "" for the server's TIME
+-- ARGV[2]  queue
+-- ARGV[3]  lease ttl in µs
+-- ARGV[4]  quota key
+-- ARGV[5]  quota limit (units per window)
+-- ARGV[6]  quota period in µs
+-- ARGV[7..] one fresh lease token per task that may be claimed (their count is the limit)
+-- Returns  {"ok", window_start (µs), units left before the claim, snapshot...}: one HGETALL
+--          array per claimed task, oldest due first
+--
+-- Touches: quota:<key> HASH, queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH,
+-- idx:status:<s> ZSET.
+
+local queue = ARGV[2]
+local key = B .. 'quota:' .. ARGV[4]
+local quota_limit, period = tonumber(ARGV[5]), tonumber(ARGV[6])
+local start = math.floor(NOW / period) * period
+local kept = tonumber(redis.call('HGET', key, 'start') or '-1')
+if start < kept then
+  return { 'ok', int_str(start), 0 }
+end
+local used = 0
+if start == kept then
+  used = tonumber(redis.call('HGET', key, 'used') or '0')
+end
+local left = math.max(0, quota_limit - used)
+local limit = math.min(#ARGV - 6, left)
+local reply = { 'ok', int_str(start), left }
+if limit <= 0 then
+  return reply
+end
+local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
+local lease_until = int_str(NOW + tonumber(ARGV[3]))
+for i, id in ipairs(ids) do
+  reply[#reply + 1] = lease_task(id, ARGV[6 + i], lease_until)
+end
+if #ids > 0 then
+  redis.call('HSET', key, 'start', int_str(start), 'used', int_str(used + #ids))
+end
+return reply
