@@ -46,7 +46,7 @@ from taskgate.brokers.checks import (
     check_quota_request,
     check_timeout,
 )
-from taskgate.brokers.sql import batch, create, finish, leases, quotas, reads
+from taskgate.brokers.sql import batch, create, finish, leases, quota_claim, quotas, reads
 from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
@@ -230,6 +230,16 @@ class SQLBroker:
     ) -> QuotaClaim:
         """`claim` and `reserve_quota` in one transaction: a unit of ``key`` per task claimed."""
         check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+        if self._traits.dml_ctes:
+            taken = self._run(
+                "claim_within_quota",
+                lambda tx: quota_claim.claim_within_quota_in_one_statement(
+                    tx, queue, limit, lease_ttl, key, quota_limit, period
+                ),
+                one_statement=True,
+            )
+            if taken is not None:
+                return taken  # else the window has no row yet: the transaction opens it
 
         def step(tx: Tx) -> QuotaClaim:
             grant = quotas.reserve_quota(tx, key, quota_limit, period, limit)

@@ -12,7 +12,21 @@ import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Row, Select, Update, bindparam, delete, false, insert, select, true, update
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Integer,
+    Row,
+    Select,
+    Update,
+    bindparam,
+    delete,
+    false,
+    insert,
+    select,
+    true,
+    update,
+)
 
 from taskgate.brokers.base import Lease, Renewal
 from taskgate.brokers.sql.dialects import Traits
@@ -23,7 +37,17 @@ from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
-__all__ = ["CANCELED_ERROR", "claim", "claim_in_one_statement", "heartbeat", "lease_lost_error", "reap"]
+__all__ = [
+    "CANCELED_ERROR",
+    "claim",
+    "claim_in_one_statement",
+    "claim_params",
+    "due_order",
+    "heartbeat",
+    "lease_lost_error",
+    "one_statement_claim_parts",
+    "reap",
+]
 
 CANCELED_ERROR = "canceled"
 
@@ -32,14 +56,14 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
     """Lease up to ``limit`` due tasks of ``queue``, oldest due first."""
     now = tx.now
     if tx.traits.update_returning:
-        rows = list(tx.conn.execute(_mark_running(tx.models, tx.traits), _claim_params(queue, limit, now)))
+        rows = list(tx.conn.execute(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now)))
     else:
         task = tx.models.task
         values = {**status_values(Status.RUNNING), "claims": task.claims + 1, "started_at": now}
         rows = list(tx.traits.claim_rows(tx.conn, table_of(task), _due(tx, queue, limit), values))
     if not rows:
         return []
-    rows.sort(key=_due_order)
+    rows.sort(key=due_order)
     expires_at = now + lease_ttl
     tokens = {row.id: secrets.token_hex(16) for row in rows}
     leases = [
@@ -59,12 +83,12 @@ def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta)
     """
     now = tx.now
     expires_at = now + lease_ttl
-    params = {**_claim_params(queue, limit, now), "p_expires_at": expires_at}
-    rows = sorted(tx.conn.execute(_one_statement_claim(tx.models, tx.traits), params), key=_due_order)
+    params = {**claim_params(queue, limit, now), "p_expires_at": expires_at}
+    rows = sorted(tx.conn.execute(_one_statement_claim(tx.models, tx.traits), params), key=due_order)
     return [Lease(task=snapshot(row), token=row.lease_token, expires_at=expires_at) for row in rows]
 
 
-def _claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:
+def claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:
     # Parameter names must not be column names: in an UPDATE those would mean "SET this column".
     return {"p_queue": queue, "p_limit": limit, "p_now": now}
 
@@ -75,14 +99,18 @@ def _claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=32)
 def _mark_running(models: Models, traits: Traits) -> Update:
-    """UPDATE the due rows (locked, ``SKIP LOCKED``) to running, RETURNING them."""
+    """UPDATE up to ``p_limit`` due rows (locked, ``SKIP LOCKED``) to running, RETURNING them."""
+    return _mark_running_up_to(models, traits, bindparam("p_limit", type_=Integer))
+
+
+def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int]) -> Update:
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
     due = (
         select(task.c.id)
         .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
         .order_by(task.c.run_at, task.c.id)
-        .limit(bindparam("p_limit", type_=Integer))
+        .limit(limit)
     )
     locked = traits.lock(due, skip_locked=True).scalar_subquery()
     values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
@@ -92,8 +120,17 @@ def _mark_running(models: Models, traits: Traits) -> Update:
 @functools.lru_cache(maxsize=32)
 def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
     """`_mark_running` and the INSERT of the leases, as data-modifying CTEs."""
+    claimed, new_leases = one_statement_claim_parts(models, traits, bindparam("p_limit", type_=Integer))
+    return select(claimed, new_leases.c.token.label("lease_token")).join(
+        new_leases, new_leases.c.task_id == claimed.c.id
+    )
+
+
+def one_statement_claim_parts(models: Models, traits: Traits, limit: ColumnElement[int]) -> tuple[CTE, CTE]:
+    """The CTEs ``claimed`` (up to ``limit`` due tasks marked running) and ``new_leases``
+    (their leases, tokens drawn by the server), for statements built around a claim."""
     lease = table_of(models.lease)
-    claimed = _mark_running(models, traits).cte("claimed")
+    claimed = _mark_running_up_to(models, traits, limit).cte("claimed")
     expires_at = bindparam("p_expires_at", type_=lease.c.expires_at.type)
     new_leases = (
         insert(lease)
@@ -104,12 +141,10 @@ def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
         .returning(lease.c.task_id, lease.c.token)
         .cte("new_leases")
     )
-    return select(claimed, new_leases.c.token.label("lease_token")).join(
-        new_leases, new_leases.c.task_id == claimed.c.id
-    )
+    return claimed, new_leases
 
 
-def _due_order(row: Row[Any]) -> tuple[Any, str]:
+def due_order(row: Row[Any]) -> tuple[Any, str]:
     return (row.run_at, row.id)
 
 

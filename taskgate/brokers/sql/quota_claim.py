@@ -1,0 +1,79 @@
+"""`claim_within_quota` as ONE statement where the dialect has data-modifying CTEs (PostgreSQL).
+
+The statement locks the window row of the quota key, claims at most the units left (``SKIP
+LOCKED`` on the tasks, as `leases.claim_in_one_statement`), inserts the leases and adds the
+number claimed to the window -- atomic like any single statement, one round trip instead of
+BEGIN, six statements and COMMIT. A concurrent claimer waits on the window row and then reads
+its newest ``used`` (the row lock re-reads it), so the window never over-issues.
+
+Only an existing window row can be locked: the first claim of a window (or a clock that
+stepped back) answers "no window row" and the caller takes the transaction path, which
+opens the window.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Integer, Select, bindparam, func, select, true, update
+
+from taskgate.brokers.base import Lease, QuotaClaim, QuotaGrant
+from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
+from taskgate.brokers.sql.quotas import window_bounds
+from taskgate.brokers.sql.rows import snapshot
+from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.models import Models
+
+__all__ = ["claim_within_quota_in_one_statement"]
+
+
+def claim_within_quota_in_one_statement(
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
+) -> QuotaClaim | None:
+    """The claim in one autocommit statement; None when the window has no row yet."""
+    now = tx.now
+    start, end = window_bounds(now, period)
+    expires_at = now + lease_ttl
+    params = {
+        **claim_params(queue, limit, now),
+        "p_expires_at": expires_at,
+        "p_key": key,
+        "p_start": start,
+        "p_quota_limit": quota_limit,
+    }
+    rows = list(tx.conn.execute(_statement(tx.models, tx.traits), params))
+    if not rows:
+        return None
+    left = max(0, quota_limit - int(rows[0].quota_used))
+    claimed = sorted((row for row in rows if row.id is not None), key=due_order)
+    leases = [Lease(task=snapshot(row), token=row.lease_token, expires_at=expires_at) for row in claimed]
+    grant = QuotaGrant(key=key, window_start=start, window_end=end, granted=len(leases), limit=quota_limit)
+    return QuotaClaim(leases=leases, grant=grant, exhausted=left == 0)
+
+
+@functools.lru_cache(maxsize=32)
+def _statement(models: Models, traits: Traits) -> Select[Any]:
+    window = table_of(models.quota_window)
+    quota_limit = bindparam("p_quota_limit", type_=Integer)
+    at_window = (window.c.quota_key == bindparam("p_key"), window.c.window_start == bindparam("p_start"))
+    locked_window = select(window.c.used).where(*at_window).with_for_update().cte("quota_row")
+    used = func.coalesce(select(locked_window.c.used).scalar_subquery(), quota_limit)
+    units_left = func.greatest(0, quota_limit - used)
+    claimed, new_leases = one_statement_claim_parts(
+        models, traits, func.least(bindparam("p_limit", type_=Integer), units_left)
+    )
+    spent = (
+        update(window)
+        .where(*at_window)
+        .values(used=window.c.used + select(func.count()).select_from(claimed).scalar_subquery())
+        .cte("spent")
+    )
+    with_leases = claimed.join(new_leases, new_leases.c.task_id == claimed.c.id)
+    return (
+        select(locked_window.c.used.label("quota_used"), claimed, new_leases.c.token.label("lease_token"))
+        .select_from(locked_window.outerjoin(with_leases, true()))
+        .add_cte(spent)
+    )
