@@ -407,6 +407,16 @@ class DistributedLimiter(Protocol):
         """
         ...
 
+    def claim_with_slots_and_rate(
+        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta, rps: float, burst: int
+    ) -> tuple[list[Lease], float]:
+        """`claim_with_slots` that also takes one start per task from `take_rate`'s limiter.
+
+        Slots and starts are spent only for tasks claimed. Returns the leases and, when the
+        rate held due tasks back, the seconds before the next start may be allowed (else 0).
+        """
+        ...
+
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
         ...

@@ -26,7 +26,8 @@ __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 log = logging.getLogger("taskgate")
 
 Slot = str | None
-CombinedClaim = Callable[[str, int, int, timedelta], list[Lease]]
+# ``(queue, capacity, n, lease_ttl) -> (leases, retry_after)``: see `Limits.combined_claim`.
+CombinedClaim = Callable[[str, int, int, timedelta], tuple[list[Lease], float]]
 
 
 class Limits(Protocol):
@@ -37,7 +38,8 @@ class Limits(Protocol):
         """A broker call taking slots and claiming in one step, when nothing must come between.
 
         Called as ``combined_claim(queue, capacity, n, lease_ttl)``; each lease's token is then
-        its slot. None: take slots, rate and quota first, then claim.
+        its slot, and the second value is the wait before the next start when the rate held
+        tasks back (else 0). None: take slots, rate and quota first, then claim.
         """
         ...
 
@@ -119,8 +121,14 @@ class DistributedLimits:
 
     @property
     def combined_claim(self) -> CombinedClaim | None:
-        """With no global rate to take between slots and claim, both are one script."""
-        return self._limiter.claim_with_slots if self._conf.rps == 0 else None
+        """Slots, the global rate and the claim in one script: spent only for tasks claimed."""
+        return self._claim
+
+    def _claim(self, queue: str, capacity: int, n: int, lease_ttl: timedelta) -> tuple[list[Lease], float]:
+        conf = self._conf
+        return self._limiter.claim_with_slots_and_rate(
+            queue, capacity, n, lease_ttl, conf.rps, conf.effective_burst
+        )
 
     async def settle_releases(self) -> None:
         """Slots being given back right now would be refused to us: let that land first."""

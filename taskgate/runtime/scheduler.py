@@ -162,7 +162,9 @@ class QueueScheduler:
             leases = await self._claim(free, requeue, combined)
             if leases is None:
                 return None
-            return leases, [*(lease.token for lease in leases), *[None] * (free - len(leases))]
+            held_back = self._paused_until > anyio.current_time()  # by the rate: not idle
+            unused = 0 if held_back else free - len(leases)
+            return leases, [*(lease.token for lease in leases), *[None] * unused]
         slots = await self.limits.take_slots(free)
         if not slots:
             self._pause(self._poll)
@@ -189,9 +191,11 @@ class QueueScheduler:
             # stranding them until their lease expires (and costing them a lease_lost).
             with anyio.CancelScope(shield=True):
                 if combined is not None:
-                    leases = await self._calls(
+                    leases, wait = await self._calls(
                         combined, self.name, self.conf.workers, n, self.conf.lease, deadline=self._deadline
                     )
+                    if wait > 0:
+                        self._pause(wait)
                 elif self.quota is not None:
                     leases = self.quota.took(await self._claim_within_quota(self.quota, n))
                 else:

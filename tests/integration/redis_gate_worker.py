@@ -166,6 +166,17 @@ class CountingRedisBroker(RedisBroker):
         self._count("claim", limit, len(leases))
         return leases
 
+    def claim_with_slots_and_rate(
+        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta, rps: float, burst: int
+    ) -> tuple[list[Lease], float]:
+        """`RedisBroker.claim_with_slots_and_rate`, counted: a positive wait means the rate held
+        at least one due task back (counted as one refused start)."""
+        leases, retry_after = super().claim_with_slots_and_rate(queue, capacity, limit, lease_ttl, rps, burst)
+        held_back = 1 if retry_after > 0 else 0
+        self._count("rate", len(leases) + held_back, len(leases))
+        self._count("claim", limit, len(leases))
+        return leases, retry_after
+
     def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
         """`RedisBroker.take_rate`, counted."""
         granted, retry_after = super().take_rate(queue, rps, burst, n)

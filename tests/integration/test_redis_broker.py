@@ -288,6 +288,41 @@ def test_claim_with_slots_slots_expire_with_the_lease(open_broker: Factory) -> N
     assert [lease.task.id for lease in broker.claim_with_slots("q", 1, 1, TTL)] == ["t1"]
 
 
+def test_claim_with_slots_and_rate_spends_starts_only_for_tasks_claimed(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    _pending(broker, 2)
+    # 10 free slots, burst 3 at 2/s, but only 2 tasks due: 2 starts spent, no wait.
+    leases, wait = broker.claim_with_slots_and_rate("q", 10, 10, TTL, 2.0, 3)
+    assert ([lease.task.id for lease in leases], wait) == (["t0", "t1"], 0.0)
+    assert broker.take_rate("q", 2.0, 3, 5) == (1, 0.5)  # the third start of the burst is left
+
+
+def test_claim_with_slots_and_rate_holds_tasks_back_by_the_rate_and_says_how_long(
+    open_broker: Factory,
+) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    _pending(broker, 5)
+    leases, wait = broker.claim_with_slots_and_rate("q", 10, 10, TTL, 2.0, 3)
+    assert ([lease.task.id for lease in leases], wait) == (["t0", "t1", "t2"], 0.5)
+    assert broker.claim_with_slots_and_rate("q", 10, 10, TTL, 2.0, 3) == ([], 0.5)
+    assert broker.get("t3").status is Status.PENDING
+    # The rate held t3 back, not a slot: only the three claimed tasks hold slots.
+    assert len(broker.acquire_slots("q", 10, 10, TTL)) == 7
+    clock.advance(0.5)
+    (lease,), wait = broker.claim_with_slots_and_rate("q", 20, 10, TTL, 2.0, 3)
+    assert (lease.task.id, wait) == ("t3", 0.5)
+
+
+def test_claim_with_slots_and_rate_takes_no_start_without_a_free_slot(open_broker: Factory) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 2)
+    broker.acquire_slots("q", 1, 1, TTL)
+    assert broker.claim_with_slots_and_rate("q", 1, 5, TTL, 1.0, 1) == ([], 0.0)
+    assert broker.take_rate("q", 1.0, 1, 1) == (1, 0.0)  # the refused claim spent no start
+
+
 def test_gcra_grants_the_burst_then_the_rate(open_broker: Factory) -> None:
     clock = ManualClock()
     broker = open_broker(clock=clock)
@@ -317,6 +352,9 @@ def test_gcra_defaults_and_unlimited_rate(open_broker: Factory) -> None:
         lambda b: b.claim_with_slots("q", 0, 1, TTL),
         lambda b: b.claim_with_slots("q", 1, 0, TTL),
         lambda b: b.claim_with_slots("q", 1, 1, timedelta(0)),
+        lambda b: b.claim_with_slots_and_rate("q", 1, 1, TTL, -1.0, 1),
+        lambda b: b.claim_with_slots_and_rate("q", 1, 1, TTL, 1.0, -1),
+        lambda b: b.claim_with_slots_and_rate("q", 0, 1, TTL, 1.0, 1),
     ],
 )
 def test_bad_limiter_arguments_are_refused(

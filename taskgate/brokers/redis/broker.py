@@ -46,7 +46,7 @@ from taskgate.brokers.redis.codec import (
 from taskgate.brokers.redis.connection import check_timeout as check_socket_timeout
 from taskgate.brokers.redis.connection import open_clients
 from taskgate.brokers.redis.keys import DEFAULT_PREFIX, KeySpace
-from taskgate.brokers.redis.limits import RedisLimits
+from taskgate.brokers.redis.limits import RedisLimits, check_rate
 from taskgate.brokers.redis.replies import unwrap
 from taskgate.brokers.redis.scripts import ScriptBook, redis_errors
 from taskgate.brokers.redis.waiter import SignalWaiter
@@ -356,6 +356,27 @@ class RedisBroker:
         tokens = [secrets.token_hex(16) for _ in range(limit)]
         flats = self._run("claim_slots", [queue, capacity, ttl_us(lease_ttl), *tokens])
         return [lease_from_flat(flat) for flat in flats]
+
+    def claim_with_slots_and_rate(
+        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta, rps: float, burst: int
+    ) -> tuple[builtins.list[Lease], float]:
+        """`claim_with_slots` that also takes one start of the queue's global rate per task.
+
+        One script: slots and starts are spent only for tasks claimed. Returns the leases and,
+        when the rate held due tasks back, the seconds until the next start may be allowed.
+        """
+        check_identifier(queue, what="queue")
+        check_count(capacity, what="slot capacity", minimum=1)
+        check_count(limit, what="claim limit", minimum=1)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        rate, size = check_rate(rps, burst)
+        if rate == 0:
+            return self.claim_with_slots(queue, capacity, limit, lease_ttl), 0.0
+        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        retry_after, *flats = self._run(
+            "claim_slots_rate", [queue, capacity, ttl_us(lease_ttl), repr(rate), size, *tokens]
+        )
+        return [lease_from_flat(flat) for flat in flats], float(retry_after)
 
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""

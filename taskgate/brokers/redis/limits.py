@@ -19,7 +19,7 @@ from taskgate.brokers.redis.codec import from_us, to_us, ttl_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import redis_errors
 
-__all__ = ["RedisLimits"]
+__all__ = ["RedisLimits", "check_rate"]
 
 Runner = Callable[[str, Sequence[Any]], list[Any]]
 
@@ -34,7 +34,8 @@ def _check_tokens(tokens: object) -> list[str]:
     return [check_identifier(t, what="slot token") for t in tokens]
 
 
-def _check_rate(rps: object, burst: object) -> tuple[float, int]:
+def check_rate(rps: object, burst: object) -> tuple[float, int]:
+    """``(rps, burst)`` as the scripts take them: ``burst=0`` means ``max(1, int(rps))``."""
     if isinstance(rps, bool) or not isinstance(rps, int | float) or not math.isfinite(rps) or rps < 0:
         raise ValueError(f"rps must be a finite number >= 0, got {rps!r}")
     size = check_count(burst, what="burst", minimum=0)
@@ -103,7 +104,7 @@ class RedisLimits:
         ``rps=0`` means unlimited; ``burst=0`` means ``max(1, int(rps))``.
         """
         check_identifier(queue, what="queue")
-        rate, size = _check_rate(rps, burst)
+        rate, size = check_rate(rps, burst)
         check_count(n, what="starts wanted n", minimum=0)
         if rate == 0 or n == 0:
             return n, 0.0

@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "claim",
     "claim_quota",
     "claim_slots",
+    "claim_slots_rate",
     "enqueue",
     "fail",
     "finish_canceled",

@@ -195,3 +195,23 @@ local function count_failure(t, kind)
 end
 
 -- ---------------------------------------------------------------------------------------
+
+-- GCRA of a queue's start rate (see rate_take.lua): take up to n starts from the limiter
+-- at `key` (rate `rps`, `burst`). Returns granted, and the wait in seconds before the next
+-- start may be allowed when fewer than n were granted (0 otherwise).
+local function gcra_take(key, rps, burst, n)
+  local interval = 1000000 / rps
+  local tat = math.max(tonumber(redis.call('GET', key) or '0'), NOW)
+  local room = math.floor((NOW + burst * interval - tat) / interval + 1e-9)
+  local granted = math.max(0, math.min(n, room))
+  tat = tat + granted * interval
+  local retry_after = 0
+  if granted < n then
+    -- the next start is allowed once TAT - later <= (burst - 1) * T
+    retry_after = math.max(0, tat - (burst - 1) * interval - NOW) / 1000000
+  end
+  if granted > 0 then
+    redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil((tat - NOW) / 1000) + 60000)
+  end
+  return granted, retry_after
+end

@@ -13,19 +13,5 @@
 --
 -- Touches: rate:<queue> STRING (TAT in µs; expires once it lies in the past).
 
-local key = B .. 'rate:' .. ARGV[2]
-local interval = 1000000 / tonumber(ARGV[3])
-local burst, n = tonumber(ARGV[4]), tonumber(ARGV[5])
-local tat = math.max(tonumber(redis.call('GET', key) or '0'), NOW)
-local room = math.floor((NOW + burst * interval - tat) / interval + 1e-9)
-local granted = math.max(0, math.min(n, room))
-tat = tat + granted * interval
-local retry_after = 0
-if granted < n then
-  -- the next start is allowed once TAT - later <= (burst - 1) * T
-  retry_after = math.max(0, tat - (burst - 1) * interval - NOW) / 1000000
-end
-if granted > 0 then
-  redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil((tat - NOW) / 1000) + 60000)
-end
+local granted, retry_after = gcra_take(B .. 'rate:' .. ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
 return { 'ok', granted, string.format('%.6f', retry_after) }
