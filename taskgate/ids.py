@@ -6,7 +6,7 @@ import os
 import threading
 import time
 
-__all__ = ["MAX_ID_LENGTH", "new_id"]
+__all__ = ["MAX_ID_LENGTH", "new_id", "new_tokens"]
 
 # Every id, type, queue and key must fit MySQL's indexed VARCHAR(255).
 MAX_ID_LENGTH = 255
@@ -43,3 +43,13 @@ def new_id() -> str:
         rand &= (1 << 80) - 1
         _last_ms, _last_rand = ms, rand
     return encode_ulid(ms, rand)
+
+
+def new_tokens(n: int) -> list[str]:
+    """``n`` lease tokens, each 128 random bits as 32 hex digits (like ``secrets.token_hex(16)``).
+
+    One ``os.urandom`` call for the whole batch: a claim needs a token per task, and a system
+    call each costs more than the rest of an in-memory claim.
+    """
+    digits = os.urandom(16 * n).hex()
+    return [digits[i : i + 32] for i in range(0, 32 * n, 32)]

@@ -5,20 +5,18 @@ quota-exhausted queue never delays another. A same-process submit fires the queu
 `Signal` (no polling delay); delayed and retrying tasks become due by polling every
 ``poll_interval``.
 
-Claimed leases go to the queue's ``workers`` long-lived worker tasks through a memory
-stream, and finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
+Claimed leases go to the queue's ``workers`` long-lived worker tasks through a `Feed`, and
+finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
 import anyio.lowlevel
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from taskgate.brokers.base import Broker, Lease, QuotaClaim
 from taskgate.config import QueueConfig
@@ -26,6 +24,7 @@ from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.feed import Feed
 from taskgate.runtime.limits import CombinedClaim, Limits, Slot
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
@@ -59,7 +58,7 @@ class QueueScheduler:
     ) -> None:
         self.name, self.conf = name, conf
         self.acks = acks  # the queue's group commit of acks (see `taskgate.runtime.acks`)
-        self._ready = anyio.create_memory_object_stream[Claimed](math.inf)
+        self._ready: Feed[Claimed] = Feed()
         self._broker, self._calls = broker, calls
         self.limits, self.quota = limits, quota
         self._poll, self._deadline = poll_interval, deadline
@@ -96,34 +95,28 @@ class QueueScheduler:
         After `stop` the workers finish what was claimed and the ack writer drains. When the
         runtime is cancelled instead, leases claimed but not yet started are put back.
         """
-        send, receive = self._ready
         async with anyio.create_task_group() as writer:
             writer.start_soon(self.acks.run)
             try:
                 async with anyio.create_task_group() as workers:
                     for _ in range(self.conf.workers):
-                        workers.start_soon(_work, receive, start)
+                        workers.start_soon(_work, self._ready, start)
                     try:
                         while not self._stopping:
                             await self._cycle(requeue)
                     finally:
-                        send.close()
+                        self._ready.close()
             finally:
                 self.acks.close()
                 with anyio.CancelScope(shield=True):
-                    await self._requeue_unstarted(receive, requeue)
+                    await self._requeue_unstarted(requeue)
 
-    async def _requeue_unstarted(self, receive: MemoryObjectReceiveStream[Claimed], requeue: Requeue) -> None:
+    async def _requeue_unstarted(self, requeue: Requeue) -> None:
         """Put back leases claimed but never started (the workers were cancelled first)."""
-        with receive:
-            while True:
-                try:
-                    lease, slot, _ = receive.receive_nowait()
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    return
-                self.running -= 1
-                await requeue(lease)
-                await self.limits.release([slot])
+        for lease, slot, _ in self._ready.drain():
+            self.running -= 1
+            await requeue(lease)
+            await self.limits.release([slot])
 
     async def _cycle(self, requeue: Requeue) -> None:
         now = anyio.current_time()
@@ -143,10 +136,9 @@ class QueueScheduler:
         leases, slots = claimed
         # Leases that come back after `stop` still run: graceful shutdown finishes the work
         # already claimed (the runtime puts them back once the shutdown grace is over).
-        send = self._ready[0]
         for lease, slot in zip(leases, slots, strict=False):
             self.running += 1
-            send.send_nowait((lease, slot, self._claim_started))
+            self._ready.put((lease, slot, self._claim_started))
         self._idle = len(leases) < len(slots)
         if self._idle:
             await self.signal.wait(self._poll)
@@ -240,10 +232,10 @@ class QueueScheduler:
         self._paused_until = anyio.current_time() + seconds
 
 
-async def _work(receive: MemoryObjectReceiveStream[Claimed], start: StartLease) -> None:
-    """One worker: run claimed leases one after another until the stream is closed and empty."""
-    async for lease, slot, claimed_at in receive:
-        await start(lease, slot, claimed_at)
+async def _work(feed: Feed[Claimed], start: StartLease) -> None:
+    """One worker: run claimed leases one after another until the feed is closed and empty."""
+    while (claimed := await feed.get()) is not None:
+        await start(*claimed)
 
 
 async def _requeue_if_cancelled(leases: list[Lease], requeue: Requeue) -> None:

@@ -53,6 +53,7 @@ from taskgate.errors import (
     TaskExistsError,
     TaskNotFoundError,
 )
+from taskgate.ids import new_tokens
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["MemoryBroker"]
@@ -220,7 +221,7 @@ class MemoryBroker:
         check_duration(lease_ttl, what="lease_ttl", positive=True)
         with self._cond:
             now = self._now()
-            return [self._lease(r, now, lease_ttl) for r in self._table.pop_due(queue, now, limit)]
+            return self._lease_all(self._table.pop_due(queue, now, limit), now, lease_ttl)
 
     def claim_within_quota(
         self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
@@ -232,17 +233,23 @@ class MemoryBroker:
             grant = self._quota.reserve(key, quota_limit, period, limit, now)
 
             def claim(n: int) -> builtins.list[Lease]:
-                return [self._lease(r, now, lease_ttl) for r in self._table.pop_due(queue, now, n)]
+                return self._lease_all(self._table.pop_due(queue, now, n), now, lease_ttl)
 
             return claim_within_grant(grant, claim, self._quota.release)
 
-    def _lease(self, record: Record, now: datetime, lease_ttl: timedelta) -> Lease:
-        self._table.set_status(record, Status.RUNNING)
-        record.claims += 1
-        record.started_at = now
-        record.token = secrets.token_hex(16)
-        record.lease_expires_at = now + lease_ttl
-        return Lease(task=record.snapshot(), token=record.token, expires_at=record.lease_expires_at)
+    def _lease_all(
+        self, records: builtins.list[Record], now: datetime, lease_ttl: timedelta
+    ) -> builtins.list[Lease]:
+        expires_at = now + lease_ttl
+        leases = []
+        for record, token in zip(records, new_tokens(len(records)), strict=True):
+            self._table.set_status(record, Status.RUNNING)
+            record.claims += 1
+            record.started_at = now
+            record.token = token
+            record.lease_expires_at = expires_at
+            leases.append(Lease(task=record.snapshot(), token=token, expires_at=expires_at))
+        return leases
 
     def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.

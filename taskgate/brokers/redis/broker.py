@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import secrets
 import threading
 from collections.abc import Collection, Sequence
 from datetime import timedelta
@@ -52,6 +51,7 @@ from taskgate.brokers.redis.scripts import ScriptBook, redis_errors
 from taskgate.brokers.redis.waiter import SignalWaiter
 from taskgate.clock import Clock
 from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
+from taskgate.ids import new_tokens
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["RedisBroker"]
@@ -216,7 +216,7 @@ class RedisBroker:
         check_identifier(queue, what="queue")
         check_count(limit, what="claim limit", minimum=1)
         check_duration(lease_ttl, what="lease_ttl", positive=True)
-        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        tokens = new_tokens(limit)
         return [lease_from_flat(flat) for flat in self._run("claim", [queue, ttl_us(lease_ttl), *tokens])]
 
     def claim_within_quota(
@@ -224,7 +224,7 @@ class RedisBroker:
     ) -> QuotaClaim:
         """`claim` and `reserve_quota` in one script: a unit of ``key`` per task claimed."""
         check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        tokens = new_tokens(limit)
         start_us, left, *flats = self._run(
             "claim_quota", [queue, ttl_us(lease_ttl), key, quota_limit, ttl_us(period), *tokens]
         )
@@ -353,7 +353,7 @@ class RedisBroker:
         check_count(capacity, what="slot capacity", minimum=1)
         check_count(limit, what="claim limit", minimum=1)
         check_duration(lease_ttl, what="lease_ttl", positive=True)
-        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        tokens = new_tokens(limit)
         flats = self._run("claim_slots", [queue, capacity, ttl_us(lease_ttl), *tokens])
         return [lease_from_flat(flat) for flat in flats]
 
@@ -372,7 +372,7 @@ class RedisBroker:
         rate, size = check_rate(rps, burst)
         if rate == 0:
             return self.claim_with_slots(queue, capacity, limit, lease_ttl), 0.0
-        tokens = [secrets.token_hex(16) for _ in range(limit)]
+        tokens = new_tokens(limit)
         retry_after, *flats = self._run(
             "claim_slots_rate", [queue, capacity, ttl_us(lease_ttl), repr(rate), size, *tokens]
         )

@@ -8,7 +8,6 @@ scripts raise `BrokerError`: nothing is ever granted without the server (fail cl
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from taskgate.brokers.checks import check_count, check_duration, check_quota_rel
 from taskgate.brokers.redis.codec import from_us, to_us, ttl_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import redis_errors
+from taskgate.ids import new_tokens
 
 __all__ = ["RedisLimits", "check_rate"]
 
@@ -76,7 +76,7 @@ class RedisLimits:
         check_duration(ttl, what="slot ttl", positive=True)
         if n == 0:
             return []
-        tokens = [secrets.token_hex(16) for _ in range(n)]
+        tokens = new_tokens(n)
         return [_text(t) for t in self._run("slots_acquire", [queue, capacity, ttl_us(ttl), *tokens])]
 
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> list[str]:

@@ -8,7 +8,6 @@ for each other and never take the same task twice.
 from __future__ import annotations
 
 import functools
-import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +33,7 @@ from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
+from taskgate.ids import new_tokens
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
@@ -65,7 +65,7 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
         return []
     rows.sort(key=due_order)
     expires_at = now + lease_ttl
-    tokens = {row.id: secrets.token_hex(16) for row in rows}
+    tokens = dict(zip((row.id for row in rows), new_tokens(len(rows)), strict=True))
     leases = [
         {"task_id": task_id, "token": token, "expires_at": expires_at, "cancel_requested": False}
         for task_id, token in tokens.items()
