@@ -6,8 +6,9 @@ while a write is in flight, the acks that arrive pile up and go out together in 
 The batch size thus follows the load (one at a time when idle, every finished handler of a
 round trip under load) with no fixed delay.
 
-Acks waiting for the writer count against the queue's claims beyond one batch of ``workers``
-(`backlog_beyond`), so a slow medium slows the claims instead of growing the backlog. A crash
+Acks waiting for the writer count against the queue's claims beyond an allowance of a few
+rounds of ``workers`` (`backlog_beyond`), so a slow medium slows the claims instead of growing
+the backlog without bound. A crash
 before a write leaves those tasks running under their leases: the reaper puts them back and
 they run again -- a re-run, never a loss. Shutdown waits for every write (the writer drains
 before it ends, shielded when the runtime is cancelled).

@@ -70,6 +70,7 @@ class Executor:
         self._threads = thread_limiter
         self._on_settled = on_settled
         self._keeper = keeper
+        self._async: dict[Handler, bool] = {}  # is_async_handler per handler (inspect is slow)
 
     async def run(self, ctx: RunContext, *, auto_heartbeat: bool) -> None:
         """Run ``ctx``'s task to one final write; a cancelled runtime requeues it untouched."""
@@ -118,11 +119,20 @@ class Executor:
         return outcome, finished
 
     async def _invoke(self, handler: Handler, task: Task) -> Any:
-        if is_async_handler(handler):
+        if self._is_async(handler):
             return await handler(task)
         # A plain function cannot be interrupted: on cancel the thread is abandoned and its
         # result dropped, so a stuck sync handler never blocks shutdown or fencing.
         return await anyio.to_thread.run_sync(handler, task, abandon_on_cancel=True, limiter=self._threads)
+
+    def _is_async(self, handler: Handler) -> bool:
+        try:
+            known = self._async.get(handler)
+        except TypeError:  # an unhashable callable object
+            return is_async_handler(handler)
+        if known is None:
+            known = self._async[handler] = is_async_handler(handler)
+        return known
 
     async def settle(self, ctx: RunContext, outcome: Outcome) -> None:
         """Write ``outcome`` with the lease token; a stale token means someone else owns the task."""

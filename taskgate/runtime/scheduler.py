@@ -39,6 +39,11 @@ StartLease = Callable[[Lease, Slot, float], Coroutine[Any, Any, None]]
 Requeue = Callable[[Lease], Coroutine[Any, Any, None]]
 Claimed = tuple[Lease, Slot, float]
 
+# Acks waiting to be written may reach this many times ``workers`` before they hold claims
+# back: enough for the writer's batches to grow past one round of workers under load (one
+# `ack_many` per several claims), few enough that a crash re-runs little.
+ACK_ALLOWANCE = 4
+
 
 class QueueScheduler:
     """Claims tasks of one queue within its limits and hands them to the executor."""
@@ -120,7 +125,7 @@ class QueueScheduler:
 
     async def _cycle(self, requeue: Requeue) -> None:
         now = anyio.current_time()
-        free = self.conf.workers - self.running - self.acks.backlog_beyond(self.conf.workers)
+        free = self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
         if now < self._paused_until:
             await self.signal.wait(self._paused_until - now)
             return

@@ -18,6 +18,7 @@ from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.scheduler import ACK_ALLOWANCE
 from taskgate.testing.contract._support import new_task
 
 pytestmark = pytest.mark.anyio
@@ -114,6 +115,33 @@ async def test_the_next_claim_overlaps_the_ack_write_without_exceeding_workers(g
         for task_id in (first, second):
             await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
     assert most_inside == 1
+
+
+async def test_acks_held_back_by_a_stuck_write_stop_the_claims_at_the_allowance(gate_broker):
+    broker = Recording(gate_broker)
+    broker.hold = threading.Event()
+    gate = make_gate(broker, {"q": QueueConfig(workers=1)})
+    ran: list[str] = []
+    cap = (ACK_ALLOWANCE + 1) * 1  # acks waiting (in flight or queued) before claims stop
+    reached = anyio.Event()
+
+    @gate.handler("q")
+    async def quick(task: Task) -> None:
+        ran.append(task.id)
+        if len(ran) == cap:
+            reached.set()
+
+    async with gate:
+        ids = await gate.submit_many("q", [None] * (cap + 3))
+        with anyio.fail_after(GUARD):
+            await reached.wait()
+        await anyio.sleep(0.05)  # room to over-claim, if the allowance did not hold
+        assert len(ran) == cap
+        assert (await gate.stats("q")).queue_len == 3
+        broker.hold.set()
+        for task_id in ids:
+            await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+    assert sorted(ran) == sorted(ids)
 
 
 async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
