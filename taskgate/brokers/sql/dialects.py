@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row, Select, String, Table, bindparam, cast, func, select, text, update
+from sqlalchemy import Connection, String, Table, bindparam, cast, func, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
@@ -47,19 +47,6 @@ class Traits:
     def lock_shared(self, stmt: _S) -> _S:
         """``stmt`` taking shared locks: the rows cannot change status until we commit."""
         return stmt.with_for_update(read=True)
-
-    def claim_rows(
-        self, conn: Connection, table: Table, candidates: Select[Any], values: Mapping[str, Any]
-    ) -> Sequence[Row[Any]]:
-        """Lock the ``candidates`` ids, apply ``values`` to them, and return the updated rows.
-
-        The default is two statements in one transaction (MySQL has no ``UPDATE … RETURNING``).
-        """
-        ids = list(conn.execute(self.lock(candidates, skip_locked=True)).scalars())
-        if not ids:
-            return []
-        conn.execute(update(table).where(table.c.id.in_(ids)).values(dict(values)))
-        return conn.execute(select(table).where(table.c.id.in_(ids))).all()
 
     def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
         """An INSERT of ``values`` that does nothing when the primary key exists already."""

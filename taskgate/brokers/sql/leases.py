@@ -57,21 +57,36 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
     now = tx.now
     if tx.traits.update_returning:
         rows = list(tx.conn.execute(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now)))
+        snapshots = [snapshot(row) for row in sorted(rows, key=due_order)]
     else:
-        task = tx.models.task
-        values = {**status_values(Status.RUNNING), "claims": task.claims + 1, "started_at": now}
-        rows = list(tx.traits.claim_rows(tx.conn, table_of(task), _due(tx, queue, limit), values))
-    if not rows:
+        snapshots = _lock_and_mark_running(tx, queue, limit)
+    if not snapshots:
         return []
-    rows.sort(key=due_order)
     expires_at = now + lease_ttl
-    tokens = dict(zip((row.id for row in rows), new_tokens(len(rows)), strict=True))
+    tokens = new_tokens(len(snapshots))
     leases = [
-        {"task_id": task_id, "token": token, "expires_at": expires_at, "cancel_requested": False}
-        for task_id, token in tokens.items()
+        {"task_id": task.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
+        for task, token in zip(snapshots, tokens, strict=True)
     ]
     tx.conn.execute(insert(tx.models.lease), leases)
-    return [Lease(task=snapshot(row), token=tokens[row.id], expires_at=expires_at) for row in rows]
+    return [
+        Lease(task=task, token=token, expires_at=expires_at)
+        for task, token in zip(snapshots, tokens, strict=True)
+    ]
+
+
+def _lock_and_mark_running(tx: Tx, queue: str, limit: int) -> list[Task]:
+    """Without ``UPDATE … RETURNING`` (MySQL): lock the due rows whole, update them, and build
+    the snapshots from the locked values plus what the update wrote -- two statements."""
+    task = tx.models.task
+    rows = tx.conn.execute(tx.traits.lock(_due(tx, queue, limit), skip_locked=True)).all()
+    if not rows:
+        return []
+    now = tx.now
+    running = {**status_values(Status.RUNNING), "started_at": now}
+    ids = [row.id for row in rows]
+    tx.conn.execute(update(task).where(task.id.in_(ids)).values({**running, "claims": task.claims + 1}))
+    return [snapshot(row, {**running, "claims": row.claims + 1}) for row in rows]
 
 
 def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
@@ -149,10 +164,10 @@ def due_order(row: Row[Any]) -> tuple[Any, str]:
 
 
 def _due(tx: Tx, queue: str, limit: int) -> Select[Any]:
-    """Ids of up to ``limit`` due tasks of ``queue``, oldest due first (the claim index's order)."""
+    """Rows of up to ``limit`` due tasks of ``queue``, oldest due first (the claim index's order)."""
     task = tx.models.task
     return (
-        select(task.id)
+        select(table_of(task))
         .where(task.queue == queue, task.ready == true(), task.run_at <= tx.now)
         .order_by(task.run_at, task.id)
         .limit(limit)
