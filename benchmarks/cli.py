@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks import claims, latency, processing, submit
 from benchmarks.floors import FLOOR_NAMES, measure_floors
-from benchmarks.plan import GROUPS, LATENCY_FLOOR, spec_of
+from benchmarks.plan import GROUPS, spec_of
 from benchmarks.results import Figure, judge, median, percentile, render_table
 from benchmarks.settings import Settings
 from benchmarks.stores import BACKENDS, CROSS_PROCESS, isolated_store, server_address
@@ -160,10 +160,6 @@ class Run:
 
     def _floor_value(self, backend: str, name: str | None) -> float | None:
         floors = self.floors.get(backend, {})
-        if name == LATENCY_FLOOR:
-            if not floors.get("insert1") or not floors.get("claim1"):
-                return None
-            return 1000 / floors["insert1"] + 1000 / floors["claim1"]
         return floors.get(name) if name else None
 
     # -- groups ----------------------------------------------------------------------------
@@ -174,7 +170,7 @@ class Run:
         runs: list[dict[str, float]] = []
         for _ in range(self.s.repeats):
             with isolated_store(backend) as store:
-                measured = measure_floors(store, self.s.n, self.s.run_cap / 3)
+                measured = measure_floors(store, self.s.n, self.s.run_cap / 3, self.s.latency_gap)
             if not measured:
                 return
             runs.append(measured)

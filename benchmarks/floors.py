@@ -2,6 +2,9 @@
 
 Per server, on a one-table queue of its own (in the run's isolated store):
 - ``insert1``: one job per statement, each its own transaction (autocommit);
+- ``idle_rt``: ms of one ``insert1`` plus one ``claim1`` after an idle pause drawn like the
+  latency benchmark's gaps (median) -- the raw cost of a submit->start at low load, when the
+  client, the server and the CPU have gone idle in between (much more than back to back);
 - ``insert_batch``: 1,000 jobs per transaction (array insert / multi-row VALUES / RPUSH);
 - ``claim1`` / ``claim100``: take 1 or 100 jobs per call (``SKIP LOCKED`` batch claim with
   psycopg / PyMySQL, ``LMOVE`` / 100 pipelined ``LMOVE`` with redis-py, an ``UPDATE …
@@ -14,7 +17,9 @@ of the jobs done so far). The memory backend has no floor.
 
 from __future__ import annotations
 
+import random
 import sqlite3
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,19 +28,23 @@ from benchmarks.stores import PG_HOST, PG_PORT, Store, mysql_connect
 
 __all__ = ["FLOOR_NAMES", "measure_floors"]
 
-FLOOR_NAMES = ("insert1", "insert_batch", "claim1", "claim100", "work10")
+FLOOR_NAMES = ("insert1", "insert_batch", "claim1", "claim100", "work10", "idle_rt")
+IDLE_SAMPLES = 15
 BATCH = 1000
 
 
-def measure_floors(store: Store, n: int, cap: float) -> dict[str, float]:
-    """Every floor of ``store``'s server, up to ``n`` jobs or ``cap`` seconds each; ``{}`` for memory."""
+def measure_floors(store: Store, n: int, cap: float, idle_gap: tuple[float, float]) -> dict[str, float]:
+    """Every floor of ``store``'s server, up to ``n`` jobs or ``cap`` seconds each; ``{}`` for memory.
+
+    ``idle_gap``: the range of the pause before each ``idle_rt`` sample, in seconds.
+    """
     runner = {"postgresql": _PgFloor, "mariadb": _MySQLFloor, "redis": _RedisFloor, "sqlite": _SQLiteFloor}
     floor_class = runner.get(store.backend)
     if floor_class is None:
         return {}
     floor = floor_class(store)
     try:
-        return floor.measure(n, cap)
+        return floor.measure(n, cap, idle_gap)
     finally:
         floor.close()
 
@@ -49,8 +58,10 @@ def _rate(fn: Callable[[float], int]) -> float:
 class _Floor:
     """The shared measuring sequence; subclasses say how each step talks to their server."""
 
-    def measure(self, n: int, cap: float) -> dict[str, float]:
+    def measure(self, n: int, cap: float, idle_gap: tuple[float, float]) -> dict[str, float]:
         out = {"insert1": _rate(lambda t0: self._insert_single(n, t0 + cap))}
+        self.reset()
+        out["idle_rt"] = self._idle_round_trips(idle_gap)
         self.reset()
         out["insert_batch"] = _rate(lambda t0: self._insert_batches(n, t0 + cap))
         for name, k, done in (("claim1", 1, False), ("claim100", 100, False), ("work10", 10, True)):
@@ -65,6 +76,17 @@ class _Floor:
             self.insert_single(1)
             done += 1
         return done
+
+    def _idle_round_trips(self, gap: tuple[float, float]) -> float:
+        samples = []
+        for _ in range(IDLE_SAMPLES):
+            time.sleep(random.uniform(*gap))
+            start = time.perf_counter()
+            self.insert_single(1)
+            if len(self.claim(1)) != 1:
+                raise RuntimeError("the raw claim did not find the job just inserted")
+            samples.append((time.perf_counter() - start) * 1000)
+        return statistics.median(samples)
 
     def _insert_batches(self, n: int, stop: float) -> int:
         done = 0
