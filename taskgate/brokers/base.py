@@ -41,9 +41,11 @@ __all__ = [
     "DistributedLimiter",
     "FailureKind",
     "Lease",
+    "LimitedClaim",
     "NewTask",
     "QuotaClaim",
     "QuotaGrant",
+    "QuotaSpec",
     "Renewal",
     "Unset",
     "check_identifier",
@@ -187,6 +189,28 @@ class QuotaClaim:
     leases: list[Lease]
     grant: QuotaGrant
     exhausted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSpec:
+    """A quota budget: ``limit`` units per epoch-aligned ``period`` of ``key``."""
+
+    key: str
+    limit: int
+    period: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedClaim:
+    """What `DistributedLimiter.claim_with_limits` did.
+
+    ``retry_after`` > 0: the rate held due tasks back; the next start may be allowed after
+    that many seconds. ``quota``: what the quota window gave, when one was asked for.
+    """
+
+    leases: list[Lease]
+    retry_after: float = 0.0
+    quota: QuotaClaim | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,13 +431,21 @@ class DistributedLimiter(Protocol):
         """
         ...
 
-    def claim_with_slots_and_rate(
-        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta, rps: float, burst: int
-    ) -> tuple[list[Lease], float]:
-        """`claim_with_slots` that also takes one start per task from `take_rate`'s limiter.
+    def claim_with_limits(
+        self,
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+    ) -> LimitedClaim:
+        """`claim_with_slots` that also takes, per task claimed, one start of `take_rate`'s
+        limiter (``rps`` > 0) and one unit of ``quota``'s current window -- ONE atomic step.
 
-        Slots and starts are spent only for tasks claimed. Returns the leases and, when the
-        rate held due tasks back, the seconds before the next start may be allowed (else 0).
+        Slots, starts and units are spent only for tasks claimed.
         """
         ...
 

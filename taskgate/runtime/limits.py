@@ -14,7 +14,7 @@ from typing import Protocol
 
 import anyio
 
-from taskgate.brokers.base import DistributedLimiter, Lease
+from taskgate.brokers.base import DistributedLimiter, LimitedClaim, QuotaSpec
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.bucket import TokenBucket
@@ -26,8 +26,8 @@ __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 log = logging.getLogger("taskgate")
 
 Slot = str | None
-# ``(queue, capacity, n, lease_ttl) -> (leases, retry_after)``: see `Limits.combined_claim`.
-CombinedClaim = Callable[[str, int, int, timedelta], tuple[list[Lease], float]]
+# ``(queue, capacity, n, lease_ttl, quota) -> LimitedClaim``: see `Limits.combined_claim`.
+CombinedClaim = Callable[[str, int, int, timedelta, QuotaSpec | None], LimitedClaim]
 
 
 class Limits(Protocol):
@@ -37,9 +37,9 @@ class Limits(Protocol):
     def combined_claim(self) -> CombinedClaim | None:
         """A broker call taking slots and claiming in one step, when nothing must come between.
 
-        Called as ``combined_claim(queue, capacity, n, lease_ttl)``; each lease's token is then
-        its slot, and the second value is the wait before the next start when the rate held
-        tasks back (else 0). None: take slots, rate and quota first, then claim.
+        Called as ``combined_claim(queue, capacity, n, lease_ttl, quota)``: slots, rate and the
+        quota (when given) in the claim itself; each lease's token is then its slot. None:
+        take slots and rate first, then claim.
         """
         ...
 
@@ -124,10 +124,12 @@ class DistributedLimits:
         """Slots, the global rate and the claim in one script: spent only for tasks claimed."""
         return self._claim
 
-    def _claim(self, queue: str, capacity: int, n: int, lease_ttl: timedelta) -> tuple[list[Lease], float]:
+    def _claim(
+        self, queue: str, capacity: int, n: int, lease_ttl: timedelta, quota: QuotaSpec | None
+    ) -> LimitedClaim:
         conf = self._conf
-        return self._limiter.claim_with_slots_and_rate(
-            queue, capacity, n, lease_ttl, conf.rps, conf.effective_burst
+        return self._limiter.claim_with_limits(
+            queue, capacity, n, lease_ttl, rps=conf.rps, burst=conf.effective_burst, quota=quota
         )
 
     async def settle_releases(self) -> None:

@@ -9,21 +9,18 @@ to counting locally.
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime, timedelta
 
-from taskgate.brokers.base import Lease, QuotaClaim
+from taskgate.brokers.base import Lease, QuotaClaim, QuotaSpec
 
 __all__ = ["QuotaGate"]
 
-log = logging.getLogger("taskgate")
-
 
 class QuotaGate:
-    """One queue's view of its quota budget (``key``/``limit``/``period``)."""
+    """One queue's view of its quota budget (`spec`)."""
 
     def __init__(self, *, key: str, limit: int, period: timedelta, recheck: float) -> None:
-        self.key, self.limit, self.period = key, limit, period
+        self.spec = QuotaSpec(key=key, limit=limit, period=period)
         self._recheck = recheck
         self.exhausted = False
         self.stalled = False

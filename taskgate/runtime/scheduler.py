@@ -152,7 +152,7 @@ class QueueScheduler:
         self, free: int, requeue: Requeue
     ) -> tuple[list[Lease], list[Slot]] | None:
         """Take slots, rate and quota for up to ``free`` starts, then claim; None when paused."""
-        combined = self.limits.combined_claim if self.quota is None else None
+        combined = self.limits.combined_claim
         if combined is not None:
             # Global slots and the claim in one call; each lease's token is its slot.
             await self.limits.settle_releases()
@@ -188,11 +188,7 @@ class QueueScheduler:
             # stranding them until their lease expires (and costing them a lease_lost).
             with anyio.CancelScope(shield=True):
                 if combined is not None:
-                    leases, wait = await self._calls(
-                        combined, self.name, self.conf.workers, n, self.conf.lease, deadline=self._deadline
-                    )
-                    if wait > 0:
-                        self._pause(wait)
+                    leases = await self._combined_claim(combined, n)
                 elif self.quota is not None:
                     leases = self.quota.took(await self._claim_within_quota(self.quota, n))
                 else:
@@ -214,15 +210,26 @@ class QueueScheduler:
             return None
         return leases
 
+    async def _combined_claim(self, combined: CombinedClaim, n: int) -> list[Lease]:
+        quota = None if self.quota is None else self.quota.spec
+        taken = await self._calls(
+            combined, self.name, self.conf.workers, n, self.conf.lease, quota, deadline=self._deadline
+        )
+        if taken.retry_after > 0:
+            self._pause(taken.retry_after)
+        if self.quota is not None and taken.quota is not None:
+            self.quota.took(taken.quota)
+        return taken.leases
+
     async def _claim_within_quota(self, quota: QuotaGate, n: int) -> QuotaClaim:
         return await self._calls(
             self._broker.claim_within_quota,
             self.name,
             n,
             self.conf.lease,
-            key=quota.key,
-            quota_limit=quota.limit,
-            period=quota.period,
+            key=quota.spec.key,
+            quota_limit=quota.spec.limit,
+            period=quota.spec.period,
             deadline=self._deadline,
         )
 

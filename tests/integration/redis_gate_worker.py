@@ -23,7 +23,7 @@ import anyio
 import redis
 
 from taskgate import Config, Gate, QueueConfig, Status, Task
-from taskgate.brokers.base import Lease
+from taskgate.brokers.base import Lease, LimitedClaim, QuotaSpec
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 
@@ -157,25 +157,32 @@ class CountingRedisBroker(RedisBroker):
         self._count("slots", n, len(tokens))
         return tokens
 
-    def claim_with_slots(self, queue: str, capacity: int, limit: int, lease_ttl: timedelta) -> list[Lease]:
-        """`RedisBroker.claim_with_slots`, counted as slots: a shortfall while tasks were still
-        queued was for want of a slot (tasks leave the queue only by being claimed)."""
-        leases = super().claim_with_slots(queue, capacity, limit, lease_ttl)
-        short = limit - len(leases)
-        self._count("slots", limit, limit - short if short and self.queue_length(queue) else limit)
-        self._count("claim", limit, len(leases))
-        return leases
-
-    def claim_with_slots_and_rate(
-        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta, rps: float, burst: int
-    ) -> tuple[list[Lease], float]:
-        """`RedisBroker.claim_with_slots_and_rate`, counted: a positive wait means the rate held
-        at least one due task back (counted as one refused start)."""
-        leases, retry_after = super().claim_with_slots_and_rate(queue, capacity, limit, lease_ttl, rps, burst)
-        held_back = 1 if retry_after > 0 else 0
-        self._count("rate", len(leases) + held_back, len(leases))
-        self._count("claim", limit, len(leases))
-        return leases, retry_after
+    def claim_with_limits(
+        self,
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+    ) -> LimitedClaim:
+        """`RedisBroker.claim_with_limits`, counted. Slots: a shortfall while tasks were still
+        queued and the rate held none back was for want of a slot (tasks leave the queue only
+        by being claimed). Rate: a positive wait means the rate held at least one task back
+        (counted as one refused start)."""
+        taken = super().claim_with_limits(
+            queue, capacity, limit, lease_ttl, rps=rps, burst=burst, quota=quota
+        )
+        got = len(taken.leases)
+        held_by_rate = taken.retry_after > 0
+        short_of_slots = got < limit and not held_by_rate and self.queue_length(queue) > 0
+        self._count("slots", limit, got if short_of_slots else limit)
+        if rps > 0:
+            self._count("rate", got + (1 if held_by_rate else 0), got)
+        self._count("claim", limit, got)
+        return taken
 
     def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
         """`RedisBroker.take_rate`, counted."""

@@ -19,7 +19,7 @@ import redis
 from helpers.redis_servers import free_port, purge_keys
 from redis.crc import key_slot
 
-from taskgate.brokers.base import DistributedLimiter, FailureKind, NewTask
+from taskgate.brokers.base import DistributedLimiter, FailureKind, LimitedClaim, NewTask, QuotaSpec
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.codec import from_us
 from taskgate.brokers.redis.keys import KeySpace
@@ -288,39 +288,68 @@ def test_claim_with_slots_slots_expire_with_the_lease(open_broker: Factory) -> N
     assert [lease.task.id for lease in broker.claim_with_slots("q", 1, 1, TTL)] == ["t1"]
 
 
-def test_claim_with_slots_and_rate_spends_starts_only_for_tasks_claimed(open_broker: Factory) -> None:
+def test_claim_with_limits_spends_starts_only_for_tasks_claimed(open_broker: Factory) -> None:
     clock = ManualClock()
     broker = open_broker(clock=clock)
     _pending(broker, 2)
     # 10 free slots, burst 3 at 2/s, but only 2 tasks due: 2 starts spent, no wait.
-    leases, wait = broker.claim_with_slots_and_rate("q", 10, 10, TTL, 2.0, 3)
-    assert ([lease.task.id for lease in leases], wait) == (["t0", "t1"], 0.0)
+    taken = broker.claim_with_limits("q", 10, 10, TTL, rps=2.0, burst=3)
+    assert ([lease.task.id for lease in taken.leases], taken.retry_after) == (["t0", "t1"], 0.0)
     assert broker.take_rate("q", 2.0, 3, 5) == (1, 0.5)  # the third start of the burst is left
 
 
-def test_claim_with_slots_and_rate_holds_tasks_back_by_the_rate_and_says_how_long(
+def test_claim_with_limits_holds_tasks_back_by_the_rate_and_says_how_long(
     open_broker: Factory,
 ) -> None:
     clock = ManualClock()
     broker = open_broker(clock=clock)
     _pending(broker, 5)
-    leases, wait = broker.claim_with_slots_and_rate("q", 10, 10, TTL, 2.0, 3)
-    assert ([lease.task.id for lease in leases], wait) == (["t0", "t1", "t2"], 0.5)
-    assert broker.claim_with_slots_and_rate("q", 10, 10, TTL, 2.0, 3) == ([], 0.5)
+    taken = broker.claim_with_limits("q", 10, 10, TTL, rps=2.0, burst=3)
+    assert ([lease.task.id for lease in taken.leases], taken.retry_after) == (["t0", "t1", "t2"], 0.5)
+    assert broker.claim_with_limits("q", 10, 10, TTL, rps=2.0, burst=3) == LimitedClaim([], 0.5)
     assert broker.get("t3").status is Status.PENDING
     # The rate held t3 back, not a slot: only the three claimed tasks hold slots.
     assert len(broker.acquire_slots("q", 10, 10, TTL)) == 7
     clock.advance(0.5)
-    (lease,), wait = broker.claim_with_slots_and_rate("q", 20, 10, TTL, 2.0, 3)
-    assert (lease.task.id, wait) == ("t3", 0.5)
+    taken = broker.claim_with_limits("q", 20, 10, TTL, rps=2.0, burst=3)
+    assert ([lease.task.id for lease in taken.leases], taken.retry_after) == (["t3"], 0.5)
 
 
-def test_claim_with_slots_and_rate_takes_no_start_without_a_free_slot(open_broker: Factory) -> None:
+def test_claim_with_limits_takes_no_start_without_a_free_slot(open_broker: Factory) -> None:
     broker = open_broker(clock=ManualClock())
     _pending(broker, 2)
     broker.acquire_slots("q", 1, 1, TTL)
-    assert broker.claim_with_slots_and_rate("q", 1, 5, TTL, 1.0, 1) == ([], 0.0)
+    assert broker.claim_with_limits("q", 1, 5, TTL, rps=1.0, burst=1) == LimitedClaim([], 0.0)
     assert broker.take_rate("q", 1.0, 1, 1) == (1, 0.0)  # the refused claim spent no start
+
+
+def test_claim_with_limits_spends_quota_units_only_for_tasks_claimed(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    _pending(broker, 3)
+    quota = QuotaSpec("api", 5, timedelta(minutes=1))
+    taken = broker.claim_with_limits("q", 10, 10, TTL, quota=quota)
+    assert [lease.task.id for lease in taken.leases] == ["t0", "t1", "t2"]
+    assert taken.quota is not None
+    assert (taken.quota.grant.granted, taken.quota.exhausted) == (3, False)
+    assert broker.reserve_quota("api", 5, timedelta(minutes=1), 5).granted == 2  # 3 of 5 spent
+
+
+def test_claim_with_limits_stops_at_the_quota_and_says_the_window_ran_out(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    _pending(broker, 4)
+    quota = QuotaSpec("api", 2, timedelta(minutes=1))
+    first = broker.claim_with_limits("q", 10, 10, TTL, quota=quota)
+    assert [lease.task.id for lease in first.leases] == ["t0", "t1"]
+    empty = broker.claim_with_limits("q", 10, 10, TTL, quota=quota)
+    assert empty.leases == [] and empty.quota is not None and empty.quota.exhausted
+    assert len(broker.acquire_slots("q", 10, 10, TTL)) == 8  # the refused claim held no slot
+    clock.advance(60)  # the next window
+    assert [lease.task.id for lease in broker.claim_with_limits("q", 20, 10, TTL, quota=quota).leases] == [
+        "t2",
+        "t3",
+    ]
 
 
 def test_gcra_grants_the_burst_then_the_rate(open_broker: Factory) -> None:
@@ -352,9 +381,11 @@ def test_gcra_defaults_and_unlimited_rate(open_broker: Factory) -> None:
         lambda b: b.claim_with_slots("q", 0, 1, TTL),
         lambda b: b.claim_with_slots("q", 1, 0, TTL),
         lambda b: b.claim_with_slots("q", 1, 1, timedelta(0)),
-        lambda b: b.claim_with_slots_and_rate("q", 1, 1, TTL, -1.0, 1),
-        lambda b: b.claim_with_slots_and_rate("q", 1, 1, TTL, 1.0, -1),
-        lambda b: b.claim_with_slots_and_rate("q", 0, 1, TTL, 1.0, 1),
+        lambda b: b.claim_with_limits("q", 1, 1, TTL, rps=-1.0, burst=1),
+        lambda b: b.claim_with_limits("q", 1, 1, TTL, rps=1.0, burst=-1),
+        lambda b: b.claim_with_limits("q", 0, 1, TTL, rps=1.0, burst=1),
+        lambda b: b.claim_with_limits("q", 1, 1, TTL, quota=QuotaSpec("", 1, timedelta(minutes=1))),
+        lambda b: b.claim_with_limits("q", 1, 1, TTL, quota=QuotaSpec("k", 0, timedelta(minutes=1))),
     ],
 )
 def test_bad_limiter_arguments_are_refused(

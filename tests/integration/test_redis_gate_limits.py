@@ -15,15 +15,17 @@ import queue
 import signal
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
 import pytest
 import redis
+from gate_helpers import until
 from helpers.redis_servers import purge_keys
 from redis_gate_worker import QUEUE, TYPE, CountingRedisBroker, Probe, WorkerSpec, make_gate, serve, server_us
 
-from taskgate import Status
+from taskgate import Config, Gate, QueueConfig, Status
 from taskgate.brokers.base import NewTask
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
@@ -305,3 +307,38 @@ async def _rerun_here(url: str, prefix: str, probe: Probe, task_id: str) -> int:
     ((pid, started_us),) = (r.decode().split() for r in probe.client.lrange(probe.starts, 0, -1))
     assert int(pid) == os.getpid()
     return int(started_us)
+
+
+# -- quota: two gates sharing one window ------------------------------------------------------
+
+QUOTA = 5
+
+
+async def _quota_exhausted(gate: Gate) -> bool:
+    return (await gate.stats(QUEUE)).quota_exhausted
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_two_gates_sharing_a_quota_start_exactly_its_limit(shared: tuple[str, str]) -> None:
+    url, prefix = shared
+    brokers = [RedisBroker(url, key_prefix=prefix) for _ in range(2)]
+    ran: list[str] = []
+    gates = []
+    for broker in brokers:
+        queue = QueueConfig(workers=3, quota_limit=QUOTA, quota_period="1h")
+        gate = Gate(Config(broker=broker, queues={QUEUE: queue}, routes={TYPE: QUEUE}), poll_interval=0.01)
+        gate.handle(TYPE, lambda task: ran.append(task.id))
+        gates.append(gate)
+    try:
+        async with gates[0], gates[1]:
+            ids = await gates[0].submit_many(TYPE, [None] * (QUOTA + 7))
+            for gate in gates:
+                await until(partial(_quota_exhausted, gate), within=CHILD_TIMEOUT)
+            overview = (await gates[0].overview())[TYPE]
+            assert overview.get(Status.COMPLETED, 0) == QUOTA
+            assert overview.get(Status.PENDING, 0) == len(ids) - QUOTA
+    finally:
+        for broker in brokers:
+            broker.close()
+    assert len(ran) == len(set(ran)) == QUOTA

@@ -15,9 +15,11 @@ from taskgate.brokers.base import (
     Capabilities,
     FailureKind,
     Lease,
+    LimitedClaim,
     NewTask,
     QuotaClaim,
     QuotaGrant,
+    QuotaSpec,
     Renewal,
     Unset,
     check_identifier,
@@ -31,6 +33,7 @@ from taskgate.brokers.checks import (
     check_new_tasks,
     check_queues,
     check_quota_claim,
+    check_quota_request,
     check_timeout,
 )
 from taskgate.brokers.redis.codec import (
@@ -349,34 +352,37 @@ class RedisBroker:
         One script: slots are taken only for tasks claimed; each slot's token is its lease's
         token and expires with the lease (renew and release it by that token).
         """
-        check_identifier(queue, what="queue")
-        check_count(capacity, what="slot capacity", minimum=1)
-        check_count(limit, what="claim limit", minimum=1)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        tokens = new_tokens(limit)
-        flats = self._run("claim_slots", [queue, capacity, ttl_us(lease_ttl), *tokens])
-        return [lease_from_flat(flat) for flat in flats]
+        return self.claim_with_limits(queue, capacity, limit, lease_ttl).leases
 
-    def claim_with_slots_and_rate(
-        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta, rps: float, burst: int
-    ) -> tuple[builtins.list[Lease], float]:
-        """`claim_with_slots` that also takes one start of the queue's global rate per task.
-
-        One script: slots and starts are spent only for tasks claimed. Returns the leases and,
-        when the rate held due tasks back, the seconds until the next start may be allowed.
-        """
+    def claim_with_limits(
+        self,
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+    ) -> LimitedClaim:
+        """`claim_with_slots` that also takes, per task claimed, a start of the queue's global
+        rate (``rps`` > 0) and a unit of ``quota`` -- one script, spent only for tasks claimed."""
         check_identifier(queue, what="queue")
         check_count(capacity, what="slot capacity", minimum=1)
         check_count(limit, what="claim limit", minimum=1)
         check_duration(lease_ttl, what="lease_ttl", positive=True)
         rate, size = check_rate(rps, burst)
-        if rate == 0:
-            return self.claim_with_slots(queue, capacity, limit, lease_ttl), 0.0
-        tokens = new_tokens(limit)
-        retry_after, *flats = self._run(
-            "claim_slots_rate", [queue, capacity, ttl_us(lease_ttl), repr(rate), size, *tokens]
+        if quota is not None:
+            check_quota_request(quota.key, quota.limit, quota.period, 0)
+        quota_args = ["", 0, 0] if quota is None else [quota.key, quota.limit, ttl_us(quota.period)]
+        args = [queue, capacity, ttl_us(lease_ttl), repr(rate), size, *quota_args, *new_tokens(limit)]
+        retry_after, start_us, left, *flats = self._run("claim_limited", args)
+        leases = [lease_from_flat(flat) for flat in flats]
+        return LimitedClaim(
+            leases=leases,
+            retry_after=float(retry_after),
+            quota=_quota_claim(quota, start_us, int(left), leases),
         )
-        return [lease_from_flat(flat) for flat in flats], float(retry_after)
 
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
@@ -417,6 +423,23 @@ class RedisBroker:
         # under a blocked read would make redis-py raise in the waiter instead of waking it.
         with redis_errors("close"):
             self._waiter.close()
+
+
+def _quota_claim(
+    quota: QuotaSpec | None, start_us: Any, left: int, leases: builtins.list[Lease]
+) -> QuotaClaim | None:
+    """The quota side of a ``claim_limited`` reply (None when no quota was asked for)."""
+    if quota is None:
+        return None
+    start = from_us(start_us)
+    grant = QuotaGrant(
+        key=quota.key,
+        window_start=start,
+        window_end=start + quota.period,
+        granted=len(leases),
+        limit=quota.limit,
+    )
+    return QuotaClaim(leases=leases, grant=grant, exhausted=left <= 0)
 
 
 def _check_lease(task_id: object, token: object) -> None:

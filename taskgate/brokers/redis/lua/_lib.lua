@@ -106,7 +106,7 @@ end
 
 -- Make the task claimable at `run_at` (µs string) and wake waiters of its queue.
 -- Give the due task `id` (still in its queue) a lease: running, `token`, until `lease_until`.
--- Returns its snapshot. claim.lua and claim_slots.lua both lease through here.
+-- Returns its snapshot. Every claiming script leases through here.
 local function lease_task(id, token, lease_until)
   set_status(load(id), 'running')
   redis.call('HSET', task_key(id), 'token', token, 'lease_until', lease_until, 'started_at', NOW_S)
@@ -214,4 +214,21 @@ local function gcra_take(key, rps, burst, n)
     redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil((tat - NOW) / 1000) + 60000)
   end
   return granted, retry_after
+end
+
+-- A quota key's current window (see quota_reserve.lua): windows are epoch-aligned on the
+-- broker's clock and only the newest is kept, so a clock that steps back into a forgotten
+-- window gets no unit. Returns the window start (µs), the units used in it, the units left,
+-- and whether the window is a forgotten one (then nothing is left, and nothing may be written).
+local function quota_window(key, limit, period)
+  local start = math.floor(NOW / period) * period
+  local kept = tonumber(redis.call('HGET', key, 'start') or '-1')
+  if start < kept then
+    return start, 0, 0, true
+  end
+  local used = 0
+  if start == kept then
+    used = tonumber(redis.call('HGET', key, 'used') or '0')
+  end
+  return start, used, math.max(0, limit - used), false
 end

@@ -20,17 +20,7 @@
 
 local queue = ARGV[2]
 local key = B .. 'quota:' .. ARGV[4]
-local quota_limit, period = tonumber(ARGV[5]), tonumber(ARGV[6])
-local start = math.floor(NOW / period) * period
-local kept = tonumber(redis.call('HGET', key, 'start') or '-1')
-if start < kept then
-  return { 'ok', int_str(start), 0 }
-end
-local used = 0
-if start == kept then
-  used = tonumber(redis.call('HGET', key, 'used') or '0')
-end
-local left = math.max(0, quota_limit - used)
+local start, used, left = quota_window(key, tonumber(ARGV[5]), tonumber(ARGV[6]))
 local limit = math.min(#ARGV - 6, left)
 local reply = { 'ok', int_str(start), left }
 if limit <= 0 then

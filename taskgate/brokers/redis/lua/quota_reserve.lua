@@ -15,15 +15,10 @@
 
 local key = B .. 'quota:' .. ARGV[2]
 local limit, period, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local start = math.floor(NOW / period) * period
-local kept = tonumber(redis.call('HGET', key, 'start') or '-1')
-if start < kept then
+local start, used, left, forgotten = quota_window(key, limit, period)
+if forgotten then
   return { 'ok', int_str(start), 0 }
 end
-local used = 0
-if start == kept then
-  used = tonumber(redis.call('HGET', key, 'used') or '0')
-end
-local granted = math.max(0, math.min(n, limit - used))
+local granted = math.min(n, left)
 redis.call('HSET', key, 'start', int_str(start), 'used', int_str(used + granted))
 return { 'ok', int_str(start), granted }

@@ -1,0 +1,59 @@
+-- claim_limited.lua: claim up to `limit` due tasks of one queue, each under one of the
+-- queue's `capacity` global concurrency slots and, when asked, one start of the queue's GCRA
+-- limiter (rate_take.lua) and one unit of a quota key's current window (quota_reserve.lua)
+-- -- in one step, so slots, starts and units are taken only for tasks claimed. A slot's
+-- token IS its task's lease token and expires with the lease.
+-- (slots_acquire.lua, rate_take.lua, quota_reserve.lua, claim.lua, then giving back what no
+-- task took, would be up to six round trips.)
+--
+-- KEYS[1]  base (hash-tagged prefix)
+-- ARGV[1]  now in µs, or "" for the server's TIME
+-- ARGV[2]  queue
+-- ARGV[3]  slot capacity of the queue
+-- ARGV[4]  lease ttl in µs (also the slots' ttl)
+-- ARGV[5]  rps, "0" for no rate (> 0 may be fractional)
+-- ARGV[6]  burst (>= 1 when rps > 0)
+-- ARGV[7]  quota key, "" for no quota
+-- ARGV[8]  quota limit (units per window)
+-- ARGV[9]  quota period in µs
+-- ARGV[10..] one fresh lease token per task that may be claimed (their count is the limit)
+-- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
+--          before the claim (-1 without a quota), snapshot...}: one HGETALL array per
+--          claimed task, oldest due first; retry_after > 0 when the rate held tasks back
+--
+-- Touches: slots:<q> ZSET, rate:<q> STRING, quota:<key> HASH, queue:<q> ZSET, leases ZSET,
+-- task:<id> HASH, stats HASH, idx:status:<s> ZSET.
+
+local queue = ARGV[2]
+local slots = B .. 'slots:' .. queue
+redis.call('ZREMRANGEBYSCORE', slots, '-inf', NOW_S)
+local limit = math.min(#ARGV - 9, tonumber(ARGV[3]) - redis.call('ZCARD', slots))
+
+local quota_key, window_start, used, left = nil, 0, 0, -1
+if ARGV[7] ~= '' then
+  quota_key = B .. 'quota:' .. ARGV[7]
+  window_start, used, left = quota_window(quota_key, tonumber(ARGV[8]), tonumber(ARGV[9]))
+  limit = math.min(limit, left)
+end
+
+local reply = { 'ok', '0', int_str(window_start), left }
+if limit <= 0 then
+  return reply
+end
+local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
+local n = #ids
+if n > 0 and tonumber(ARGV[5]) > 0 then
+  local retry_after
+  n, retry_after = gcra_take(B .. 'rate:' .. queue, tonumber(ARGV[5]), tonumber(ARGV[6]), n)
+  reply[2] = string.format('%.6f', retry_after)
+end
+local lease_until = int_str(NOW + tonumber(ARGV[4]))
+for i = 1, n do
+  local token = ARGV[9 + i]
+  redis.call('ZADD', slots, lease_until, token)
+  reply[#reply + 1] = lease_task(ids[i], token, lease_until)
+end
+if quota_key and n > 0 then
+  redis.call('HSET', quota_key, 'start', int_str(window_start), 'used', int_str(used + n))
+end
+return reply
