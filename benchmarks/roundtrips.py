@@ -1,7 +1,8 @@
 """Count what one no-op task costs the store: statements, transactions, Redis requests per task.
 
-``python -m benchmarks.roundtrips --backend pg -n 2000`` runs ``submit.single`` and
-``process.w10`` once each with counters hooked in (SQLAlchemy engine events for SQL, the
+``python -m benchmarks.roundtrips --backend pg -n 2000 [--variant rps]`` runs ``submit.single``
+and ``process.w10`` (with the limits benchmark's ``--variant``, if given) once each with
+counters hooked in (SQLAlchemy engine events for SQL, the
 connection's ``send_packed_command`` for Redis) and prints the counts divided by the tasks.
 Round trips per task times the round-trip time is the floor under a latency-bound figure.
 It also times every broker method (in the thread that runs it): calls per task, mean time per
@@ -15,10 +16,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from benchmarks.cli import ALIASES
-from benchmarks.processing import process_in_process
+from benchmarks.processing import LIMIT_VARIANTS, process_in_process
 from benchmarks.settings import Settings
 from benchmarks.submit import submit_single
 
@@ -133,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.roundtrips")
     p.add_argument("--backend", required=True)
     p.add_argument("-n", type=int, default=2000)
+    p.add_argument("--variant", default="none", choices=sorted(LIMIT_VARIANTS))
     args = p.parse_args(argv)
     backend = ALIASES.get(args.backend, args.backend)
     if backend != "memory":
@@ -140,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     timer = _BrokerTimer()
     timer.install(_broker_class(backend))
     s = replace(Settings(), n=args.n, repeats=1, run_cap=60.0)
-    for name, run in (("submit.single", submit_single), ("process.w10", process_in_process)):
+    process = partial(process_in_process, variant=args.variant)
+    for name, run in (("submit.single", submit_single), ("process.w10", process)):
         COUNTS.clear()
         timer.clear()
         rate = run(backend, s)
