@@ -73,6 +73,7 @@ class QueueScheduler:
         self._paused_until = 0.0
         self._claim_failures = 0
         self._claim_started = 0.0
+        self._held_by_rate = False  # the last combined claim left due tasks for the rate
         # The last claim found less than it asked for: nothing more may be due. Rate tokens
         # and quota units taken for an empty claim are spent for good on a shared limiter,
         # so an idle queue asks whether work is due before taking them (see `_cycle`). A new
@@ -154,13 +155,13 @@ class QueueScheduler:
         """Take slots, rate and quota for up to ``free`` starts, then claim; None when paused."""
         combined = self.limits.combined_claim
         if combined is not None:
-            # Global slots and the claim in one call; each lease's token is its slot.
+            # Global slots, rate, quota and the claim in one call; each lease's token is its slot.
             await self.limits.settle_releases()
             leases = await self._claim(free, requeue, combined)
             if leases is None:
                 return None
-            held_back = self._paused_until > anyio.current_time()  # by the rate: not idle
-            unused = 0 if held_back else free - len(leases)
+            # Fewer tasks than asked is a sign of an idle queue -- unless the rate held them back.
+            unused = 0 if self._held_by_rate else free - len(leases)
             return leases, [*(lease.token for lease in leases), *[None] * unused]
         slots = await self.limits.take_slots(free)
         if not slots:
@@ -215,7 +216,8 @@ class QueueScheduler:
         taken = await self._calls(
             combined, self.name, self.conf.workers, n, self.conf.lease, quota, deadline=self._deadline
         )
-        if taken.retry_after > 0:
+        self._held_by_rate = taken.retry_after > 0
+        if self._held_by_rate:
             self._pause(taken.retry_after)
         if self.quota is not None and taken.quota is not None:
             self.quota.took(taken.quota)
