@@ -240,6 +240,16 @@ class SQLBroker:
             )
             if taken is not None:
                 return taken  # else the window has no row yet: the transaction opens it
+        else:
+            try:
+                return self._run(
+                    "claim_within_quota",
+                    lambda tx: quota_claim.claim_then_count(
+                        tx, queue, limit, lease_ttl, key, quota_limit, period
+                    ),
+                )
+            except quota_claim.ShortWindow:
+                pass  # rolled back: the window is short or has no row yet
 
         def step(tx: Tx) -> QuotaClaim:
             grant = quotas.reserve_quota(tx, key, quota_limit, period, limit)

@@ -1,4 +1,7 @@
-"""`claim_within_quota` as ONE statement where the dialect has data-modifying CTEs (PostgreSQL).
+"""`claim_within_quota` in fewer statements than reserve + claim + release.
+
+PostgreSQL (data-modifying CTEs): ONE statement, below. Elsewhere: `claim_then_count`.
+
 
 The statement locks the window row of the quota key, claims at most the units left (``SKIP
 LOCKED`` on the tasks, as `leases.claim_in_one_statement`), inserts the leases and adds the
@@ -20,6 +23,7 @@ from typing import Any
 from sqlalchemy import Integer, Select, bindparam, func, select, true, update
 
 from taskgate.brokers.base import Lease, QuotaClaim, QuotaGrant
+from taskgate.brokers.sql import leases
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
 from taskgate.brokers.sql.quotas import window_bounds
@@ -27,7 +31,12 @@ from taskgate.brokers.sql.rows import snapshot
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 
-__all__ = ["claim_within_quota_in_one_statement"]
+__all__ = ["ShortWindow", "claim_then_count", "claim_within_quota_in_one_statement"]
+
+
+class ShortWindow(Exception):
+    """`claim_then_count` claimed more than the window had left, or the window has no row:
+    roll the transaction back and take the careful path (reserve, claim, give back)."""
 
 
 def claim_within_quota_in_one_statement(
@@ -77,3 +86,32 @@ def _statement(models: Models, traits: Traits) -> Select[Any]:
         .select_from(locked_window.outerjoin(with_leases, true()))
         .add_cte(spent)
     )
+
+
+def claim_then_count(
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
+) -> QuotaClaim:
+    """Claim first, then add the claimed count to the window -- only where it still fits.
+
+    The conditional ``UPDATE`` checks and adds under the window row's lock in one statement, so
+    the window never over-issues; when it does not fit (or the window has no row yet) this
+    raises `ShortWindow` and the caller rolls back. Two statements fewer than reserve + claim
+    + give back while units are plenty, which is the common case.
+    """
+    start, end = window_bounds(tx.now, period)
+    claimed = leases.claim(tx, queue, limit, lease_ttl)
+    window = tx.models.quota_window
+    at_window = (window.quota_key == key, window.window_start == start)
+    if claimed:
+        count = len(claimed)
+        fits = update(window).where(*at_window, window.used + count <= quota_limit)
+        if tx.conn.execute(fits.values(used=window.used + count, quota_limit=quota_limit)).rowcount != 1:
+            raise ShortWindow
+        exhausted = False
+    else:
+        used = tx.conn.execute(select(window.used).where(*at_window)).scalar()
+        if used is None:
+            raise ShortWindow  # no row: whether the window is forgotten is the careful path's call
+        exhausted = int(used) >= quota_limit
+    grant = QuotaGrant(key=key, window_start=start, window_end=end, granted=len(claimed), limit=quota_limit)
+    return QuotaClaim(leases=claimed, grant=grant, exhausted=exhausted)
