@@ -47,11 +47,13 @@ class LeaseKeeper:
         self._wake = Signal()
 
     def add(self, ctx: RunContext) -> None:
-        """Start renewing ``ctx``'s lease, first after one interval."""
+        """Start renewing ``ctx``'s lease, first one interval after it was granted."""
         interval = _interval(ctx)
         group = self._due.setdefault(interval, OrderedDict())
         ctx.kept = True
-        group[ctx] = anyio.current_time() + interval
+        # Counted from the grant (the local lease deadline minus the TTL), not from now: a
+        # lease that waited before its handler started is renewed no later than one that did not.
+        group[ctx] = ctx.lease_deadline - ctx.ttl.total_seconds() + interval
         if len(group) == 1:
             self._wake.fire()  # maybe earlier than what the keeper sleeps towards
 
