@@ -58,7 +58,14 @@ class RunContext:
         # claimer passes its pre-claim timestamp in `lease_deadline` and we only fill a default.
         if not self.lease_deadline:
             self.lease_deadline = anyio.current_time() + self.ttl.total_seconds()
-        self.scope.deadline = self.fence_at  # the fence: see `taskgate.runtime.lease`
+
+    def arm_fence(self) -> None:
+        """Cancel the handler at `fence_at` by its scope's deadline (moved by each renewal).
+
+        For leases nobody else watches (``manual_heartbeat``); a `LeaseKeeper` fences the
+        leases it keeps itself, with no timer per handler.
+        """
+        self.scope.deadline = self.fence_at
 
     @property
     def fence_at(self) -> float:
@@ -114,8 +121,8 @@ class RunContext:
             self.stop(StopReason.LEASE_LOST)
             raise LeaseLostError(f"task {self.task.id}: lease lost; the result will be discarded") from None
         self.lease_deadline = max(self.lease_deadline, started + self.ttl.total_seconds())
-        if self.stop_reason is None:
-            self.scope.deadline = self.fence_at
+        if self.stop_reason is None and not self.kept:
+            self.arm_fence()
         if renewal.cancel_requested:
             self.stop(StopReason.CANCELED)
             self.raise_if_stopped()

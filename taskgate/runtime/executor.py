@@ -76,6 +76,8 @@ class Executor:
         """Run ``ctx``'s task to one final write; a cancelled runtime requeues it untouched."""
         if auto_heartbeat:
             self._keeper.add(ctx)
+        else:
+            ctx.arm_fence()
         try:
             outcome = await self._execute(ctx)
         except anyio.get_cancelled_exc_class():

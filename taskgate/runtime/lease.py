@@ -1,10 +1,12 @@
 """Keeping leases alive while handlers run, and fencing a handler whose lease could not be kept.
 
-Fencing needs no task: each handler runs inside its context's cancel scope, whose deadline is
-the local lease deadline minus `FENCE_MARGIN` (counted from before the claim or the last
-successful renewal, so never later than the broker's). A renewal moves the deadline; a
-handler still running when it passes is cancelled and its result discarded -- the worker
-fences itself instead of waiting for a reaper to tell it that someone else may hold the task.
+Fencing: a handler still running at its fence -- the local lease deadline minus
+`FENCE_MARGIN`, counted from before the claim or the last successful renewal, so never later
+than the broker's -- is cancelled and its result discarded: the worker fences itself instead
+of waiting for a reaper to tell it that someone else may hold the task. The keeper fences the
+leases it keeps (a renewal that failed is retried no later than the fence, where it stops the
+handler); a ``manual_heartbeat`` handler's fence is its cancel scope's deadline
+(`RunContext.arm_fence`), moved by each renewal.
 
 Automatic heartbeats come from ONE `LeaseKeeper` per runtime, not one sleeping task per
 handler (a task and a timer per run cost more than a short handler): it renews each
@@ -26,7 +28,7 @@ from taskgate.runtime.context import FENCE_MARGIN, RunContext
 from taskgate.runtime.outcome import StopReason
 from taskgate.runtime.signals import Signal
 
-__all__ = ["FENCE_MARGIN", "LeaseKeeper", "note_fenced"]
+__all__ = ["FENCE_MARGIN", "LeaseKeeper", "fence", "note_fenced"]
 
 log = logging.getLogger("taskgate")
 
@@ -97,7 +99,10 @@ class LeaseKeeper:
             return
         interval = _interval(ctx)
         started = anyio.current_time()
-        with anyio.move_on_after(max(0.0, ctx.fence_at - started)):
+        if started >= ctx.fence_at:
+            fence(ctx)  # renewals kept failing until the fence
+            return
+        with anyio.move_on_after(ctx.fence_at - started):
             try:
                 await ctx.renew()
             except (LeaseLostError, TaskCanceledError):
@@ -106,11 +111,11 @@ class LeaseKeeper:
                 log.warning(
                     "task %s: heartbeat failed (will retry until the lease deadline): %s", ctx.task.id, exc
                 )
-                self._retry(ctx, anyio.current_time() + interval / 4)
+                self._retry(ctx, min(anyio.current_time() + interval / 4, ctx.fence_at))
                 return
             self._reschedule(ctx, started + interval)
             return
-        self._retry(ctx, anyio.current_time())  # the renewal hung until the fence: fenced by now
+        fence(ctx)  # the renewal hung until the fence
 
     def _reschedule(self, ctx: RunContext, at: float) -> None:
         group = self._due.get(_interval(ctx))
@@ -125,15 +130,25 @@ class LeaseKeeper:
             self._wake.fire()
 
 
+def fence(ctx: RunContext) -> None:
+    """Stop ``ctx``'s handler: its lease could not be renewed before the fence."""
+    _warn_fenced(ctx)
+    ctx.stop(StopReason.LEASE_LOST)
+
+
 def note_fenced(ctx: RunContext) -> None:
     """Record that ``ctx``'s handler was cancelled by its fence deadline (lease deadline passed)."""
     if ctx.stop_reason is None:
-        log.warning(
-            "task %s: lease could not be renewed before its deadline; cancelling the handler "
-            "and discarding its result",
-            ctx.task.id,
-        )
+        _warn_fenced(ctx)
         ctx.stop_reason = StopReason.LEASE_LOST
+
+
+def _warn_fenced(ctx: RunContext) -> None:
+    log.warning(
+        "task %s: lease could not be renewed before its deadline; cancelling the handler "
+        "and discarding its result",
+        ctx.task.id,
+    )
 
 
 def _interval(ctx: RunContext) -> float:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -170,6 +173,62 @@ async def test_a_worker_that_cannot_heartbeat_fences_itself_before_its_lease_end
     assert broker.calls["heartbeat"] >= 1
     task = await gate.get(task_id)
     assert task.status is Status.RUNNING and task.result is None  # nothing written: the reaper's job
+
+
+class HangingHeartbeats(Faulty):
+    """Heartbeats block (a half-open connection) until the test ends."""
+
+    def __init__(self, inner: Any) -> None:
+        # A blocking call must never run on the event loop (the memory broker's calls do).
+        super().__init__(inner, dataclasses.replace(inner.capabilities, nonblocking=False))
+        self.release = threading.Event()
+        self.heartbeats = 0
+
+    def heartbeat(self, *args: Any) -> Any:
+        self.heartbeats += 1
+        self.release.wait(GUARD)
+        raise BrokerError("the heartbeat never got through")
+
+
+async def _stopped_before_the_lease_ends(gate: Any, ttl: float) -> None:
+    times: dict[str, float] = {}
+    stopped = anyio.Event()
+
+    @gate.handler("q")
+    async def long(task: Task) -> str:
+        times["start"] = anyio.current_time()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            times["stop"] = anyio.current_time()
+            stopped.set()
+        return "never"  # pragma: no cover
+
+    async with gate:
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await stopped.wait()
+        assert times["stop"] - times["start"] < ttl
+        task = await gate.get(task_id)
+        assert task.status is Status.RUNNING and task.result is None  # nothing written
+
+
+async def test_a_worker_whose_heartbeats_hang_fences_itself_before_its_lease_ends(gate_broker):
+    broker = HangingHeartbeats(gate_broker)
+    ttl = 0.6
+    try:
+        await _stopped_before_the_lease_ends(
+            make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)}), ttl
+        )
+    finally:
+        broker.release.set()
+    assert broker.heartbeats >= 1
+
+
+async def test_a_manual_heartbeat_handler_that_never_renews_is_fenced_before_its_lease_ends(gate_broker):
+    ttl = 0.6
+    queues = {"q": QueueConfig(workers=1, lease_ttl=ttl, manual_heartbeat=True)}
+    await _stopped_before_the_lease_ends(make_gate(gate_broker, queues), ttl)
 
 
 async def test_cancel_of_a_running_task_stops_its_handler_at_once_and_cancels_its_chain(gate_broker):
