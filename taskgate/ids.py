@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 
-__all__ = ["MAX_ID_LENGTH", "new_id", "new_tokens"]
+__all__ = ["MAX_ID_LENGTH", "new_id", "new_ids", "new_tokens"]
 
 # Every id, type, queue and key must fit MySQL's indexed VARCHAR(255).
 MAX_ID_LENGTH = 255
@@ -14,6 +15,8 @@ MAX_ID_LENGTH = 255
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [high + low for high in _CROCKFORD for low in _CROCKFORD]  # 10 bits -> two digits
 _SHIFTS = tuple(range(120, -1, -10))
+_RANDOM_SHIFTS = tuple(range(70, -1, -10))  # the last 8 groups: exactly the 80 random bits
+_RANDOM_BITS = (1 << 80) - 1
 _lock = threading.Lock()
 _last_ms = -1
 _last_rand = 0
@@ -31,18 +34,48 @@ def encode_ulid(ms: int, rand: int) -> str:
 
 def new_id() -> str:
     """A 26-character ULID; ids made by one process in the same millisecond still sort in order."""
+    ms, rand = _reserve(1)
+    return _time_digits(ms) + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RANDOM_SHIFTS])
+
+
+def new_ids(n: int) -> list[str]:
+    """``n`` ULIDs in increasing order: one clock read and one random draw for the whole batch."""
+    ms, first = _reserve(n)
+    prefix = _time_digits(ms)
+    pairs = _PAIRS
+    return [
+        prefix + "".join([pairs[(rand >> shift) & 1023] for shift in _RANDOM_SHIFTS])
+        for rand in range(first, first + n)
+    ]
+
+
+def _reserve(n: int) -> tuple[int, int]:
+    """The millisecond and first random part of ``n`` consecutive ids.
+
+    Within one millisecond the random part counts up from where the last id left it (the ULID
+    spec's monotonic rule), so ids made by one process always sort in the order they were made.
+    """
     global _last_ms, _last_rand
     with _lock:
         ms = time.time_ns() // 1_000_000
         if ms <= _last_ms:
-            # Same (or a stepped-back) millisecond: bump the random part so order is kept.
+            # Same (or a stepped-back) millisecond: continue from the last id so order is kept.
             ms = _last_ms
-            rand = _last_rand + 1
+            first = (_last_rand + 1) & _RANDOM_BITS
         else:
-            rand = int.from_bytes(os.urandom(10), "big")
-        rand &= (1 << 80) - 1
-        _last_ms, _last_rand = ms, rand
-    return encode_ulid(ms, rand)
+            first = int.from_bytes(os.urandom(10), "big")
+        if first + n - 1 > _RANDOM_BITS or (ms == _last_ms and first == 0):
+            # The random part would wrap: move to the next millisecond, as the spec allows.
+            ms += 1
+            first = int.from_bytes(os.urandom(9), "big")
+        _last_ms, _last_rand = ms, first + n - 1
+    return ms, first
+
+
+@functools.lru_cache(maxsize=4)
+def _time_digits(ms: int) -> str:
+    """The first 10 digits of a ULID: its 48-bit millisecond time (the top 2 of 130 bits are 0)."""
+    return encode_ulid(ms, 0)[:10]
 
 
 def new_tokens(n: int) -> list[str]:

@@ -12,7 +12,7 @@ from taskgate.codec import encode_value
 from taskgate.config import Config
 from taskgate.durations import DurationLike, parse_duration
 from taskgate.errors import ConfigError
-from taskgate.ids import new_id
+from taskgate.ids import new_ids
 
 __all__ = ["build_tasks", "route"]
 
@@ -124,9 +124,10 @@ def build_tasks(
         wait = None
     retries = _max_retry(config, max_retry)
     parents = _parents(depends_on)
+    ids = new_ids(len(items))
     return [
         NewTask(
-            id=new_id(),
+            id=task_id,
             type=task_type,
             queue=queue,
             payload=encode_value(payload, what="payload"),
@@ -137,5 +138,5 @@ def build_tasks(
             ignore_parent_failure=ignore_parent_failure,
             business_key=key,
         )
-        for payload, key in zip(items, keys, strict=True)
+        for task_id, payload, key in zip(ids, items, keys, strict=True)
     ]

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import taskgate.ids
 from taskgate.clock import ManualClock, utc
 from taskgate.codec import encode_value
-from taskgate.ids import encode_ulid, new_id
+from taskgate.ids import encode_ulid, new_id, new_ids
 
 
 def test_ids_are_26_character_ulids_sorted_by_creation() -> None:
@@ -18,6 +19,28 @@ def test_ids_are_26_character_ulids_sorted_by_creation() -> None:
     assert all(len(i) == 26 for i in ids)
     assert ids == sorted(ids)
     assert len(set(ids)) == len(ids)
+
+
+def test_batches_of_ids_sort_among_single_ids_in_the_order_they_were_made() -> None:
+    made = [new_id(), *new_ids(1000), new_id(), *new_ids(1), *new_ids(0), new_id()]
+    assert len(made) == 1004
+    assert all(len(i) == 26 for i in made)
+    assert made == sorted(made)
+    assert len(set(made)) == len(made)
+
+
+def test_a_batch_that_would_wrap_the_random_part_moves_to_the_next_millisecond(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    future_ms = 2**47  # far ahead of the clock, so the generator stays in that millisecond
+    top = 2**80 - 1
+    monkeypatch.setattr(taskgate.ids, "_last_ms", future_ms)
+    monkeypatch.setattr(taskgate.ids, "_last_rand", top - 1)
+    last_of_that_ms = encode_ulid(future_ms, top)
+    batch = new_ids(3)
+    assert batch == sorted(batch)
+    assert all(i > last_of_that_ms for i in batch)
+    assert {i[:10] for i in batch} == {encode_ulid(future_ms + 1, 0)[:10]}
 
 
 def _reference_ulid(ms: int, rand: int) -> str:
@@ -30,6 +53,17 @@ def _reference_ulid(ms: int, rand: int) -> str:
 @given(st.integers(0, 2**48 - 1), st.integers(0, 2**80 - 1))
 def test_the_fast_encoding_is_the_ulid_specs(ms: int, rand: int) -> None:
     assert encode_ulid(ms, rand) == _reference_ulid(ms, rand)
+
+
+@given(st.integers(0, 2**47), st.integers(0, 2**80 - 1_000))
+def test_batch_ids_are_the_ulid_specs_encoding(ms: int, rand: int) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(taskgate.ids, "_last_ms", ms + 2**47)  # ahead of any clock: stays put
+        patch.setattr(taskgate.ids, "_last_rand", rand)
+        batch = new_ids(3)
+        single = new_id()
+    expected = [_reference_ulid(ms + 2**47, rand + n) for n in range(1, 5)]
+    assert [*batch, single] == expected
 
 
 def test_a_known_ulid_and_the_ids_time_part() -> None:

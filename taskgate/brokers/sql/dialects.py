@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, String, Table, bindparam, cast, func, select, text
+from sqlalchemy import Connection, String, Table, bindparam, cast, func, insert, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
@@ -81,6 +81,10 @@ class Traits:
         """SQL for a fresh lease token drawn by the server (32 hex digits); ``dml_ctes`` only."""
         raise NotImplementedError
 
+    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """INSERT ``rows`` (all with the keys of the first) in as few round trips as the driver allows."""
+        conn.execute(insert(table), list(rows))
+
     def unnest(self, name: str, **columns: tuple[str, TypeEngine[Any]]) -> TableValuedAlias:
         """A FROM item ``name`` whose rows zip list parameters: ``column=(parameter, type)``.
 
@@ -98,6 +102,8 @@ class PostgreSQLTraits(Traits):
     update_returning = True
     dml_ctes = True
     _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+    # Below this many rows one multi-row INSERT costs no more than setting up a COPY.
+    _COPY_FROM = 16
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         # NO KEY UPDATE: we never change a primary key, and the weaker lock lets foreign-key
@@ -131,6 +137,19 @@ class PostgreSQLTraits(Traits):
     def random_token(self) -> ColumnElement[str]:
         """``gen_random_uuid()`` (PostgreSQL >= 13, a strong random source) as 32 hex digits."""
         return func.replace(cast(func.gen_random_uuid(), String), "-", "")
+
+    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``COPY … FROM STDIN`` for a batch: the server ingests rows without parsing an INSERT each.
+
+        psycopg's errors come out as SQLAlchemy's (`IntegrityError` for a taken key, and so on),
+        like those of every other statement, so callers and retries need not know about COPY.
+        """
+        if len(rows) < self._COPY_FROM or conn.dialect.driver != "psycopg":
+            super().insert_rows(conn, table, rows)
+            return
+        from taskgate.brokers.sql.pg_copy import copy_rows  # psycopg is an optional dependency
+
+        copy_rows(conn, table, rows)
 
     def unnest(self, name: str, **columns: tuple[str, TypeEngine[Any]]) -> TableValuedAlias:
         """``unnest(array, array, …) AS name(column, …)`` over typed array parameters."""

@@ -16,6 +16,7 @@ from taskgate.task import Status, Task
 __all__ = [
     "READY",
     "chunks",
+    "decode_parents",
     "encode_parents",
     "load_tasks",
     "snapshot",
@@ -28,6 +29,7 @@ READY = frozenset({Status.PENDING, Status.RETRYING})
 
 # Bound parameters per IN list: far below every database's limit (SQLite's is 32766).
 _CHUNK = 500
+_NO_PARENTS = "[]"  # most tasks have no parents: no JSON round trip for them
 
 
 def status_values(status: Status) -> dict[str, Any]:
@@ -40,7 +42,14 @@ def status_values(status: Status) -> dict[str, Any]:
 
 def encode_parents(depends_on: Sequence[str]) -> str:
     """The stored form of ``depends_on`` (a JSON list, order kept)."""
+    if not depends_on:
+        return _NO_PARENTS
     return json.dumps(list(depends_on), separators=(",", ":"))
+
+
+def decode_parents(stored: str) -> tuple[str, ...]:
+    """``depends_on`` from its stored form."""
+    return () if stored == _NO_PARENTS else tuple(json.loads(stored))
 
 
 def chunks(items: Sequence[str], size: int = _CHUNK) -> Iterable[Sequence[str]]:
@@ -73,9 +82,9 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
 
     The row may carry ``cancel_requested`` from the lease join; absent means no lease mark.
     """
-    values = dict(row._mapping if isinstance(row, Row) else row)
+    values = row._mapping if isinstance(row, Row) else row
     if changes:
-        values.update(changes)
+        values = {**values, **changes}
     return Task(
         id=values["id"],
         type=values["type"],
@@ -91,7 +100,7 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
         throttled=values["throttled"],
         lease_lost=values["lease_lost"],
         claims=values["claims"],
-        depends_on=tuple(json.loads(values["depends_on"])),
+        depends_on=decode_parents(values["depends_on"]),
         ignore_parent_failure=bool(values["ignore_parent_failure"]),
         business_key=values["business_key"],
         replay_of=values["replay_of"],

@@ -32,6 +32,7 @@ from taskgate.testing.contract.batch import BatchContract
 from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
+from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
 from taskgate.testing.contract.quota import QuotaClaimContract, QuotaContract
@@ -46,6 +47,7 @@ __all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory"]
 class BrokerContract(
     ContractFixtures,
     LifecycleContract,
+    LargeBatchContract,
     ClaimContract,
     WaitContract,
     DependencyContract,

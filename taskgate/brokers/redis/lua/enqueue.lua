@@ -71,13 +71,43 @@ local function due_at(n)
   return NOW_S
 end
 
+-- Sorted-set members and counter increments of the whole batch, written once per key at the
+-- end (one variadic ZADD per key instead of one call per task and key). The task hashes are
+-- written at once, so a later task of the batch reads its parents' statuses from them.
+local zsets, zset_order, counts = {}, {}, {}
+
+local function zadd_later(key, score, member)
+  local pairs_of_key = zsets[key]
+  if not pairs_of_key then
+    pairs_of_key = {}
+    zsets[key] = pairs_of_key
+    zset_order[#zset_order + 1] = key
+  end
+  pairs_of_key[#pairs_of_key + 1] = score
+  pairs_of_key[#pairs_of_key + 1] = member
+end
+
+-- `set_status` for a task that had none, with its index writes deferred.
+local function arrive(n, status)
+  local field = status .. ':' .. n.type
+  counts[field] = (counts[field] or 0) + 1
+  zadd_later(B .. 'idx:status:' .. status, NOW_S, n.id)
+end
+
+local NO_PARENTS = {}
+
 local function store(n)
   local key = task_key(n.id)
   local run_at = due_at(n)
+  local parents = NO_PARENTS
+  if n.depends_on ~= '[]' then
+    parents = cjson.decode(n.depends_on)
+  end
+  local status, err = arrival_status(parents, n.ignore == '1')
   redis.call('HSET', key, 'id', n.id, 'type', n.type, 'queue', n.queue, 'created_at', NOW_S,
     'run_at', run_at, 'attempts', '0', 'max_retry', n.max_retry, 'throttled', '0',
     'lease_lost', '0', 'claims', '0', 'depends_on', n.depends_on,
-    'ignore_parent_failure', n.ignore, 'cancel_requested', '0')
+    'ignore_parent_failure', n.ignore, 'cancel_requested', '0', 'status', status)
   if n.has_payload then
     redis.call('HSET', key, 'payload', n.payload)
   end
@@ -85,24 +115,35 @@ local function store(n)
     redis.call('HSET', key, 'business_key', n.key)
     redis.call('RPUSH', B .. 'bkey:' .. n.key, n.id)
   end
-  local parents = cjson.decode(n.depends_on)
   for _, parent in ipairs(parents) do
     redis.call('SADD', B .. 'children:' .. parent, n.id)
   end
-  redis.call('ZADD', B .. 'idx:all', NOW_S, n.id)
-  redis.call('ZADD', B .. 'idx:type:' .. n.type, NOW_S, n.id)
-  redis.call('ZADD', B .. 'idx:queue:' .. n.queue, NOW_S, n.id)
-  local t = { id = n.id, type = n.type, queue = n.queue, created_at = NOW_S }
-  local status, err = arrival_status(parents, n.ignore == '1')
+  zadd_later(B .. 'idx:all', NOW_S, n.id)
+  zadd_later(B .. 'idx:type:' .. n.type, NOW_S, n.id)
+  zadd_later(B .. 'idx:queue:' .. n.queue, NOW_S, n.id)
+  arrive(n, status)
   if status == 'pending' then
-    make_ready(t, 'pending', run_at)
+    zadd_later(B .. 'queue:' .. n.queue, run_at, n.id)
+    signal(n.queue)
   elseif status == 'canceled' then
-    set_status(t, 'canceled')
     redis.call('HSET', key, 'finished_at', NOW_S, 'last_error', err)
-  else
-    set_status(t, status)
   end
   return { status, run_at, err or '' }
+end
+
+-- Lua's unpack() has a stack limit: at most this many arguments per variadic call.
+local CHUNK = 2000
+
+local function write_deferred()
+  for _, key in ipairs(zset_order) do
+    local flat = zsets[key]
+    for first = 1, #flat, CHUNK do
+      redis.call('ZADD', key, unpack(flat, first, math.min(first + CHUNK - 1, #flat)))
+    end
+  end
+  for field, count in pairs(counts) do
+    redis.call('HINCRBY', B .. 'stats', field, count)
+  end
 end
 
 local batch = read_batch()
@@ -115,4 +156,5 @@ local reply = { 'ok', NOW_S }
 for _, n in ipairs(batch) do
   reply[#reply + 1] = store(n)
 end
+write_deferred()
 return reply
