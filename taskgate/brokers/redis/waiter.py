@@ -1,12 +1,17 @@
 """`wait_for_work` over Redis Pub/Sub: no lost wake-ups and no stale ones.
 
 Every script that makes a task ready (enqueue, retry, requeue, reap, replay, a woken child)
-``PUBLISH``es on the channel ``<base>signal:<queue>``. A waiter first SUBSCRIBEs (on a
-connection of its own), THEN asks Redis whether work is due already, then reads messages:
-an enqueue before the subscription shows in the due check, one after it arrives as a message,
-so nothing falls in between. It reads in slices of `SLICE` seconds so that `close` is noticed
-within one slice, and it also wakes when the earliest delayed task of its queues falls due
-(by the broker's clock, measured when the wait began).
+``PUBLISH``es on the channel ``<base>signal:<queue>``. A waiter first makes sure it is
+SUBSCRIBEd (on a connection of its own, confirmed by the server), drops the messages that
+arrived since its last wait, THEN asks Redis whether work is due already, then reads messages:
+an enqueue before that shows in the due check, one after it arrives as a message, so nothing
+falls in between. It reads in slices of `SLICE` seconds so that `close` is noticed within one
+slice, and it also wakes when the earliest delayed task of its queues falls due (by the
+broker's clock, measured when the wait began).
+
+Subscriptions outlive a wait: a wait takes an idle subscribed connection (changing its
+channels only when asked for other queues) and gives it back, so a worker polling once a
+second does not open a TCP connection each time. A connection that failed is dropped.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class SignalWaiter:
         self._on_closed: Callable[[], None] | None = on_closed
         self._active = 0
         self._lock = threading.Lock()
+        self._idle: list[_Subscription] = []  # subscribed connections no wait is using
 
     def close(self) -> None:
         """Make every current and later wait return False within one slice."""
@@ -58,10 +64,27 @@ class SignalWaiter:
         with self._lock:
             self._active -= delta
             done = self._on_closed if self._closed.is_set() and self._active == 0 else None
+            idle: list[_Subscription] = []
             if done is not None:
                 self._on_closed = None
+                idle, self._idle = self._idle, []
         if done is not None:
+            for subscription in idle:
+                subscription.close()
             done()
+
+    def _take(self) -> _Subscription:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _Subscription(self._client.pubsub())
+
+    def _give_back(self, subscription: _Subscription) -> None:
+        with self._lock:
+            if not self._closed.is_set():
+                self._idle.append(subscription)
+                return
+        subscription.close()
 
     def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """True when work is due or a queue was signalled; False on timeout or close."""
@@ -73,12 +96,17 @@ class SignalWaiter:
             return False
         try:
             with redis_errors("wait_for_work"):
-                pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+                subscription = self._take()
                 try:
-                    pubsub.subscribe(*(self._keys.signal(q) for q in queues))
-                    return self._wait_subscribed(pubsub, queues, deadline)
-                finally:
-                    pubsub.close()
+                    if not subscription.listen_to({self._keys.signal(q) for q in queues}, deadline):
+                        subscription.close()  # unconfirmed: its state is unknown
+                        return False
+                    woke = self._wait_subscribed(subscription, queues, deadline)
+                except BaseException:
+                    subscription.close()
+                    raise
+                self._give_back(subscription)
+                return woke
         except BrokerError:
             if self._closed.is_set():
                 return False  # closed while subscribing or checking: a wake-up, not a fault
@@ -86,7 +114,8 @@ class SignalWaiter:
         finally:
             self._leave(1)
 
-    def _wait_subscribed(self, pubsub: Any, queues: Sequence[str], deadline: float) -> bool:
+    def _wait_subscribed(self, subscription: _Subscription, queues: Sequence[str], deadline: float) -> bool:
+        subscription.drop_pending()  # published before the due check: the check covers them
         due = self._due_monotonic(queues)
         if due is not None and due <= time.monotonic():
             return True
@@ -95,8 +124,7 @@ class SignalWaiter:
             remaining = wake_at - time.monotonic()
             if remaining <= 0:
                 return wake_at < deadline
-            message = pubsub.get_message(timeout=min(SLICE, remaining))
-            if message is not None and message.get("type") == "message":
+            if subscription.signalled(min(SLICE, remaining)):
                 return True
         return False
 
@@ -106,3 +134,46 @@ class SignalWaiter:
         if not earliest_us:
             return None
         return time.monotonic() + (int(earliest_us) - int(now_us)) / 1_000_000
+
+
+class _Subscription:
+    """One Pub/Sub connection and the channels the server confirmed it listens to."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+        self._channels: frozenset[bytes] = frozenset()
+
+    def listen_to(self, channels: set[str], deadline: float) -> bool:
+        """Subscribe to exactly ``channels``; False when the server did not confirm by ``deadline``."""
+        wanted = frozenset(c.encode() for c in channels)
+        if wanted == self._channels:
+            return True
+        stale, new = self._channels - wanted, wanted - self._channels
+        if stale:
+            self._pubsub.unsubscribe(*stale)
+        if new:
+            self._pubsub.subscribe(*new)
+        self._channels = wanted
+        unconfirmed = set(new)
+        while unconfirmed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            message = self._pubsub.get_message(timeout=min(SLICE, remaining))
+            if message is not None and message["type"] == "subscribe":
+                unconfirmed.discard(message["channel"])
+        return True
+
+    def drop_pending(self) -> None:
+        """Read and drop every message already received."""
+        while self._pubsub.get_message(timeout=0) is not None:
+            pass
+
+    def signalled(self, timeout: float) -> bool:
+        """True when a signal arrives within ``timeout`` seconds."""
+        message = self._pubsub.get_message(timeout=timeout)
+        return message is not None and message["type"] == "message"
+
+    def close(self) -> None:
+        """Drop the connection (its subscriptions end with it)."""
+        self._pubsub.close()
