@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 import taskgate
 from taskgate import Filter, Status, Task, TaskExistsError, TaskFailedError
 from taskgate.brokers.base import NewTask, check_identifier
+from taskgate.task import TASK_FIELDS, task_from_fields
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -33,6 +35,41 @@ def test_task_decodes_payload_and_result_as_json() -> None:
     empty = Task(id="b", type="t", queue="q", payload=None, status=Status.PENDING, created_at=NOW, run_at=NOW)
     assert empty.json() is None
     assert empty.result_json() is None
+
+
+def test_a_task_from_fields_is_the_task_its_constructor_makes() -> None:
+    values = {
+        "id": "a",
+        "type": "t",
+        "queue": "q",
+        "payload": b"p",
+        "status": Status.RUNNING,
+        "created_at": NOW,
+        "run_at": NOW,
+        "result": None,
+        "last_error": "e",
+        "attempts": 1,
+        "max_retry": 2,
+        "throttled": 3,
+        "lease_lost": 4,
+        "claims": 5,
+        "depends_on": ("x",),
+        "ignore_parent_failure": True,
+        "business_key": "k",
+        "replay_of": None,
+        "started_at": NOW,
+        "finished_at": None,
+        "cancel_requested": True,
+    }
+    assert tuple(values) == TASK_FIELDS
+    adopted = task_from_fields(dict(values))
+    built = Task(**values)  # type: ignore[arg-type]
+    assert adopted == built
+    assert hash(adopted) == hash(built)
+    assert dataclasses.astuple(adopted) == dataclasses.astuple(built)
+    assert dataclasses.replace(adopted, attempts=9).attempts == 9
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        adopted.attempts = 7  # type: ignore[misc]
 
 
 def test_filter_rejects_negative_paging_and_reads_status_strings() -> None:

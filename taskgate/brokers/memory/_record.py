@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from taskgate.task import Status, Task
+from taskgate.task import Status, Task, task_from_fields
 
 __all__ = ["Record"]
 
@@ -42,26 +42,28 @@ class Record:
 
     def snapshot(self) -> Task:
         """A frozen `Task` with the current values (bytes and tuples are immutable already)."""
-        return Task(
-            id=self.id,
-            type=self.type,
-            queue=self.queue,
-            payload=self.payload,
-            status=self.status,
-            created_at=self.created_at,
-            run_at=self.run_at,
-            result=self.result,
-            last_error=self.last_error,
-            attempts=self.attempts,
-            max_retry=self.max_retry,
-            throttled=self.throttled,
-            lease_lost=self.lease_lost,
-            claims=self.claims,
-            depends_on=self.depends_on,
-            ignore_parent_failure=self.ignore_parent_failure,
-            business_key=self.business_key,
-            replay_of=self.replay_of,
-            started_at=self.started_at,
-            finished_at=self.finished_at,
-            cancel_requested=self.cancel_requested,
+        return task_from_fields(
+            {
+                "id": self.id,
+                "type": self.type,
+                "queue": self.queue,
+                "payload": self.payload,
+                "status": self.status,
+                "created_at": self.created_at,
+                "run_at": self.run_at,
+                "result": self.result,
+                "last_error": self.last_error,
+                "attempts": self.attempts,
+                "max_retry": self.max_retry,
+                "throttled": self.throttled,
+                "lease_lost": self.lease_lost,
+                "claims": self.claims,
+                "depends_on": self.depends_on,
+                "ignore_parent_failure": self.ignore_parent_failure,
+                "business_key": self.business_key,
+                "replay_of": self.replay_of,
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+                "cancel_requested": self.cancel_requested,
+            }
         )

@@ -7,12 +7,12 @@ double holds integers up to 2**53 µs, i.e. beyond the year 2200) and in a Lua n
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from taskgate.brokers.base import Lease, NewTask
 from taskgate.clock import utc
-from taskgate.task import Status, Task
+from taskgate.task import Status, Task, task_from_fields
 
 __all__ = [
     "arrived_task",
@@ -46,12 +46,12 @@ def from_us(value: bytes | str | int) -> datetime:
     return _EPOCH + timedelta(microseconds=int(value))
 
 
-def _text(fields: dict[str, bytes], name: str) -> str | None:
+def _text(fields: Mapping[str, bytes], name: str) -> str | None:
     raw = fields.get(name)
     return None if raw is None else raw.decode()
 
 
-def _time(fields: dict[str, bytes], name: str) -> datetime | None:
+def _time(fields: Mapping[str, bytes], name: str) -> datetime | None:
     raw = fields.get(name)
     return None if raw is None else from_us(raw)
 
@@ -63,36 +63,46 @@ def fields_of(flat: Sequence[bytes]) -> dict[str, bytes]:
 
 def task_from_flat(flat: Sequence[bytes]) -> Task:
     """The `Task` snapshot stored in a task hash, given as a flat ``HGETALL`` reply."""
-    f = fields_of(flat)
-    return Task(
-        id=f["id"].decode(),
-        type=f["type"].decode(),
-        queue=f["queue"].decode(),
-        payload=f.get("payload"),
-        status=Status(f["status"].decode()),
-        created_at=from_us(f["created_at"]),
-        run_at=from_us(f["run_at"]),
-        result=f.get("result"),
-        last_error=_text(f, "last_error"),
-        attempts=int(f["attempts"]),
-        max_retry=int(f["max_retry"]),
-        throttled=int(f["throttled"]),
-        lease_lost=int(f["lease_lost"]),
-        claims=int(f["claims"]),
-        depends_on=tuple(json.loads(f["depends_on"])),
-        ignore_parent_failure=f["ignore_parent_failure"] == b"1",
-        business_key=_text(f, "business_key"),
-        replay_of=_text(f, "replay_of"),
-        started_at=_time(f, "started_at"),
-        finished_at=_time(f, "finished_at"),
-        cancel_requested=f.get("cancel_requested") == b"1",
+    return task_from_hash(fields_of(flat))
+
+
+def task_from_hash(f: Mapping[str, bytes]) -> Task:
+    """The `Task` snapshot stored in a task hash, given as a dict of its fields."""
+    return task_from_fields(
+        {
+            "id": f["id"].decode(),
+            "type": f["type"].decode(),
+            "queue": f["queue"].decode(),
+            "payload": f.get("payload"),
+            "status": Status(f["status"].decode()),
+            "created_at": from_us(f["created_at"]),
+            "run_at": from_us(f["run_at"]),
+            "result": f.get("result"),
+            "last_error": _text(f, "last_error"),
+            "attempts": int(f["attempts"]),
+            "max_retry": int(f["max_retry"]),
+            "throttled": int(f["throttled"]),
+            "lease_lost": int(f["lease_lost"]),
+            "claims": int(f["claims"]),
+            "depends_on": _parents(f["depends_on"]),
+            "ignore_parent_failure": f["ignore_parent_failure"] == b"1",
+            "business_key": _text(f, "business_key"),
+            "replay_of": _text(f, "replay_of"),
+            "started_at": _time(f, "started_at"),
+            "finished_at": _time(f, "finished_at"),
+            "cancel_requested": f.get("cancel_requested") == b"1",
+        }
     )
+
+
+def _parents(stored: bytes) -> tuple[str, ...]:
+    return () if stored == b"[]" else tuple(json.loads(stored))
 
 
 def lease_from_flat(flat: Sequence[bytes]) -> Lease:
     """The `Lease` of a task hash just claimed (it carries ``token`` and ``lease_until``)."""
     f = fields_of(flat)
-    return Lease(task=task_from_flat(flat), token=f["token"].decode(), expires_at=from_us(f["lease_until"]))
+    return Lease(task=task_from_hash(f), token=f["token"].decode(), expires_at=from_us(f["lease_until"]))
 
 
 def new_task_args(task: NewTask) -> list[str | bytes | int]:
@@ -109,25 +119,35 @@ def new_task_args(task: NewTask) -> list[str | bytes | int]:
         1 if task.ignore_parent_failure else 0,
         0 if task.business_key is None else 1,
         task.business_key or "",
-        json.dumps(list(task.depends_on)),
+        json.dumps(list(task.depends_on)) if task.depends_on else "[]",
     ]
 
 
 def arrived_task(item: NewTask, created_at: datetime, arrival: Sequence[bytes]) -> Task:
     """The snapshot of a task enqueue.lua just stored: ``item`` plus its (status, run_at, error)."""
     status, run_at, error = Status(arrival[0].decode()), from_us(arrival[1]), arrival[2].decode()
-    return Task(
-        id=item.id,
-        type=item.type,
-        queue=item.queue,
-        payload=item.payload,
-        status=status,
-        created_at=created_at,
-        run_at=run_at,
-        last_error=error or None,
-        max_retry=item.max_retry,
-        depends_on=item.depends_on,
-        ignore_parent_failure=item.ignore_parent_failure,
-        business_key=item.business_key,
-        finished_at=created_at if status.is_final else None,
+    return task_from_fields(
+        {
+            "id": item.id,
+            "type": item.type,
+            "queue": item.queue,
+            "payload": item.payload,
+            "status": status,
+            "created_at": created_at,
+            "run_at": run_at,
+            "result": None,
+            "last_error": error or None,
+            "attempts": 0,
+            "max_retry": item.max_retry,
+            "throttled": 0,
+            "lease_lost": 0,
+            "claims": 0,
+            "depends_on": item.depends_on,
+            "ignore_parent_failure": item.ignore_parent_failure,
+            "business_key": item.business_key,
+            "replay_of": None,
+            "started_at": None,
+            "finished_at": created_at if status.is_final else None,
+            "cancel_requested": False,
+        }
     )

@@ -11,7 +11,7 @@ from sqlalchemy import Row, Select, select
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import TaskNotFoundError
 from taskgate.models import Models
-from taskgate.task import Status, Task
+from taskgate.task import Status, Task, task_from_fields
 
 __all__ = [
     "READY",
@@ -85,26 +85,28 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
     values = row._mapping if isinstance(row, Row) else row
     if changes:
         values = {**values, **changes}
-    return Task(
-        id=values["id"],
-        type=values["type"],
-        queue=values["queue"],
-        payload=values["payload"],
-        status=Status(values["status"]),
-        created_at=values["created_at"],
-        run_at=values["run_at"],
-        result=values["result"],
-        last_error=values["last_error"],
-        attempts=values["attempts"],
-        max_retry=values["max_retry"],
-        throttled=values["throttled"],
-        lease_lost=values["lease_lost"],
-        claims=values["claims"],
-        depends_on=decode_parents(values["depends_on"]),
-        ignore_parent_failure=bool(values["ignore_parent_failure"]),
-        business_key=values["business_key"],
-        replay_of=values["replay_of"],
-        started_at=values["started_at"],
-        finished_at=values["finished_at"],
-        cancel_requested=bool(values.get("cancel_requested")),
+    return task_from_fields(
+        {
+            "id": values["id"],
+            "type": values["type"],
+            "queue": values["queue"],
+            "payload": values["payload"],
+            "status": Status(values["status"]),
+            "created_at": values["created_at"],
+            "run_at": values["run_at"],
+            "result": values["result"],
+            "last_error": values["last_error"],
+            "attempts": values["attempts"],
+            "max_retry": values["max_retry"],
+            "throttled": values["throttled"],
+            "lease_lost": values["lease_lost"],
+            "claims": values["claims"],
+            "depends_on": decode_parents(values["depends_on"]),
+            "ignore_parent_failure": bool(values["ignore_parent_failure"]),
+            "business_key": values["business_key"],
+            "replay_of": values["replay_of"],
+            "started_at": values["started_at"],
+            "finished_at": values["finished_at"],
+            "cancel_requested": bool(values.get("cancel_requested")),
+        }
     )

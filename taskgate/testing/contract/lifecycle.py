@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -10,7 +11,7 @@ from taskgate.brokers.base import Broker, FailureKind
 from taskgate.clock import ManualClock
 from taskgate.errors import TaskNotFoundError
 from taskgate.ids import new_id
-from taskgate.task import Status
+from taskgate.task import Filter, Status, Task
 from taskgate.testing.contract._support import TTL, claim_one, new_task, submit
 
 __all__ = ["LifecycleContract"]
@@ -40,6 +41,17 @@ class LifecycleContract:
         assert (got.created_at, got.run_at) == (clock.now(), clock.now())
         assert (got.result, got.last_error, got.replay_of) == (None, None, None)
         assert (got.started_at, got.finished_at) == (None, None)
+
+    def test_every_snapshot_holds_exactly_the_task_fields(self, broker: Broker) -> None:
+        parent = submit(broker, business_key="fields")
+        (child,) = broker.enqueue([new_task(depends_on=(parent.id,))])
+        lease = claim_one(broker)
+        (acked,) = broker.ack_many([(lease.task.id, lease.token, b"1")])
+        assert isinstance(acked, Task)
+        snapshots = [parent, child, lease.task, acked, broker.get(child.id), *broker.list(Filter())]
+        snapshots += broker.history("fields")
+        for snapshot in snapshots:
+            assert {f.name: getattr(snapshot, f.name) for f in dataclasses.fields(Task)} == vars(snapshot)
 
     def test_none_payload_stays_none(self, broker: Broker) -> None:
         task = submit(broker, payload=None)
