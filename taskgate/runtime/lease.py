@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 from collections import OrderedDict
 
 import anyio
@@ -47,6 +48,9 @@ class LeaseKeeper:
         self._retries: list[tuple[float, int, RunContext]] = []
         self._order = itertools.count()
         self._wake = Signal()
+        # When the keeper's sleep ends (inf: until woken). Only an earlier due time must wake
+        # it: a context due later is found when it next looks, so adding one costs no wake-up.
+        self._sleeping_until = math.inf
 
     def add(self, ctx: RunContext) -> None:
         """Start renewing ``ctx``'s lease, first one interval after it was granted."""
@@ -55,9 +59,8 @@ class LeaseKeeper:
         ctx.kept = True
         # Counted from the grant (the local lease deadline minus the TTL), not from now: a
         # lease that waited before its handler started is renewed no later than one that did not.
-        group[ctx] = ctx.lease_deadline - ctx.ttl.total_seconds() + interval
-        if len(group) == 1:
-            self._wake.fire()  # maybe earlier than what the keeper sleeps towards
+        at = group[ctx] = ctx.lease_deadline - ctx.ttl.total_seconds() + interval
+        self._wake_by(at)
 
     def remove(self, ctx: RunContext) -> None:
         """Stop renewing ``ctx`` (its handler ended)."""
@@ -73,7 +76,13 @@ class LeaseKeeper:
                 for ctx in self._take_due(anyio.current_time()):
                     renewals.start_soon(self._renew, ctx)
                 next_at = self._next_due()
+                self._sleeping_until = math.inf if next_at is None else next_at
                 await self._wake.wait(None if next_at is None else max(0.0, next_at - anyio.current_time()))
+                self._sleeping_until = -math.inf  # awake: it looks at everything before sleeping again
+
+    def _wake_by(self, at: float) -> None:
+        if at < self._sleeping_until:
+            self._wake.fire()
 
     def _take_due(self, now: float) -> list[RunContext]:
         due: list[RunContext] = []
@@ -121,13 +130,12 @@ class LeaseKeeper:
         group = self._due.get(_interval(ctx))
         if group is not None and ctx.stop_reason is None and ctx.kept:
             group[ctx] = at
-            if len(group) == 1:
-                self._wake.fire()
+            self._wake_by(at)
 
     def _retry(self, ctx: RunContext, at: float) -> None:
         if ctx.stop_reason is None and ctx.kept:
             heapq.heappush(self._retries, (at, next(self._order), ctx))
-            self._wake.fire()
+            self._wake_by(at)
 
 
 def fence(ctx: RunContext) -> None:

@@ -287,7 +287,8 @@ class Runtime:
         if self._grace_over:
             ctx.stop(StopReason.SHUTDOWN)  # claimed after shutdown's grace ran out: put it back
         try:
-            await self.hooks.emit((lease.task,))  # running: nothing to wake, only the hook to call
+            if self.hooks.hook is not None:
+                await self.hooks.emit((lease.task,))  # running: nothing to wake, only the hook to call
             await executor.run(ctx, auto_heartbeat=not conf.manual_heartbeat)
         finally:
             if self.active.get(lease.task.id) is ctx:

@@ -22,6 +22,8 @@ class Signal:
 
     def fire(self) -> None:
         """Wake the consumer now, or at its next `wait`."""
+        if self._fired:
+            return  # fired since the consumer last looked: it is woken already
         self._fired = True
         if self._event is not None:
             self._event.set()
