@@ -2,9 +2,11 @@
 
 Each script is a ``.lua`` file in ``lua/``, shipped as package data. The shared helpers in
 ``lua/_lib.lua`` are prepended to every script at load time (Redis has no ``require``), so a
-script's error line numbers are offset by the library's length. Scripts are registered with
-redis-py's ``register_script``: calls go by ``EVALSHA`` and the script body is sent again only
-when the server answers ``NOSCRIPT`` (first use, or after a restart/``SCRIPT FLUSH``).
+script's error line numbers are offset by the library's length. The body runs as a function,
+so the library's deferred status writes are flushed after it whichever ``return`` it took.
+Scripts are registered with redis-py's ``register_script``: calls go by ``EVALSHA`` and the
+script body is sent again only when the server answers ``NOSCRIPT`` (first use, or after a
+restart/``SCRIPT FLUSH``).
 """
 
 from __future__ import annotations
@@ -62,14 +64,21 @@ def read_lua(name: str) -> str:
     return (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
+_EPILOGUE = "local reply = main()\nflush_status()\nreturn reply\n"
+
+
+def wrap(library: str, body: str) -> str:
+    """One script: the library, then ``body`` as a function whose reply is returned after the
+    library's deferred status writes (`flush_status`) -- whichever ``return`` the body took."""
+    return f"{library}\nlocal function main()\n{body}\nend\n{_EPILOGUE}"
+
+
 class ScriptBook:
     """Every taskgate script registered on one client; `run` calls one by name."""
 
     def __init__(self, client: Any) -> None:
         library = read_lua("_lib")
-        self._scripts = {
-            name: client.register_script(f"{library}\n{read_lua(name)}") for name in SCRIPT_NAMES
-        }
+        self._scripts = {name: client.register_script(wrap(library, read_lua(name))) for name in SCRIPT_NAMES}
 
     def run(self, name: str, base: str, args: Sequence[Arg]) -> list[Any]:
         """Run script ``name`` with ``KEYS[1] = base`` and ``args``; return its reply list."""

@@ -65,6 +65,21 @@ local function load(id)
   return t
 end
 
+-- The fields a status change and a lease check need, without reading the whole hash.
+local CORE_FIELDS = { 'id', 'type', 'queue', 'status', 'created_at', 'token' }
+
+local function load_core(id)
+  local values = redis.call('HMGET', task_key(id), unpack(CORE_FIELDS))
+  if not values[1] then
+    return nil
+  end
+  local t = {}
+  for i, name in ipairs(CORE_FIELDS) do
+    t[name] = values[i] or nil
+  end
+  return t
+end
+
 local function snapshot(id)
   return redis.call('HGETALL', task_key(id))
 end
@@ -89,17 +104,68 @@ local function leave(t)
   end
 end
 
+-- Status counters and status indexes: a script that moves many tasks writes them once per
+-- key when it ends (`flush_status`, called by the loader's wrapper after every script) instead
+-- of four calls per task. Nothing a script reads depends on them: only `counts` and `list`,
+-- other scripts, read them.
+local STATUS_COUNTS = {}  -- "<status>:<type>" -> change
+local STATUS_INDEX = {}   -- status -> { id -> created_at (add) or false (remove) }; last write wins
+
+local function count_status(field, delta)
+  STATUS_COUNTS[field] = (STATUS_COUNTS[field] or 0) + delta
+end
+
+local function index_status(status, id, score)
+  local members = STATUS_INDEX[status]
+  if not members then
+    members = {}
+    STATUS_INDEX[status] = members
+  end
+  members[id] = score
+end
+
+-- Lua's unpack() has a stack limit: at most this many arguments per variadic call (even, so
+-- score/member pairs are never split).
+local VARIADIC_CHUNK = 2000
+
+local function call_chunked(command, key, args)
+  for first = 1, #args, VARIADIC_CHUNK do
+    redis.call(command, key, unpack(args, first, math.min(first + VARIADIC_CHUNK - 1, #args)))
+  end
+end
+
+local function flush_status()
+  for status, members in pairs(STATUS_INDEX) do
+    local adds, removes = {}, {}
+    for id, score in pairs(members) do
+      if score then
+        adds[#adds + 1] = score
+        adds[#adds + 1] = id
+      else
+        removes[#removes + 1] = id
+      end
+    end
+    call_chunked('ZADD', B .. 'idx:status:' .. status, adds)
+    call_chunked('ZREM', B .. 'idx:status:' .. status, removes)
+  end
+  for field, delta in pairs(STATUS_COUNTS) do
+    if delta ~= 0 then
+      redis.call('HINCRBY', B .. 'stats', field, delta)
+    end
+  end
+  STATUS_INDEX, STATUS_COUNTS = {}, {}
+end
+
 -- The only place a status changes: counters and the status index move with it.
--- `t.status` may be nil for a task being created.
+-- `t.status` may be nil for a task being created. `t` needs id, type, queue, status, created_at.
 local function set_status(t, to)
-  local stats = B .. 'stats'
   if t.status then
     leave(t)
-    redis.call('HINCRBY', stats, t.status .. ':' .. t.type, -1)
-    redis.call('ZREM', B .. 'idx:status:' .. t.status, t.id)
+    count_status(t.status .. ':' .. t.type, -1)
+    index_status(t.status, t.id, false)
   end
-  redis.call('HINCRBY', stats, to .. ':' .. t.type, 1)
-  redis.call('ZADD', B .. 'idx:status:' .. to, t.created_at, t.id)
+  count_status(to .. ':' .. t.type, 1)
+  index_status(to, t.id, t.created_at)
   redis.call('HSET', task_key(t.id), 'status', to)
   t.status = to
 end
@@ -108,7 +174,7 @@ end
 -- Give the due task `id` (still in its queue) a lease: running, `token`, until `lease_until`.
 -- Returns its snapshot. Every claiming script leases through here.
 local function lease_task(id, token, lease_until)
-  set_status(load(id), 'running')
+  set_status(load_core(id), 'running')
   redis.call('HSET', task_key(id), 'token', token, 'lease_until', lease_until, 'started_at', NOW_S)
   redis.call('HINCRBY', task_key(id), 'claims', 1)
   redis.call('ZADD', B .. 'leases', lease_until, id)
@@ -175,10 +241,8 @@ local function finish(t, to, fields)
   settle_children(t)
 end
 
--- Load a task a worker writes to: it must be running under `token`.
--- Returns the task, or nil and an error reply.
-local function load_leased(id, token)
-  local t = load(id)
+-- A task a worker writes to must be running under `token`: `t` (or nil and an error reply).
+local function held_by(t, id, token)
   if not t then
     return nil, { 'notfound', id }
   end
@@ -186,6 +250,16 @@ local function load_leased(id, token)
     return nil, { 'leaselost', id, t.status }
   end
   return t, nil
+end
+
+-- Load a task a worker writes to (every field); nil and an error reply unless it is held.
+local function load_leased(id, token)
+  return held_by(load(id), id, token)
+end
+
+-- `load_leased` reading only the fields of `load_core` (enough to finish the task).
+local function load_leased_core(id, token)
+  return held_by(load_core(id), id, token)
 end
 
 -- Count a failure by kind: business and skip move attempts, throttled moves throttled.

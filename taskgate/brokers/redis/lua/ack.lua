@@ -12,7 +12,7 @@
 --          idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> channel (PUBLISH) for woken children.
 
 local id, token = ARGV[2], ARGV[3]
-local t, err = load_leased(id, token)
+local t, err = load_leased_core(id, token)
 if not t then
   return err
 end

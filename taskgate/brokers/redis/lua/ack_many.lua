@@ -16,7 +16,7 @@ local ITEM = 4
 
 local function ack_one(a)
   local id, token = ARGV[a], ARGV[a + 1]
-  local t, err = load_leased(id, token)
+  local t, err = load_leased_core(id, token)
   if not t then
     return err
   end

@@ -74,7 +74,7 @@ end
 -- Sorted-set members and counter increments of the whole batch, written once per key at the
 -- end (one variadic ZADD per key instead of one call per task and key). The task hashes are
 -- written at once, so a later task of the batch reads its parents' statuses from them.
-local zsets, zset_order, counts = {}, {}, {}
+local zsets, zset_order = {}, {}
 
 local function zadd_later(key, score, member)
   local pairs_of_key = zsets[key]
@@ -87,11 +87,10 @@ local function zadd_later(key, score, member)
   pairs_of_key[#pairs_of_key + 1] = member
 end
 
--- `set_status` for a task that had none, with its index writes deferred.
+-- `set_status` for a task that had none (its hash gets the status with its other fields).
 local function arrive(n, status)
-  local field = status .. ':' .. n.type
-  counts[field] = (counts[field] or 0) + 1
-  zadd_later(B .. 'idx:status:' .. status, NOW_S, n.id)
+  count_status(status .. ':' .. n.type, 1)
+  index_status(status, n.id, NOW_S)
 end
 
 local NO_PARENTS = {}
@@ -131,18 +130,9 @@ local function store(n)
   return { status, run_at, err or '' }
 end
 
--- Lua's unpack() has a stack limit: at most this many arguments per variadic call.
-local CHUNK = 2000
-
 local function write_deferred()
   for _, key in ipairs(zset_order) do
-    local flat = zsets[key]
-    for first = 1, #flat, CHUNK do
-      redis.call('ZADD', key, unpack(flat, first, math.min(first + CHUNK - 1, #flat)))
-    end
-  end
-  for field, count in pairs(counts) do
-    redis.call('HINCRBY', B .. 'stats', field, count)
+    call_chunked('ZADD', key, zsets[key])
   end
 end
 
