@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from taskgate import Config, QueueConfig
+from taskgate.brokers.base import NewTask
+from taskgate.brokers.memory import MemoryBroker
+from taskgate.runtime.submission import build_tasks
+
+CONFIG = Config(broker=MemoryBroker(), queues={"t": QueueConfig(workers=1)})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"business_keys": ["a", None, "c"], "max_retry": 4},
+        {"delay": "5s", "depends_on": ["parent-1", "parent-2"], "ignore_parent_failure": True},
+        {"run_at": datetime(2030, 1, 1, tzinfo=UTC), "delay": timedelta(seconds=3)},
+    ],
+)
+def test_every_task_of_a_batch_equals_one_built_and_checked_on_its_own(options: dict[str, object]) -> None:
+    tasks = build_tasks(CONFIG, "t", [None, {"x": 1}, b"raw"], **options)  # type: ignore[arg-type]
+    rebuilt = [
+        NewTask(
+            id=t.id,
+            type=t.type,
+            queue=t.queue,
+            payload=t.payload,
+            max_retry=t.max_retry,
+            run_at=t.run_at,
+            delay=t.delay,
+            depends_on=t.depends_on,
+            ignore_parent_failure=t.ignore_parent_failure,
+            business_key=t.business_key,
+        )
+        for t in tasks
+    ]
+    assert tasks == rebuilt
+    assert [t.payload for t in tasks] == [None, b'{"x":1}', b"raw"]
+    assert len({t.id for t in tasks}) == 3
+    assert [t.business_key for t in tasks] == list(options.get("business_keys", [None] * 3))  # type: ignore[call-overload]
+
+
+def test_a_batch_shares_nothing_mutable_and_each_task_is_frozen() -> None:
+    first, second = build_tasks(CONFIG, "t", [1, 2], depends_on=["p"])
+    assert first.depends_on is second.depends_on  # a tuple: sharing it is safe
+    with pytest.raises(AttributeError):
+        second.payload = b"changed"  # type: ignore[misc]
+
+
+def test_an_empty_batch_builds_nothing() -> None:
+    assert build_tasks(CONFIG, "t", []) == []
