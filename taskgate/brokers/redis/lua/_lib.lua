@@ -66,7 +66,7 @@ local function load(id)
 end
 
 -- The fields a status change and a lease check need, without reading the whole hash.
-local CORE_FIELDS = { 'id', 'type', 'queue', 'status', 'created_at', 'token' }
+local CORE_FIELDS = { 'id', 'type', 'queue', 'status', 'created_at', 'token', 'claims' }
 
 local function load_core(id)
   local values = redis.call('HMGET', task_key(id), unpack(CORE_FIELDS))
@@ -104,24 +104,30 @@ local function leave(t)
   end
 end
 
--- Status counters and status indexes: a script that moves many tasks writes them once per
--- key when it ends (`flush_status`, called by the loader's wrapper after every script) instead
--- of four calls per task. Nothing a script reads depends on them: only `counts` and `list`,
--- other scripts, read them.
+-- Deferred writes: status counters, status indexes, and the queue/lease sets a claim moves
+-- tasks between. A script that moves many tasks writes each such key once when it ends
+-- (`flush_status`, called by the loader's wrapper after every script) instead of several calls
+-- per task. Only writes no later read of the same script depends on are deferred: the status
+-- sets and counters (read only by `list`/`counts`), and the claim's own queue/lease moves
+-- (claim scripts read the queue before leasing and never after).
 local STATUS_COUNTS = {}  -- "<status>:<type>" -> change
-local STATUS_INDEX = {}   -- status -> { id -> created_at (add) or false (remove) }; last write wins
+local ZSET_CHANGES = {}   -- zset key -> { member -> score (add) or false (remove) }; last write wins
 
 local function count_status(field, delta)
   STATUS_COUNTS[field] = (STATUS_COUNTS[field] or 0) + delta
 end
 
-local function index_status(status, id, score)
-  local members = STATUS_INDEX[status]
+local function zset_later(key, member, score)
+  local members = ZSET_CHANGES[key]
   if not members then
     members = {}
-    STATUS_INDEX[status] = members
+    ZSET_CHANGES[key] = members
   end
-  members[id] = score
+  members[member] = score
+end
+
+local function index_status(status, id, score)
+  zset_later(B .. 'idx:status:' .. status, id, score)
 end
 
 -- Lua's unpack() has a stack limit: at most this many arguments per variadic call (even, so
@@ -135,25 +141,25 @@ local function call_chunked(command, key, args)
 end
 
 local function flush_status()
-  for status, members in pairs(STATUS_INDEX) do
+  for key, members in pairs(ZSET_CHANGES) do
     local adds, removes = {}, {}
-    for id, score in pairs(members) do
+    for member, score in pairs(members) do
       if score then
         adds[#adds + 1] = score
-        adds[#adds + 1] = id
+        adds[#adds + 1] = member
       else
-        removes[#removes + 1] = id
+        removes[#removes + 1] = member
       end
     end
-    call_chunked('ZADD', B .. 'idx:status:' .. status, adds)
-    call_chunked('ZREM', B .. 'idx:status:' .. status, removes)
+    call_chunked('ZADD', key, adds)
+    call_chunked('ZREM', key, removes)
   end
   for field, delta in pairs(STATUS_COUNTS) do
     if delta ~= 0 then
       redis.call('HINCRBY', B .. 'stats', field, delta)
     end
   end
-  STATUS_INDEX, STATUS_COUNTS = {}, {}
+  ZSET_CHANGES, STATUS_COUNTS = {}, {}
 end
 
 -- The only place a status changes: counters and the status index move with it.
@@ -174,10 +180,17 @@ end
 -- Give the due task `id` (still in its queue) a lease: running, `token`, until `lease_until`.
 -- Returns its snapshot. Every claiming script leases through here.
 local function lease_task(id, token, lease_until)
-  set_status(load_core(id), 'running')
-  redis.call('HSET', task_key(id), 'token', token, 'lease_until', lease_until, 'started_at', NOW_S)
-  redis.call('HINCRBY', task_key(id), 'claims', 1)
-  redis.call('ZADD', B .. 'leases', lease_until, id)
+  -- `set_status(t, 'running')` and the lease fields in one HSET; the move from the queue to
+  -- the leases set is deferred (see `zset_later`).
+  local t = load_core(id)
+  zset_later(B .. 'queue:' .. t.queue, id, false)
+  count_status(t.status .. ':' .. t.type, -1)
+  index_status(t.status, id, false)
+  count_status('running:' .. t.type, 1)
+  index_status('running', id, t.created_at)
+  redis.call('HSET', task_key(id), 'status', 'running', 'token', token, 'lease_until', lease_until,
+    'started_at', NOW_S, 'claims', tostring(tonumber(t.claims) + 1))
+  zset_later(B .. 'leases', id, lease_until)
   return snapshot(id)
 end
 
@@ -238,6 +251,20 @@ end
 -- End a task in a final status and settle its descendants, in this same script.
 local function finish(t, to, fields)
   end_task(t, to, fields)
+  settle_children(t)
+end
+
+-- `finish(t, 'completed', fields)` for a task held under a lease (`load_leased_core`): the status
+-- and `fields` in one HSET, the lease's entry in the leases set removed when the script ends.
+local function complete_held(t, fields)
+  zset_later(B .. 'leases', t.id, false)
+  redis.call('HDEL', task_key(t.id), 'token', 'lease_until')
+  count_status('running:' .. t.type, -1)
+  index_status('running', t.id, false)
+  count_status('completed:' .. t.type, 1)
+  index_status('completed', t.id, t.created_at)
+  redis.call('HSET', task_key(t.id), 'status', 'completed', 'finished_at', NOW_S, unpack(fields))
+  t.status = 'completed'
   settle_children(t)
 end
 

@@ -16,8 +16,5 @@ local t, err = load_leased_core(id, token)
 if not t then
   return err
 end
-if ARGV[4] == '1' then
-  redis.call('HSET', task_key(id), 'result', ARGV[5])
-end
-finish(t, 'completed', {})
+complete_held(t, ARGV[4] == '1' and { 'result', ARGV[5] } or {})
 return { 'ok', snapshot(id) }

@@ -20,10 +20,7 @@ local function ack_one(a)
   if not t then
     return err
   end
-  if ARGV[a + 2] == '1' then
-    redis.call('HSET', task_key(id), 'result', ARGV[a + 3])
-  end
-  finish(t, 'completed', {})
+  complete_held(t, ARGV[a + 2] == '1' and { 'result', ARGV[a + 3] } or {})
   return { 'ok', snapshot(id) }
 end
 

@@ -50,7 +50,7 @@ end
 local lease_until = int_str(NOW + tonumber(ARGV[4]))
 for i = 1, n do
   local token = ARGV[9 + i]
-  redis.call('ZADD', slots, lease_until, token)
+  zset_later(slots, token, lease_until)
   reply[#reply + 1] = lease_task(ids[i], token, lease_until)
 end
 if quota_key and n > 0 then

@@ -71,21 +71,9 @@ local function due_at(n)
   return NOW_S
 end
 
--- Sorted-set members and counter increments of the whole batch, written once per key at the
--- end (one variadic ZADD per key instead of one call per task and key). The task hashes are
--- written at once, so a later task of the batch reads its parents' statuses from them.
-local zsets, zset_order = {}, {}
-
-local function zadd_later(key, score, member)
-  local pairs_of_key = zsets[key]
-  if not pairs_of_key then
-    pairs_of_key = {}
-    zsets[key] = pairs_of_key
-    zset_order[#zset_order + 1] = key
-  end
-  pairs_of_key[#pairs_of_key + 1] = score
-  pairs_of_key[#pairs_of_key + 1] = member
-end
+-- The batch's sorted-set entries and counters are deferred (`zset_later`, `count_status`):
+-- written once per key when the script ends, not one call per task and key. The task hashes
+-- are written at once, so a later task of the batch reads its parents' statuses from them.
 
 -- `set_status` for a task that had none (its hash gets the status with its other fields).
 local function arrive(n, status)
@@ -117,23 +105,17 @@ local function store(n)
   for _, parent in ipairs(parents) do
     redis.call('SADD', B .. 'children:' .. parent, n.id)
   end
-  zadd_later(B .. 'idx:all', NOW_S, n.id)
-  zadd_later(B .. 'idx:type:' .. n.type, NOW_S, n.id)
-  zadd_later(B .. 'idx:queue:' .. n.queue, NOW_S, n.id)
+  zset_later(B .. 'idx:all', n.id, NOW_S)
+  zset_later(B .. 'idx:type:' .. n.type, n.id, NOW_S)
+  zset_later(B .. 'idx:queue:' .. n.queue, n.id, NOW_S)
   arrive(n, status)
   if status == 'pending' then
-    zadd_later(B .. 'queue:' .. n.queue, run_at, n.id)
+    zset_later(B .. 'queue:' .. n.queue, n.id, run_at)
     signal(n.queue)
   elseif status == 'canceled' then
     redis.call('HSET', key, 'finished_at', NOW_S, 'last_error', err)
   end
   return { status, run_at, err or '' }
-end
-
-local function write_deferred()
-  for _, key in ipairs(zset_order) do
-    call_chunked('ZADD', key, zsets[key])
-  end
 end
 
 local batch = read_batch()
@@ -146,5 +128,4 @@ local reply = { 'ok', NOW_S }
 for _, n in ipairs(batch) do
   reply[#reply + 1] = store(n)
 end
-write_deferred()
 return reply
