@@ -441,11 +441,16 @@ class DistributedLimiter(Protocol):
         rps: float = 0.0,
         burst: int = 0,
         quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
     ) -> LimitedClaim:
         """`claim_with_slots` that also takes, per task claimed, one start of `take_rate`'s
         limiter (``rps`` > 0) and one unit of ``quota``'s current window -- ONE atomic step.
 
-        Slots, starts and units are spent only for tasks claimed.
+        Slots, starts and units are spent only for tasks claimed. ``release`` gives those slot
+        tokens back first (as `release_slots` would), so they count as free for this claim.
+        A ``claimer`` id makes claimers take turns: one that found no free slot while tasks
+        were due is owed one, which every other claimer leaves free until it came back.
         """
         ...
 

@@ -8,6 +8,7 @@ every process. Both speak the same small interface, so the scheduler never asks 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Protocol
@@ -19,15 +20,14 @@ from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.bucket import TokenBucket
 from taskgate.runtime.calls import BrokerCalls
-from taskgate.runtime.group import GroupCall
 
 __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 
 log = logging.getLogger("taskgate")
 
 Slot = str | None
-# ``(queue, capacity, n, lease_ttl, quota) -> LimitedClaim``: see `Limits.combined_claim`.
-CombinedClaim = Callable[[str, int, int, timedelta, QuotaSpec | None], LimitedClaim]
+# ``(queue, capacity, n, lease_ttl, quota, release) -> LimitedClaim``: see `Limits.combined_claim`.
+CombinedClaim = Callable[[str, int, int, timedelta, QuotaSpec | None, Sequence[str]], LimitedClaim]
 
 
 class Limits(Protocol):
@@ -37,14 +37,27 @@ class Limits(Protocol):
     def combined_claim(self) -> CombinedClaim | None:
         """A broker call taking slots and claiming in one step, when nothing must come between.
 
-        Called as ``combined_claim(queue, capacity, n, lease_ttl, quota)``: slots, rate and the
-        quota (when given) in the claim itself; each lease's token is then its slot. None:
-        take slots and rate first, then claim.
+        Called as ``combined_claim(queue, capacity, n, lease_ttl, quota, release)``: slots,
+        rate and the quota (when given) in the claim itself, after giving back the slots of
+        ``release`` (`take_releases`); each lease's token is then its slot. None: take slots
+        and rate first, then claim.
         """
         ...
 
-    async def settle_releases(self) -> None:
-        """Return once slots being given back have landed (so a claim counts them free)."""
+    def give_back(self, slots: Sequence[Slot]) -> None:
+        """Note ``slots`` as free; they go back with the next claim or `flush` (never waits)."""
+        ...
+
+    def take_releases(self) -> list[str]:
+        """The slots noted by `give_back`, for a `combined_claim` to give back; now owned by it."""
+        ...
+
+    def restore_releases(self, tokens: Sequence[str]) -> None:
+        """Slots a failed `combined_claim` may not have given back: keep them for the next try."""
+        ...
+
+    async def flush(self) -> None:
+        """Give back the noted slots now (before the scheduler waits, and when it stops)."""
         ...
 
     async def take_slots(self, n: int) -> list[Slot]:
@@ -79,8 +92,18 @@ class LocalLimits:
         """Local slots cost no call: nothing to combine."""
         return None
 
-    async def settle_releases(self) -> None:
-        """Local slots are given back at once."""
+    def give_back(self, slots: Sequence[Slot]) -> None:
+        """Local slots are the scheduler's running count: nothing to note."""
+
+    def take_releases(self) -> list[str]:
+        """Nothing is ever noted."""
+        return []
+
+    def restore_releases(self, tokens: Sequence[str]) -> None:
+        """Nothing is ever noted."""
+
+    async def flush(self) -> None:
+        """Nothing is ever noted."""
 
     async def take_slots(self, n: int) -> list[Slot]:
         """Local slots are the scheduler's free workers: all ``n`` are granted."""
@@ -112,8 +135,11 @@ class DistributedLimits:
     ) -> None:
         self._limiter, self._calls, self._queue, self._conf = limiter, calls, queue, conf
         self._deadline = deadline
-        # Handlers finishing together give their slots back in one call, not one each.
-        self._releases: GroupCall[list[str], None] = GroupCall(self._release_many, max_batch=256)
+        # Slots of finished handlers, given back by the next claim's own script (no round trip
+        # of their own) or by `flush` when no claim comes first. Held a little longer, a slot
+        # only makes the queue run fewer tasks at once, never more.
+        self._to_release: list[str] = []
+        self._claimer = secrets.token_hex(8)  # this scheduler, in the broker's turn-taking
 
     @property
     def _ttl(self) -> timedelta:
@@ -125,20 +151,53 @@ class DistributedLimits:
         return self._claim
 
     def _claim(
-        self, queue: str, capacity: int, n: int, lease_ttl: timedelta, quota: QuotaSpec | None
+        self,
+        queue: str,
+        capacity: int,
+        n: int,
+        lease_ttl: timedelta,
+        quota: QuotaSpec | None,
+        release: Sequence[str],
     ) -> LimitedClaim:
         conf = self._conf
         return self._limiter.claim_with_limits(
-            queue, capacity, n, lease_ttl, rps=conf.rps, burst=conf.effective_burst, quota=quota
+            queue,
+            capacity,
+            n,
+            lease_ttl,
+            rps=conf.rps,
+            burst=conf.effective_burst,
+            quota=quota,
+            release=release,
+            claimer=self._claimer,
         )
 
-    async def settle_releases(self) -> None:
-        """Slots being given back right now would be refused to us: let that land first."""
-        await self._releases.settled()
+    def give_back(self, slots: Sequence[Slot]) -> None:
+        """Note ``slots`` for the next claim (or `flush`) to give back."""
+        self._to_release.extend(s for s in slots if s is not None)
+
+    def take_releases(self) -> list[str]:
+        """The noted slots, now the caller's to give back."""
+        taken, self._to_release = self._to_release, []
+        return taken
+
+    def restore_releases(self, tokens: Sequence[str]) -> None:
+        """Note again slots a failed claim may not have given back (a second ZREM is harmless)."""
+        self._to_release.extend(tokens)
+
+    async def flush(self) -> None:
+        """Give the noted slots back now; a failure only leaves them to expire with their lease."""
+        tokens = self.take_releases()
+        if not tokens:
+            return
+        try:
+            await self._calls(self._limiter.release_slots, self._queue, tokens, deadline=self._deadline)
+        except BrokerError as exc:
+            log.warning("queue %r: could not release %d slot(s): %s", self._queue, len(tokens), exc)
 
     async def take_slots(self, n: int) -> list[Slot]:
         """Up to ``n`` of the queue's global ``workers`` slots (none when the broker fails)."""
-        await self.settle_releases()
+        await self.flush()  # noted slots would be refused to us until they are given back
         try:
             tokens = await self._calls(
                 self._limiter.acquire_slots,
@@ -184,15 +243,6 @@ class DistributedLimits:
         return list(lost)
 
     async def release(self, slots: Sequence[Slot]) -> None:
-        """Give slots back (grouped with other releases); failures only delay them until they expire."""
-        tokens = [s for s in slots if s is not None]
-        if tokens:
-            await self._releases(tokens)
-
-    async def _release_many(self, groups: list[list[str]]) -> list[None]:
-        tokens = [token for group in groups for token in group]
-        try:
-            await self._calls(self._limiter.release_slots, self._queue, tokens, deadline=self._deadline)
-        except BrokerError as exc:
-            log.warning("queue %r: could not release %d slot(s): %s", self._queue, len(tokens), exc)
-        return [None] * len(groups)
+        """Give slots back now (with any noted ones); failures only delay them until they expire."""
+        self.give_back(slots)
+        await self.flush()

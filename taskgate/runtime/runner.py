@@ -268,8 +268,10 @@ class Runtime:
 
         def free_slot() -> Awaitable[None] | None:
             scheduler.running -= 1
+            if slot is not None:
+                scheduler.limits.give_back([slot])  # goes back with the next claim
             scheduler.wake(new_work=False)
-            return None if slot is None else scheduler.limits.release([slot])
+            return None
 
         ctx = RunContext(
             lease=lease,

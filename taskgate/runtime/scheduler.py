@@ -116,6 +116,7 @@ class QueueScheduler:
                 self.acks.close()
                 with anyio.CancelScope(shield=True):
                     await self._requeue_unstarted(requeue)
+                    await self.limits.flush()
 
     async def _requeue_unstarted(self, requeue: Requeue) -> None:
         """Put back leases claimed but never started (the workers were cancelled first)."""
@@ -128,12 +129,15 @@ class QueueScheduler:
         now = anyio.current_time()
         free = self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
         if now < self._paused_until:
+            await self.limits.flush()
             await self.signal.wait(self._paused_until - now)
             return
         if free <= 0:
+            await self.limits.flush()
             await self.signal.wait(None)
             return
         if self._idle and self._metered and not await self._work_due():
+            await self.limits.flush()
             await self.signal.wait(self._poll)
             return
         claimed = await self._claim_within_limits(free, requeue)
@@ -147,6 +151,7 @@ class QueueScheduler:
             self._ready.put((lease, slot, self._claim_started))
         self._idle = len(leases) < len(slots)
         if self._idle:
+            await self.limits.flush()  # slots freed meanwhile must not wait out the poll
             await self.signal.wait(self._poll)
 
     async def _claim_within_limits(
@@ -156,7 +161,6 @@ class QueueScheduler:
         combined = self.limits.combined_claim
         if combined is not None:
             # Global slots, rate, quota and the claim in one call; each lease's token is its slot.
-            await self.limits.settle_releases()
             leases = await self._claim(free, requeue, combined)
             if leases is None:
                 return None
@@ -213,9 +217,22 @@ class QueueScheduler:
 
     async def _combined_claim(self, combined: CombinedClaim, n: int) -> list[Lease]:
         quota = None if self.quota is None else self.quota.spec
-        taken = await self._calls(
-            combined, self.name, self.conf.workers, n, self.conf.lease, quota, deadline=self._deadline
-        )
+        # Slots of finished handlers go back in the claim's own call, counted free by it.
+        release = self.limits.take_releases()
+        try:
+            taken = await self._calls(
+                combined,
+                self.name,
+                self.conf.workers,
+                n,
+                self.conf.lease,
+                quota,
+                release,
+                deadline=self._deadline,
+            )
+        except BrokerError:
+            self.limits.restore_releases(release)
+            raise
         self._held_by_rate = taken.retry_after > 0
         if self._held_by_rate:
             self._pause(taken.retry_after)

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -167,13 +167,23 @@ class CountingRedisBroker(RedisBroker):
         rps: float = 0.0,
         burst: int = 0,
         quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
     ) -> LimitedClaim:
         """`RedisBroker.claim_with_limits`, counted. Slots: a shortfall while tasks were still
         queued and the rate held none back was for want of a slot (tasks leave the queue only
         by being claimed). Rate: a positive wait means the rate held at least one task back
         (counted as one refused start)."""
         taken = super().claim_with_limits(
-            queue, capacity, limit, lease_ttl, rps=rps, burst=burst, quota=quota
+            queue,
+            capacity,
+            limit,
+            lease_ttl,
+            rps=rps,
+            burst=burst,
+            quota=quota,
+            release=release,
+            claimer=claimer,
         )
         got = len(taken.leases)
         held_by_rate = taken.retry_after > 0

@@ -455,3 +455,55 @@ def test_waits_reuse_one_subscribed_connection_and_follow_a_change_of_queues(
     assert (_subscribers(client, keys.signal("q")), _subscribers(client, keys.signal("other"))) == (0, 1)
     broker.close()
     assert _subscribers(client, keys.signal("other")) == 0
+
+
+def _ids(taken: LimitedClaim) -> list[str]:
+    return [lease.task.id for lease in taken.leases]
+
+
+def test_claim_with_limits_gives_the_released_slots_back_before_counting_free_ones(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 4)
+    first = broker.claim_with_limits("q", 2, 2, TTL)
+    assert _ids(first) == ["t0", "t1"]
+    assert _ids(broker.claim_with_limits("q", 2, 2, TTL)) == []  # both slots held
+    done = [lease.token for lease in first.leases]
+    assert _ids(broker.claim_with_limits("q", 2, 2, TTL, release=done)) == ["t2", "t3"]
+    held = {token.decode() for token in client.zrange(KeySpace(unique_prefix).slots("q"), 0, -1)}
+    assert held.isdisjoint(done) and len(held) == 2
+
+
+def test_claimers_take_turns_at_slots_given_back(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    _pending(broker, 4)
+    (held,) = broker.claim_with_limits("q", 1, 1, TTL, claimer="a").leases
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="b")) == []  # b is owed a slot
+    # a's task is done: its slot goes back, but is left for b instead of being taken again.
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, release=[held.token], claimer="a")) == []
+    (b_lease,) = broker.claim_with_limits("q", 1, 1, TTL, claimer="b").leases
+    assert b_lease.task.id == "t1"
+    # b got its turn and is struck off; a, which found no slot, is owed the next one.
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, release=[b_lease.token], claimer="b")) == []
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="a")) == ["t2"]
+
+
+def test_a_waiter_that_never_comes_back_is_owed_a_slot_for_one_lease_ttl_only(open_broker: Factory) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    _pending(broker, 3)
+    (held,) = broker.claim_with_limits("q", 1, 1, TTL, claimer="a").leases
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="gone")) == []
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, release=[held.token], claimer="a")) == []
+    clock.advance(TTL)
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="a")) == ["t1"]
+
+
+def test_without_a_claimer_id_a_claim_takes_every_free_slot(open_broker: Factory) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 3)
+    (held,) = broker.claim_with_limits("q", 1, 1, TTL).leases
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="b")) == []
+    assert _ids(broker.claim_with_limits("q", 1, 1, TTL, release=[held.token])) == ["t1"]

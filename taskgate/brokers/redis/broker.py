@@ -48,7 +48,7 @@ from taskgate.brokers.redis.codec import (
 from taskgate.brokers.redis.connection import check_timeout as check_socket_timeout
 from taskgate.brokers.redis.connection import open_clients
 from taskgate.brokers.redis.keys import DEFAULT_PREFIX, KeySpace
-from taskgate.brokers.redis.limits import RedisLimits, check_rate
+from taskgate.brokers.redis.limits import RedisLimits, check_rate, check_tokens
 from taskgate.brokers.redis.replies import unwrap
 from taskgate.brokers.redis.scripts import ScriptBook, redis_errors
 from taskgate.brokers.redis.waiter import SignalWaiter
@@ -364,10 +364,16 @@ class RedisBroker:
         rps: float = 0.0,
         burst: int = 0,
         quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
     ) -> LimitedClaim:
         """`claim_with_slots` that also takes, per task claimed, a start of the queue's global
-        rate (``rps`` > 0) and a unit of ``quota`` -- one script, spent only for tasks claimed."""
+        rate (``rps`` > 0) and a unit of ``quota`` -- one script, spent only for tasks claimed.
+        The slots of ``release`` are given back first, in the same script; claimers with a
+        ``claimer`` id take turns at slots (see claim_limited.lua)."""
         check_identifier(queue, what="queue")
+        check_identifier(claimer, what="claimer", allow_empty=True)
+        released = check_tokens(release)
         check_count(capacity, what="slot capacity", minimum=1)
         check_count(limit, what="claim limit", minimum=1)
         check_duration(lease_ttl, what="lease_ttl", positive=True)
@@ -375,8 +381,18 @@ class RedisBroker:
         if quota is not None:
             check_quota_request(quota.key, quota.limit, quota.period, 0)
         quota_args = ["", 0, 0] if quota is None else [quota.key, quota.limit, ttl_us(quota.period)]
-        args = [queue, capacity, ttl_us(lease_ttl), repr(rate), size, *quota_args, *new_tokens(limit)]
-        retry_after, start_us, left, *flats = self._run("claim_limited", args)
+        args = [
+            queue,
+            capacity,
+            ttl_us(lease_ttl),
+            repr(rate),
+            size,
+            *quota_args,
+            claimer,
+            len(released),
+            *released,
+        ]
+        retry_after, start_us, left, *flats = self._run("claim_limited", [*args, *new_tokens(limit)])
         leases = [lease_from_flat(flat) for flat in flats]
         return LimitedClaim(
             leases=leases,

@@ -19,7 +19,7 @@ from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import redis_errors
 from taskgate.ids import new_tokens
 
-__all__ = ["RedisLimits", "check_rate"]
+__all__ = ["RedisLimits", "check_rate", "check_tokens"]
 
 Runner = Callable[[str, Sequence[Any]], list[Any]]
 
@@ -28,7 +28,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _check_tokens(tokens: object) -> list[str]:
+def check_tokens(tokens: object) -> list[str]:
+    """Slot tokens as a list, each a usable identifier; a bare str is refused."""
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
         raise TypeError(f"tokens must be a sequence of slot tokens, got {tokens!r}")
     return [check_identifier(t, what="slot token") for t in tokens]
@@ -82,7 +83,7 @@ class RedisLimits:
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> list[str]:
         """Extend held slots to now + ``ttl``; return the tokens that were no longer held."""
         check_identifier(queue, what="queue")
-        held = _check_tokens(tokens)
+        held = check_tokens(tokens)
         check_duration(ttl, what="slot ttl", positive=True)
         if not held:
             return []
@@ -91,7 +92,7 @@ class RedisLimits:
     def release_slots(self, queue: str, tokens: Sequence[str]) -> None:
         """Give slots back; ``ZREM`` of a token not held does nothing, so at most once."""
         check_identifier(queue, what="queue")
-        held = _check_tokens(tokens)
+        held = check_tokens(tokens)
         if held:
             with redis_errors("release_slots"):
                 self._client.zrem(self._keys.slots(queue), *held)

@@ -16,18 +16,62 @@
 -- ARGV[7]  quota key, "" for no quota
 -- ARGV[8]  quota limit (units per window)
 -- ARGV[9]  quota period in µs
--- ARGV[10..] one fresh lease token per task that may be claimed (their count is the limit)
+-- ARGV[10] this claimer's id ("" : no turn-taking, see below)
+-- ARGV[11] number R of slot tokens to give back first (slots of tasks that finished)
+-- ARGV[12..11+R] those tokens
+-- ARGV[12+R..] one fresh lease token per task that may be claimed (their count is the limit)
+--
+-- Turn-taking: a claimer whose tasks finish gives their slots back in its next claim, so
+-- without a rule it would take them straight back and other processes would never see a free
+-- slot. A claimer that found no free slot while tasks were due is noted in slot_waiters:<q>
+-- (until now + lease ttl); every other claimer leaves one free slot per noted waiter. A waiter
+-- that gets a slot is struck off.
 -- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
 --          before the claim (-1 without a quota), snapshot...}: one HGETALL array per
 --          claimed task, oldest due first; retry_after > 0 when the rate held tasks back
 --
--- Touches: slots:<q> ZSET, rate:<q> STRING, quota:<key> HASH, queue:<q> ZSET, leases ZSET,
+-- Touches: slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH, queue:<q> ZSET, leases ZSET,
 -- task:<id> HASH, stats HASH, idx:status:<s> ZSET.
 
 local queue = ARGV[2]
 local slots = B .. 'slots:' .. queue
+local claimer = ARGV[10]
+local released = tonumber(ARGV[11])
+local first_token = 12 + released
+local wanted = #ARGV - first_token + 1
+if released > 0 then
+  local tokens = {}
+  for i = 12, 11 + released do
+    tokens[#tokens + 1] = ARGV[i]
+  end
+  call_chunked('ZREM', slots, tokens)
+end
 redis.call('ZREMRANGEBYSCORE', slots, '-inf', NOW_S)
-local limit = math.min(#ARGV - 9, tonumber(ARGV[3]) - redis.call('ZCARD', slots))
+local free = tonumber(ARGV[3]) - redis.call('ZCARD', slots)
+local waiters = B .. 'slot_waiters:' .. queue
+local waiting = false
+if claimer ~= '' then
+  redis.call('ZREMRANGEBYSCORE', waiters, '-inf', NOW_S)
+  waiting = redis.call('ZSCORE', waiters, claimer) ~= false
+  if not waiting then
+    free = free - redis.call('ZCARD', waiters)
+  end
+end
+local limit = math.min(wanted, free)
+
+-- Note or strike off this claimer as a waiter (see "Turn-taking" above).
+local function take_turn(claimed)
+  if claimer == '' then
+    return
+  end
+  if claimed > 0 then
+    if waiting then
+      redis.call('ZREM', waiters, claimer)
+    end
+  elseif free <= 0 and #redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, 1) > 0 then
+    redis.call('ZADD', waiters, int_str(NOW + tonumber(ARGV[4])), claimer)
+  end
+end
 
 local quota_key, window_start, used, left = nil, 0, 0, -1
 if ARGV[7] ~= '' then
@@ -38,6 +82,7 @@ end
 
 local reply = { 'ok', '0', int_str(window_start), left }
 if limit <= 0 then
+  take_turn(0)
   return reply
 end
 local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
@@ -49,11 +94,12 @@ if n > 0 and tonumber(ARGV[5]) > 0 then
 end
 local lease_until = int_str(NOW + tonumber(ARGV[4]))
 for i = 1, n do
-  local token = ARGV[9 + i]
+  local token = ARGV[first_token - 1 + i]
   zset_later(slots, token, lease_until)
   reply[#reply + 1] = lease_task(ids[i], token, lease_until)
 end
 if quota_key and n > 0 then
   redis.call('HSET', quota_key, 'start', int_str(window_start), 'used', int_str(used + n))
 end
+take_turn(n)
 return reply
