@@ -31,3 +31,20 @@ def test_the_benchmark_harness_prints_every_memory_figure_and_a_table() -> None:
     assert set(figures) == expected
     assert all(f["value"] > 0 and f["backend"] == "memory" for f in figures.values())
     assert "| memory | process.w10 |" in done.stdout
+
+
+def test_the_cycle_trace_shows_claims_ack_writes_and_runs_in_time_order() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cycletrace", "--backend", "memory", "-n", "300", "--show", "40"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert len(rows) == 40
+    times = [float(row[0]) for row in rows]
+    assert times == sorted(times) and times[0] == 0.0
+    kinds = {row[2] for row in rows}
+    assert "run" in kinds and kinds <= {"run", "claim>", "claim<", "ack>", "ack<"}
