@@ -20,7 +20,7 @@ import functools
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Select, bindparam, func, select, true, update
+from sqlalchemy import Integer, Select, Update, bindparam, func, select, true, update
 
 from taskgate.brokers.base import Lease, QuotaClaim, QuotaGrant
 from taskgate.brokers.sql import leases
@@ -88,6 +88,24 @@ def _statement(models: Models, traits: Traits) -> Select[Any]:
     )
 
 
+@functools.lru_cache(maxsize=32)
+def _window_statements(models: Models) -> tuple[Update, Select[Any]]:
+    """The conditional add to a window row and the read of its ``used``; built once per schema."""
+    window = table_of(models.quota_window)
+    at_window = (
+        window.c.quota_key == bindparam("p_key"),
+        window.c.window_start == bindparam("p_start", type_=window.c.window_start.type),
+    )
+    count = bindparam("p_count", type_=Integer)
+    quota_limit = bindparam("p_quota_limit", type_=Integer)
+    add_if_it_fits = (
+        update(window)
+        .where(*at_window, window.c.used + count <= quota_limit)
+        .values(used=window.c.used + count, quota_limit=quota_limit)
+    )
+    return add_if_it_fits, select(window.c.used).where(*at_window)
+
+
 def claim_then_count(
     tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
 ) -> QuotaClaim:
@@ -100,16 +118,15 @@ def claim_then_count(
     """
     start, end = window_bounds(tx.now, period)
     claimed = leases.claim(tx, queue, limit, lease_ttl)
-    window = tx.models.quota_window
-    at_window = (window.quota_key == key, window.window_start == start)
+    add_if_it_fits, read_used = _window_statements(tx.models)
+    at_window = {"p_key": key, "p_start": start}
     if claimed:
-        count = len(claimed)
-        fits = update(window).where(*at_window, window.used + count <= quota_limit)
-        if tx.conn.execute(fits.values(used=window.used + count, quota_limit=quota_limit)).rowcount != 1:
+        params = {**at_window, "p_count": len(claimed), "p_quota_limit": quota_limit}
+        if tx.conn.execute(add_if_it_fits, params).rowcount != 1:
             raise ShortWindow
         exhausted = False
     else:
-        used = tx.conn.execute(select(window.used).where(*at_window)).scalar()
+        used = tx.conn.execute(read_used, at_window).scalar()
         if used is None:
             raise ShortWindow  # no row: whether the window is forgotten is the careful path's call
         exhausted = int(used) >= quota_limit
