@@ -78,15 +78,30 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
 def _lock_and_mark_running(tx: Tx, queue: str, limit: int) -> list[Task]:
     """Without ``UPDATE … RETURNING`` (MySQL): lock the due rows whole, update them, and build
     the snapshots from the locked values plus what the update wrote -- two statements."""
-    task = tx.models.task
-    rows = tx.conn.execute(tx.traits.lock(_due(tx, queue, limit), skip_locked=True)).all()
+    lock_due, mark_running = _lock_then_mark(tx.models, tx.traits)
+    now = tx.now
+    rows = tx.conn.execute(lock_due, claim_params(queue, limit, now)).all()
     if not rows:
         return []
-    now = tx.now
+    tx.conn.execute(mark_running, {"p_ids": [row.id for row in rows], "p_now": now})
     running = {**status_values(Status.RUNNING), "started_at": now}
-    ids = [row.id for row in rows]
-    tx.conn.execute(update(task).where(task.id.in_(ids)).values({**running, "claims": task.claims + 1}))
     return [snapshot(row, {**running, "claims": row.claims + 1}) for row in rows]
+
+
+@functools.lru_cache(maxsize=32)
+def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update]:
+    """`_lock_and_mark_running`'s two statements, built once per schema."""
+    task = table_of(models.task)
+    now = bindparam("p_now", type_=task.c.run_at.type)
+    due = (
+        select(task)
+        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .order_by(task.c.run_at, task.c.id)
+        .limit(bindparam("p_limit", type_=Integer))
+    )
+    values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
+    mark = update(task).where(task.c.id.in_(bindparam("p_ids", expanding=True))).values(values)
+    return traits.lock(due, skip_locked=True), mark
 
 
 def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
@@ -161,17 +176,6 @@ def one_statement_claim_parts(models: Models, traits: Traits, limit: ColumnEleme
 
 def due_order(row: Row[Any]) -> tuple[Any, str]:
     return (row.run_at, row.id)
-
-
-def _due(tx: Tx, queue: str, limit: int) -> Select[Any]:
-    """Rows of up to ``limit`` due tasks of ``queue``, oldest due first (the claim index's order)."""
-    task = tx.models.task
-    return (
-        select(table_of(task))
-        .where(task.queue == queue, task.ready == true(), task.run_at <= tx.now)
-        .order_by(task.run_at, task.id)
-        .limit(limit)
-    )
 
 
 def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
