@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
+from typing import Any
 
-from sqlalchemy import func, select, true
+from sqlalchemy import BindParameter, Select, bindparam, func, select, true
 
 from taskgate.brokers.sql.rows import load_tasks, snapshot_select, task_of
-from taskgate.brokers.sql.tx import Tx
+from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.models import Models
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["anything_due", "counts", "get", "history", "list_tasks", "queue_length"]
@@ -75,10 +78,15 @@ def queue_length(tx: Tx, queue: str) -> int:
 
 def anything_due(tx: Tx, queues: Collection[str]) -> bool:
     """Whether some task of ``queues`` could be claimed now: one index probe per queue."""
-    task = tx.models.task
-    stmt = (
-        select(task.id)
-        .where(task.queue.in_(list(queues)), task.ready == true(), task.run_at <= tx.now)
-        .limit(1)
-    )
-    return tx.conn.execute(stmt).first() is not None
+    params = {"p_queues": list(queues), "p_now": tx.now}
+    return tx.conn.execute(_due_probe(tx.models), params).first() is not None
+
+
+@functools.lru_cache(maxsize=32)
+def _due_probe(models: Models) -> Select[Any]:
+    """`anything_due`'s statement, built once per schema (workers ask it while they idle)."""
+    task = table_of(models.task)
+    now = bindparam("p_now", type_=task.c.run_at.type)
+    queues: BindParameter[str] = bindparam("p_queues", expanding=True)
+    due = (task.c.queue.in_(queues), task.c.ready == true(), task.c.run_at <= now)
+    return select(task.c.id).where(*due).limit(1)
