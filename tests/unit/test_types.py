@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -68,6 +70,8 @@ def test_a_task_from_fields_is_the_task_its_constructor_makes() -> None:
     assert hash(adopted) == hash(built)
     assert dataclasses.astuple(adopted) == dataclasses.astuple(built)
     assert dataclasses.replace(adopted, attempts=9).attempts == 9
+    assert pickle.loads(pickle.dumps(adopted)) == built
+    assert copy.deepcopy(adopted) == built
     with pytest.raises(dataclasses.FrozenInstanceError):
         adopted.attempts = 7  # type: ignore[misc]
 
