@@ -266,3 +266,35 @@ async def test_cancel_of_a_waiting_task_is_immediate(gate_broker):
     assert (await gate.cancel(task_id)).status is Status.CANCELED
     task = await eventually(gate, task_id, lambda t: t.status.is_final)
     assert task.status is Status.CANCELED
+
+
+async def test_a_short_lease_started_while_the_keeper_waits_for_a_long_one_is_kept(gate_broker):
+    # The keeper sleeps towards the long lease's first renewal (20 s away) when the short one
+    # starts: the short one's renewal (0.2 s away) must wake it, or its handler is fenced.
+    queues = {"slow": QueueConfig(workers=1, lease_ttl=60), "fast": QueueConfig(workers=1, lease_ttl=0.6)}
+    broker = Faulty(gate_broker)  # counts the heartbeats
+    gate = make_gate(broker, queues)  # type: ignore[arg-type]
+    slow_started, slow_may_end = anyio.Event(), anyio.Event()
+
+    @gate.handler("slow")
+    async def slow(task: Task) -> None:
+        slow_started.set()
+        await slow_may_end.wait()
+
+    @gate.handler("fast")
+    async def fast(task: Task) -> str:
+        await anyio.sleep(1.2)  # two lease ttls: done only if the lease was renewed meanwhile
+        return "kept"
+
+    async with gate:
+        try:
+            await gate.submit("slow")
+            with anyio.fail_after(GUARD):
+                await slow_started.wait()
+            task_id = await gate.submit("fast")
+            await gate.wait(task_id, timeout=GUARD)
+            done = await gate.get(task_id)
+        finally:
+            slow_may_end.set()
+    assert (done.status, done.result_json(), done.lease_lost, done.claims) == (Status.COMPLETED, "kept", 0, 1)
+    assert broker.calls.get("heartbeat", 0) >= 3  # every ttl/3 over two ttls, all for the fast lease
