@@ -49,9 +49,9 @@ class RunContext:
     kept: bool = False  # a `LeaseKeeper` renews this lease (automatic heartbeats)
     # Gives the worker slot back (running count, concurrency slot, scheduler wake-up); called
     # once, as soon as the handler is done -- before its outcome is written, so the next claim
-    # overlaps that write instead of waiting for it. It returns what must still be awaited
-    # (a global slot's release), or None when the slot is back already.
-    free_slot: Callable[[], Awaitable[None] | None] | None = None
+    # overlaps that write instead of waiting for it. It never waits: a global slot is only
+    # noted, and goes back with the queue's next claim.
+    free_slot: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         # The lease was granted no earlier than now; counting from now would be late, so the
@@ -77,19 +77,11 @@ class RunContext:
         """The task snapshot taken when it was claimed."""
         return self.lease.task
 
-    def release_slot(self) -> Awaitable[None] | None:
-        """Give the worker slot back (once); what must still be awaited, shielded, or None."""
+    def release_slot(self) -> None:
+        """The handler returned, raised or was stopped: give its worker slot back (once)."""
         free, self.free_slot = self.free_slot, None
-        return free() if free is not None else None
-
-    async def handler_done(self) -> None:
-        """The handler returned, raised or was stopped: give its worker slot back (once).
-
-        Call it shielded from cancellation: a slot half given back is lost to the queue.
-        """
-        pending = self.release_slot()
-        if pending is not None:
-            await pending
+        if free is not None:
+            free()
 
     def stop(self, reason: StopReason) -> None:
         """Stop the handler for ``reason`` (the first reason given wins)."""

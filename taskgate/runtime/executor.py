@@ -81,18 +81,16 @@ class Executor:
         try:
             outcome = await self._execute(ctx)
         except anyio.get_cancelled_exc_class():
+            ctx.release_slot()
             with anyio.CancelScope(shield=True):
-                await ctx.handler_done()
                 await self.settle(ctx, Stop(StopReason.SHUTDOWN))
             raise
         finally:
             self._keeper.remove(ctx)
-        pending = ctx.release_slot()
-        if pending is None and _hand_to_writer(ctx, outcome):
+        ctx.release_slot()
+        if _hand_to_writer(ctx, outcome):
             return  # the common case awaits nothing: the queue's ack writer completes the task
         with anyio.CancelScope(shield=True):
-            if pending is not None:
-                await pending
             await self.settle(ctx, outcome)
 
     async def _execute(self, ctx: RunContext) -> Outcome:

@@ -10,7 +10,7 @@ timeout), then stops the background loops and lets the hook consumer deliver wha
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping
 from typing import cast
 
 import anyio
@@ -266,12 +266,11 @@ class Runtime:
     ) -> None:
         conf = scheduler.conf
 
-        def free_slot() -> Awaitable[None] | None:
+        def free_slot() -> None:
             scheduler.running -= 1
             if slot is not None:
                 scheduler.limits.give_back([slot])  # goes back with the next claim
             scheduler.wake(new_work=False)
-            return None
 
         ctx = RunContext(
             lease=lease,
@@ -295,9 +294,7 @@ class Runtime:
         finally:
             if self.active.get(lease.task.id) is ctx:
                 del self.active[lease.task.id]
-            if ctx.free_slot is not None:  # the executor never got that far
-                with anyio.CancelScope(shield=True):
-                    await ctx.handler_done()
+            ctx.release_slot()  # in case the executor never got that far (once only)
 
     async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
         try:

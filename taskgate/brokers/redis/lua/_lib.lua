@@ -162,16 +162,24 @@ local function flush_status()
   ZSET_CHANGES, STATUS_COUNTS = {}, {}
 end
 
--- The only place a status changes: counters and the status index move with it.
--- `t.status` may be nil for a task being created. `t` needs id, type, queue, status, created_at.
-local function set_status(t, to)
+-- Move `t` from its status (nil for a task being created) to `to` in the counters and the
+-- status sets (deferred); the caller writes the status field and sets `t.status`.
+local function recount(t, to)
   if t.status then
-    leave(t)
     count_status(t.status .. ':' .. t.type, -1)
     index_status(t.status, t.id, false)
   end
   count_status(to .. ':' .. t.type, 1)
   index_status(to, t.id, t.created_at)
+end
+
+-- The only place a status changes: counters and the status index move with it.
+-- `t.status` may be nil for a task being created. `t` needs id, type, queue, status, created_at.
+local function set_status(t, to)
+  if t.status then
+    leave(t)
+  end
+  recount(t, to)
   redis.call('HSET', task_key(t.id), 'status', to)
   t.status = to
 end
@@ -184,10 +192,7 @@ local function lease_task(id, token, lease_until)
   -- the leases set is deferred (see `zset_later`).
   local t = load_core(id)
   zset_later(B .. 'queue:' .. t.queue, id, false)
-  count_status(t.status .. ':' .. t.type, -1)
-  index_status(t.status, id, false)
-  count_status('running:' .. t.type, 1)
-  index_status('running', id, t.created_at)
+  recount(t, 'running')
   redis.call('HSET', task_key(id), 'status', 'running', 'token', token, 'lease_until', lease_until,
     'started_at', NOW_S, 'claims', tostring(tonumber(t.claims) + 1))
   zset_later(B .. 'leases', id, lease_until)
@@ -259,10 +264,7 @@ end
 local function complete_held(t, fields)
   zset_later(B .. 'leases', t.id, false)
   redis.call('HDEL', task_key(t.id), 'token', 'lease_until')
-  count_status('running:' .. t.type, -1)
-  index_status('running', t.id, false)
-  count_status('completed:' .. t.type, 1)
-  index_status('completed', t.id, t.created_at)
+  recount(t, 'completed')
   redis.call('HSET', task_key(t.id), 'status', 'completed', 'finished_at', NOW_S, unpack(fields))
   t.status = 'completed'
   settle_children(t)

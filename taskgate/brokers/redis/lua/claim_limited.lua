@@ -30,8 +30,8 @@
 --          before the claim (-1 without a quota), snapshot...}: one HGETALL array per
 --          claimed task, oldest due first; retry_after > 0 when the rate held tasks back
 --
--- Touches: slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH, queue:<q> ZSET, leases ZSET,
--- task:<id> HASH, stats HASH, idx:status:<s> ZSET.
+-- Touches: slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH,
+--          queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET.
 
 local queue = ARGV[2]
 local slots = B .. 'slots:' .. queue

@@ -75,12 +75,6 @@ end
 -- written once per key when the script ends, not one call per task and key. The task hashes
 -- are written at once, so a later task of the batch reads its parents' statuses from them.
 
--- `set_status` for a task that had none (its hash gets the status with its other fields).
-local function arrive(n, status)
-  count_status(status .. ':' .. n.type, 1)
-  index_status(status, n.id, NOW_S)
-end
-
 local NO_PARENTS = {}
 
 local function store(n)
@@ -108,7 +102,7 @@ local function store(n)
   zset_later(B .. 'idx:all', n.id, NOW_S)
   zset_later(B .. 'idx:type:' .. n.type, n.id, NOW_S)
   zset_later(B .. 'idx:queue:' .. n.queue, n.id, NOW_S)
-  arrive(n, status)
+  recount({ id = n.id, type = n.type, created_at = NOW_S }, status)  -- the hash has its status
   if status == 'pending' then
     zset_later(B .. 'queue:' .. n.queue, n.id, run_at)
     signal(n.queue)
