@@ -6,9 +6,12 @@ limits, no retry decisions, no logging of business events -- `Gate` decides, the
 
 Why synchronous: the runtime must serve asyncio apps (FastAPI) and Trio apps alike, and
 SQLAlchemy's asyncio extension and redis-py's asyncio client only run on asyncio. `Gate` calls
-each method through ``anyio.to_thread.run_sync``; the thread hop costs tens of microseconds,
-far below a database round trip, and batching (claim k tasks at once) amortises it. A blocking
-client for sync code (Flask, Django, cron, scripts) falls out for free.
+each method through ``anyio.to_thread.run_sync``; the thread hop (100-200 µs) is below a
+database round trip, and batching (claim k tasks at once) amortises it. Brokers whose calls
+are cheaper than the hop say so in their `Capabilities` and are called on the event loop
+(memory), or first attempted there and moved to a thread only when they would wait
+(SQLite: `taskgate.brokers.nowait`). A blocking client for sync code (Flask, Django, cron,
+scripts) falls out for free.
 
 Time: every time-dependent method reads "now" from the broker's clock: an injected `Clock`
 when one was given (the contract suite moves a `ManualClock` instead of sleeping), otherwise
@@ -224,6 +227,10 @@ class Capabilities:
     - ``push_wakeups``: `Broker.wait_for_work` is woken by other processes' submits, not polled.
     - ``nonblocking``: every method but `Broker.wait_for_work` returns within microseconds and
       does no I/O, so `Gate` may call it on the event loop instead of hopping to a thread.
+    - ``inline_attempts``: a method is usually short local work, so `Gate` first calls it on
+      the event loop inside `taskgate.brokers.nowait.no_wait`; where it would have to wait it
+      raises `taskgate.brokers.nowait.WouldBlock` having changed nothing, and `Gate` runs it
+      again in a thread (SQLite).
     """
 
     shared_quota: bool = False
@@ -232,6 +239,7 @@ class Capabilities:
     push_wakeups: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)
     nonblocking: bool = False
+    inline_attempts: bool = False
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 
+from taskgate.brokers import nowait
 from taskgate.errors import BrokerError
 
 __all__ = ["BrokerCalls"]
@@ -29,11 +30,14 @@ class BrokerCalls:
     ``inline=True`` (a broker declaring ``capabilities.nonblocking``) runs them on the event
     loop instead: a thread hop costs far more than an in-memory transition. Each call is
     still a checkpoint, so loops calling the broker cannot starve the event loop.
+    ``attempt_inline=True`` (``capabilities.inline_attempts``) first calls them on the event
+    loop under `nowait.no_wait`, and hops to a thread only when the broker answers `WouldBlock`.
     """
 
-    def __init__(self, max_threads: int, *, inline: bool = False) -> None:
+    def __init__(self, max_threads: int, *, inline: bool = False, attempt_inline: bool = False) -> None:
         self.limiter = anyio.CapacityLimiter(max_threads)
         self.inline = inline
+        self.attempt_inline = attempt_inline and not inline
 
     async def __call__(
         self, fn: Callable[..., T], /, *args: Any, deadline: float | None = None, **kwargs: Any
@@ -46,6 +50,16 @@ class BrokerCalls:
             # be lost (a claimed lease dropped here would wait for the reaper).
             await anyio.lowlevel.cancel_shielded_checkpoint()
             return result
+        if self.attempt_inline:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            try:
+                with nowait.no_wait():
+                    result = fn(*args, **kwargs)
+            except nowait.WouldBlock:
+                pass  # nothing was changed: the same call runs in a thread below
+            else:
+                await anyio.lowlevel.cancel_shielded_checkpoint()  # as above: keep the answer
+                return result
         target = functools.partial(fn, *args, **kwargs) if kwargs else fn
         if deadline is None:
             return await self._hop(target, args if not kwargs else ())

@@ -85,6 +85,7 @@ class Runtime:
             self._calls = BrokerCalls(
                 max(MIN_BROKER_THREADS, workers + len(self.config.queues) + 4),
                 inline=self.broker.capabilities.nonblocking,
+                attempt_inline=self.broker.capabilities.inline_attempts,
             )
         return self._calls
 

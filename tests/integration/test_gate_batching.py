@@ -30,7 +30,7 @@ class Recording:
     def __init__(self, inner: Broker) -> None:
         self._inner = inner
         # ack_many may block its thread (``hold``): never run it on the event loop.
-        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False)
+        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
         self.batches: list[int] = []
         self.single_acks = 0
         self.hold: threading.Event | None = None
@@ -288,7 +288,9 @@ class _Threads:
 
     def __init__(self, inner: Broker, nonblocking: bool) -> None:
         self._inner = inner
-        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=nonblocking)
+        self.capabilities = dataclasses.replace(
+            inner.capabilities, nonblocking=nonblocking, inline_attempts=False
+        )
         self.claim_threads: set[int] = set()
 
     def __getattr__(self, name: str) -> Any:

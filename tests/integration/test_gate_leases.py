@@ -160,7 +160,9 @@ class HangingHeartbeats(Faulty):
 
     def __init__(self, inner: Any) -> None:
         # A blocking call must never run on the event loop (the memory broker's calls do).
-        super().__init__(inner, dataclasses.replace(inner.capabilities, nonblocking=False))
+        super().__init__(
+            inner, dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
+        )
         self.release = threading.Event()
         self.heartbeats = 0
 

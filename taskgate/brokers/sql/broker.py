@@ -18,7 +18,9 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from sqlalchemy import URL, Connection, Engine
+from sqlalchemy.pool import QueuePool
 
+from taskgate.brokers import nowait
 from taskgate.brokers.base import (
     UNSET,
     AckItem,
@@ -50,7 +52,7 @@ from taskgate.brokers.sql import batch, create, finish, leases, quota_claim, quo
 from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
-from taskgate.brokers.sql.retry import run_with_retries
+from taskgate.brokers.sql.retry import Conflict, run_with_retries
 from taskgate.brokers.sql.schema import prepare_schema
 from taskgate.brokers.sql.serverclock import SampledServerClock
 from taskgate.brokers.sql.tx import Tx
@@ -61,9 +63,13 @@ from taskgate.errors import BrokerError, ConfigError
 from taskgate.models import DEFAULT_PREFIX, check_prefix, models_for
 from taskgate.task import Filter, Status, Task
 
-__all__ = ["SQLBroker"]
+__all__ = ["INLINE_MAX_ROWS", "SQLBroker"]
 
 _T = TypeVar("_T")
+
+# The largest batch (tasks claimed, acked or enqueued) a transition attempted on an event loop
+# may carry; a bigger one would hold the loop for milliseconds and goes to a thread at once.
+INLINE_MAX_ROWS = 100
 
 
 class SQLBroker:
@@ -111,7 +117,10 @@ class SQLBroker:
         self._channel = f"{self._models.prefix}work"
         self._closed = False
         self.capabilities = Capabilities(
-            shared_quota=True, cross_process=not memory, push_wakeups=self._traits.push_wakeups
+            shared_quota=True,
+            cross_process=not memory,
+            push_wakeups=self._traits.push_wakeups,
+            inline_attempts=self._traits.name == "sqlite",
         )
         try:
             self._value_limit = self._setup(create_tables)
@@ -162,7 +171,7 @@ class SQLBroker:
             attempts += 1
             return create.enqueue(tx, items, check_ids=attempts > 1)
 
-        return self._run("enqueue", step)
+        return self._run("enqueue", step, inline=len(items) <= INLINE_MAX_ROWS)
 
     def replay(
         self,
@@ -197,21 +206,23 @@ class SQLBroker:
         """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
         if not isinstance(filter, Filter):
             raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
-        return self._run("list", lambda tx: reads.list_tasks(tx, filter), read_only=True)
+        return self._run("list", lambda tx: reads.list_tasks(tx, filter), read_only=True, inline=False)
 
     def history(self, business_key: str) -> builtins.list[Task]:
         """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
         check_identifier(business_key, what="business_key")
-        return self._run("history", lambda tx: reads.history(tx, business_key), read_only=True)
+        return self._run("history", lambda tx: reads.history(tx, business_key), read_only=True, inline=False)
 
     def counts(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status, from the (type, status) index; zero counts are absent."""
-        return self._run("counts", reads.counts, read_only=True)
+        return self._run("counts", reads.counts, read_only=True, inline=False)
 
     def queue_length(self, queue: str) -> int:
         """How many tasks of ``queue`` are pending or retrying (due or not)."""
         check_identifier(queue, what="queue")
-        return self._run("queue_length", lambda tx: reads.queue_length(tx, queue), read_only=True)
+        return self._run(
+            "queue_length", lambda tx: reads.queue_length(tx, queue), read_only=True, inline=False
+        )
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 
@@ -223,13 +234,16 @@ class SQLBroker:
         if self._traits.dml_ctes:
             step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
             return self._run("claim", step, one_statement=True)
-        return self._run("claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl))
+        return self._run(
+            "claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl), inline=limit <= INLINE_MAX_ROWS
+        )
 
     def claim_within_quota(
         self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
     ) -> QuotaClaim:
         """`claim` and `reserve_quota` in one transaction: a unit of ``key`` per task claimed."""
         check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+        small = limit <= INLINE_MAX_ROWS
         if self._traits.dml_ctes:
             taken = self._run(
                 "claim_within_quota",
@@ -237,6 +251,7 @@ class SQLBroker:
                     tx, queue, limit, lease_ttl, key, quota_limit, period
                 ),
                 one_statement=True,
+                inline=small,
             )
             if taken is not None:
                 return taken  # else the window has no row yet: the transaction opens it
@@ -247,6 +262,7 @@ class SQLBroker:
                     lambda tx: quota_claim.claim_then_count(
                         tx, queue, limit, lease_ttl, key, quota_limit, period
                     ),
+                    inline=small,
                 )
             except quota_claim.ShortWindow:
                 pass  # rolled back: the window is short or has no row yet
@@ -259,7 +275,7 @@ class SQLBroker:
                 lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
             )
 
-        return self._run("claim_within_quota", step)
+        return self._run("claim_within_quota", step, inline=small)
 
     def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
@@ -290,7 +306,9 @@ class SQLBroker:
             create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
         if not checked:
             return []
-        return self._run("ack_many", lambda tx: batch.ack_many(tx, checked))
+        return self._run(
+            "ack_many", lambda tx: batch.ack_many(tx, checked), inline=len(checked) <= INLINE_MAX_ROWS
+        )
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
@@ -342,7 +360,7 @@ class SQLBroker:
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
-        return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit))
+        return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit), inline=False)
 
     # -- quota -----------------------------------------------------------------------------
 
@@ -373,6 +391,8 @@ class SQLBroker:
         """
         names = check_queues(queues)
         seconds = check_timeout(timeout)
+        if nowait.active():
+            raise nowait.WouldBlock("wait_for_work blocks")
         if self._closed or not names:
             return False if self._closed else self._signals.wait([], [], seconds)
         self._ensure_listener()
@@ -406,27 +426,62 @@ class SQLBroker:
         *,
         read_only: bool = False,
         one_statement: bool = False,
+        inline: bool = True,
     ) -> _T:
         """Run ``step`` in one transaction: retried on deadlocks, errors translated, wake-ups sent.
 
         ``one_statement``: ``step`` sends exactly one statement (which announces its own
         wake-ups), so it runs in autocommit -- atomic by itself, without BEGIN and COMMIT.
+        ``inline``: the transition is small enough to be attempted on an event loop under
+        `nowait.no_wait` (see `_attempt_without_waiting`); if False such an attempt is refused.
         """
         if self._closed:
             raise BrokerError("SQLBroker is closed")
+        if nowait.active():
+            if not inline:
+                raise nowait.WouldBlock(f"{operation} may take long")
+            return self._attempt_without_waiting(operation, step, read_only, one_statement)
         with translated(operation):
             return run_with_retries(
                 lambda: self._attempt(step, read_only, one_statement), self._traits.is_retryable
             )
 
-    def _attempt(self, step: Callable[[Tx], _T], read_only: bool, one_statement: bool) -> _T:
+    def _attempt_without_waiting(
+        self, operation: str, step: Callable[[Tx], _T], read_only: bool, one_statement: bool
+    ) -> _T:
+        """One attempt that waits for nothing: no busy lock, no full pool, no back-off sleep.
+
+        Whatever would have waited -- this process's writer lock, the file's write lock held by
+        another process, a transaction a retryable error rolled back -- raises `WouldBlock`
+        with nothing changed, for the caller to run the transition again in a thread.
+        """
+        lock = self._serial if self._serial is not None else None if read_only else self._writers
+        if lock is not None and not lock.acquire(blocking=False):
+            raise nowait.WouldBlock(f"{operation}: another thread is writing")
+        try:
+            if _pool_is_full(self._engine):
+                raise nowait.WouldBlock(f"{operation}: every pooled connection is in use")
+            with translated(operation):
+                try:
+                    return self._attempt(step, read_only, one_statement, locked=True)
+                except Exception as exc:
+                    if isinstance(exc, Conflict) or self._traits.is_retryable(exc):
+                        raise nowait.WouldBlock(f"{operation}: {exc}") from exc
+                    raise
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _attempt(
+        self, step: Callable[[Tx], _T], read_only: bool, one_statement: bool, *, locked: bool = False
+    ) -> _T:
         if one_statement:
             with self._autocommit.connect() as conn:
                 tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
                 result = step(tx)
         else:
             engine = self._reader if read_only else self._engine
-            with self._serialized(read_only), engine.begin() as conn:
+            with nullcontext() if locked else self._serialized(read_only), engine.begin() as conn:
                 tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
                 result = step(tx)
                 if tx.woken:
@@ -473,6 +528,12 @@ def _open_engine(url_or_engine: str | URL | Engine) -> tuple[Engine, bool, bool]
         url = normalize_url(url_or_engine)
         return make_engine(url), True, is_memory_sqlite(url)
     raise TypeError(f"SQLBroker needs a database URL or an Engine, got {type(url_or_engine).__name__}")
+
+
+def _pool_is_full(engine: Engine) -> bool:
+    """True when a checkout could wait: every connection a `QueuePool` keeps is in use."""
+    pool = engine.pool
+    return isinstance(pool, QueuePool) and pool.checkedout() >= pool.size()
 
 
 def _plain(item: NewTask) -> bool:

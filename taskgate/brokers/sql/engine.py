@@ -9,6 +9,7 @@ from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import StaticPool
 
+from taskgate.brokers import nowait
 from taskgate.errors import ConfigError
 
 __all__ = [
@@ -143,6 +144,18 @@ def _begin_immediate(conn: Any) -> None:
 
     A deferred transaction that reads and then writes can fail with SQLITE_BUSY when another
     writer got in between; taking the lock up front makes writers queue on busy_timeout.
+    Under `nowait.no_wait` nothing queues: the lock is tried once (busy_timeout 0), and a
+    SQLITE_BUSY goes up to the broker, which turns it into `nowait.WouldBlock`. (Holding the
+    write lock, nothing else in a WAL transaction waits on another connection.)
     """
     mode = "BEGIN" if conn.get_execution_options().get("taskgate_read_only") else "BEGIN IMMEDIATE"
-    conn.exec_driver_sql(mode)
+    if not nowait.active():
+        conn.exec_driver_sql(mode)
+        return
+    raw = conn.connection.driver_connection
+    (waits,) = raw.execute("PRAGMA busy_timeout").fetchone()
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        conn.exec_driver_sql(mode)
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={int(waits)}")
