@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from typing import Any
 
 from sqlalchemy import URL, Engine, create_engine, event, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.pool import StaticPool
 
 from taskgate.brokers import nowait
@@ -149,13 +150,18 @@ def _begin_immediate(conn: Any) -> None:
     write lock, nothing else in a WAL transaction waits on another connection.)
     """
     mode = "BEGIN" if conn.get_execution_options().get("taskgate_read_only") else "BEGIN IMMEDIATE"
-    if not nowait.active():
-        conn.exec_driver_sql(mode)
-        return
+    # On the driver's connection: SQLAlchemy's statement machinery costs more than the BEGIN.
     raw = conn.connection.driver_connection
-    (waits,) = raw.execute("PRAGMA busy_timeout").fetchone()
-    raw.execute("PRAGMA busy_timeout=0")
     try:
-        conn.exec_driver_sql(mode)
-    finally:
-        raw.execute(f"PRAGMA busy_timeout={int(waits)}")
+        if not nowait.active():
+            raw.execute(mode)
+            return
+        (waits,) = raw.execute("PRAGMA busy_timeout").fetchone()
+        raw.execute("PRAGMA busy_timeout=0")
+        try:
+            raw.execute(mode)
+        finally:
+            raw.execute(f"PRAGMA busy_timeout={int(waits)}")
+    except sqlite3.Error as exc:
+        # As SQLAlchemy would have raised it, so retries and error translation recognise it.
+        raise DBAPIError.instance(mode, None, exc, sqlite3.Error) from exc
