@@ -37,6 +37,17 @@ class Feed(Generic[T]):
         self._items: deque[T] = deque()
         self._parked: deque[_Parked[T]] = deque()
         self._closed = False
+        self._in_transit = 0  # items handed to parked workers that have not woken up yet
+
+    @property
+    def parked(self) -> int:
+        """Workers waiting in `get` for an item."""
+        return len(self._parked)
+
+    @property
+    def in_transit(self) -> int:
+        """Items handed to parked workers that have not resumed yet (they will, at a checkpoint)."""
+        return self._in_transit
 
     def put(self, item: T) -> None:
         """Hand ``item`` to a parked worker, or queue it; raises once `close`d."""
@@ -46,6 +57,7 @@ class Feed(Generic[T]):
             parked = self._parked.popleft()
             parked.item = item
             parked.event.set()
+            self._in_transit += 1
         else:
             self._items.append(item)
 
@@ -69,10 +81,13 @@ class Feed(Generic[T]):
             await parked.event.wait()
         except BaseException:
             if parked.item is not None:
+                self._in_transit -= 1
                 self._items.appendleft(parked.item)  # handed over as we were cancelled: keep it
             elif parked in self._parked:
                 self._parked.remove(parked)
             raise
+        if parked.item is not None:
+            self._in_transit -= 1
         return parked.item
 
     def drain(self) -> list[T]:

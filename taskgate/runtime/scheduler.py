@@ -107,6 +107,8 @@ class QueueScheduler:
                 async with anyio.create_task_group() as workers:
                     for _ in range(self.conf.workers):
                         workers.start_soon(_work, self._ready, start)
+                    while self._ready.parked < self.conf.workers:
+                        await anyio.lowlevel.checkpoint()  # the first claim finds them waiting
                     try:
                         while not self._stopping:
                             await self._cycle(requeue)
@@ -149,6 +151,10 @@ class QueueScheduler:
         for lease, slot in zip(leases, slots, strict=False):
             self.running += 1
             self._ready.put((lease, slot, self._claim_started))
+        while self._ready.in_transit:
+            # The workers just handed a lease start their handlers before this queue claims
+            # again: a claim may run on the event loop (inline brokers) and hold it meanwhile.
+            await anyio.lowlevel.checkpoint()
         self._idle = len(leases) < len(slots)
         if self._idle:
             await self.limits.flush()  # slots freed meanwhile must not wait out the poll

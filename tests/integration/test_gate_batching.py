@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from gate_helpers import GUARD, eventually, make_gate
+from gate_helpers import GUARD, eventually, make_gate, until
 
 from taskgate import QueueConfig, Status, Task, TaskExistsError
 from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease
@@ -311,3 +311,57 @@ async def test_a_nonblocking_broker_is_called_on_the_event_loop(gate_broker, non
         await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
     on_loop = broker.claim_threads == {threading.get_ident()}
     assert on_loop is nonblocking
+
+
+class _ClaimOrder:
+    """Wakes the queue's scheduler again inside the claim that finds work -- a stale wake-up
+    (another process's, a poll's) arriving while the tasks go to the workers -- and records how
+    many handlers had started at each later claim."""
+
+    def __init__(self, inner: Broker) -> None:
+        self._inner = inner
+        self.capabilities = inner.capabilities
+        self.gate: Any = None
+        self.started = 0
+        self.found_work = False
+        self.started_at_later_claims: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+        if self.found_work:
+            self.started_at_later_claims.append(self.started)
+        leases = self._inner.claim(queue, limit, lease_ttl)
+        if leases and not self.found_work:
+            self.found_work = True
+            self.gate._runtime.wake_queue(queue)
+        return leases
+
+
+async def test_claimed_tasks_start_before_the_queue_claims_again(gate_broker):
+    broker = _ClaimOrder(gate_broker)
+    gate = broker.gate = make_gate(broker, {"q": QueueConfig(workers=4)})
+    all_started, finish = anyio.Event(), anyio.Event()
+
+    @gate.handler("q")
+    async def handler(task: Task) -> None:
+        broker.started += 1
+        if broker.started == 3:
+            all_started.set()
+        await finish.wait()
+
+    async with gate:
+        try:
+            await gate.submit_many("q", [None, None, None])
+            with anyio.fail_after(GUARD):
+                await all_started.wait()
+                await until(lambda: _true(broker.started_at_later_claims))
+        finally:
+            finish.set()
+    # A claim on the event loop (inline brokers) holds it: the handlers ran first.
+    assert broker.started_at_later_claims[0] == 3
+
+
+async def _true(value: object) -> bool:
+    return bool(value)

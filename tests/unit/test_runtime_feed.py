@@ -90,3 +90,40 @@ async def test_a_cancelled_parked_worker_is_not_handed_anything():
         tg.cancel_scope.cancel()
     feed.put(1)  # no parked worker is left: it is queued, not lost
     assert feed.drain() == [1]
+
+
+async def test_items_handed_to_parked_workers_are_in_transit_until_the_workers_resume():
+    feed: Feed[int] = Feed()
+    resumed: list[int | None] = []
+
+    async def worker() -> None:
+        resumed.append(await feed.get())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        tg.start_soon(worker)
+        await _settle()
+        assert feed.parked == 2
+        feed.put(1)
+        feed.put(2)
+        feed.put(3)  # no worker parked any more: queued, not in transit
+        assert feed.in_transit == 2 and feed.parked == 0 and resumed == []
+        await _settle()
+        assert feed.in_transit == 0 and sorted(resumed) == [1, 2]
+    assert feed.drain() == [3]
+
+
+async def test_an_item_handed_to_a_worker_cancelled_at_that_moment_is_no_longer_in_transit():
+    feed: Feed[int] = Feed()
+    got: list[int | None] = []
+
+    async def worker() -> None:
+        got.append(await feed.get())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        await _settle()
+        feed.put(7)
+        assert feed.in_transit == 1
+        tg.cancel_scope.cancel()
+    assert feed.in_transit == 0 and got + feed.drain() == [7]
