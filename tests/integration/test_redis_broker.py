@@ -490,6 +490,28 @@ def test_claimers_take_turns_at_slots_given_back(open_broker: Factory) -> None:
     assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="a")) == ["t2"]
 
 
+def test_slots_given_back_and_left_to_a_waiter_wake_it_while_tasks_are_due(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 2)
+    signals = client.pubsub(ignore_subscribe_messages=True)
+    signals.subscribe(KeySpace(unique_prefix).signal("q"))
+    try:
+        (held,) = broker.claim_with_limits("q", 1, 1, TTL, claimer="a").leases
+        assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="b")) == []  # b is owed
+        assert signals.get_message(timeout=0.2) is None  # no slot was given back
+        assert _ids(broker.claim_with_limits("q", 1, 1, TTL, release=[held.token], claimer="a")) == []
+        message = signals.get_message(timeout=5)
+        assert message is not None and message["type"] == "message"  # b: come and take it
+        (b_lease,) = broker.claim_with_limits("q", 1, 1, TTL, claimer="b").leases
+        # a is owed now, but no task is left due: the slot b gives back wakes nobody.
+        assert _ids(broker.claim_with_limits("q", 1, 1, TTL, release=[b_lease.token], claimer="b")) == []
+        assert signals.get_message(timeout=0.2) is None
+    finally:
+        signals.close()
+
+
 def test_a_waiter_that_never_comes_back_is_owed_a_slot_for_one_lease_ttl_only(open_broker: Factory) -> None:
     clock = ManualClock()
     broker = open_broker(clock=clock)

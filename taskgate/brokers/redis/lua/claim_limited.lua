@@ -25,13 +25,16 @@
 -- without a rule it would take them straight back and other processes would never see a free
 -- slot. A claimer that found no free slot while tasks were due is noted in slot_waiters:<q>
 -- (until now + lease ttl); every other claimer leaves one free slot per noted waiter. A waiter
--- that gets a slot is struck off.
+-- that gets a slot is struck off. A claimer that gave slots back (ARGV[11]) and left free ones
+-- to waiters while tasks are still due publishes signal:<q>, so a waiter claims now instead of
+-- at its next look (only then: a waiter that died must not make every claim publish).
 -- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
 --          before the claim (-1 without a quota), snapshot...}: one HGETALL array per
 --          claimed task, oldest due first; retry_after > 0 when the rate held tasks back
 --
 -- Touches: slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH,
---          queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET.
+--          queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET,
+--          signal:<q> channel (PUBLISH).
 
 local queue = ARGV[2]
 local slots = B .. 'slots:' .. queue
@@ -47,17 +50,31 @@ if released > 0 then
   call_chunked('ZREM', slots, tokens)
 end
 redis.call('ZREMRANGEBYSCORE', slots, '-inf', NOW_S)
-local free = tonumber(ARGV[3]) - redis.call('ZCARD', slots)
+local unused = tonumber(ARGV[3]) - redis.call('ZCARD', slots)
+local free = unused
 local waiters = B .. 'slot_waiters:' .. queue
 local waiting = false
+local owed = 0
 if claimer ~= '' then
   redis.call('ZREMRANGEBYSCORE', waiters, '-inf', NOW_S)
   waiting = redis.call('ZSCORE', waiters, claimer) ~= false
   if not waiting then
-    free = free - redis.call('ZCARD', waiters)
+    owed = redis.call('ZCARD', waiters)
+    free = free - owed
   end
 end
 local limit = math.min(wanted, free)
+
+local function any_due()
+  return #redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, 1) > 0
+end
+
+-- Slots given back here and left to waiters: wake them (see "Turn-taking" above).
+local function wake_waiters(claimed, more_due)
+  if released > 0 and owed > 0 and unused - claimed > 0 and more_due() then
+    signal(queue)
+  end
+end
 
 -- Note or strike off this claimer as a waiter (see "Turn-taking" above).
 local function take_turn(claimed)
@@ -68,7 +85,7 @@ local function take_turn(claimed)
     if waiting then
       redis.call('ZREM', waiters, claimer)
     end
-  elseif free <= 0 and #redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, 1) > 0 then
+  elseif free <= 0 and any_due() then
     redis.call('ZADD', waiters, int_str(NOW + tonumber(ARGV[4])), claimer)
   end
 end
@@ -83,10 +100,12 @@ end
 local reply = { 'ok', '0', int_str(window_start), left }
 if limit <= 0 then
   take_turn(0)
+  wake_waiters(0, any_due)
   return reply
 end
-local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
-local n = #ids
+-- One id more than the limit: whether tasks are left due for the waiters.
+local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit + 1)
+local n = math.min(#ids, limit)
 if n > 0 and tonumber(ARGV[5]) > 0 then
   local retry_after
   n, retry_after = gcra_take(B .. 'rate:' .. queue, tonumber(ARGV[5]), tonumber(ARGV[6]), n)
@@ -102,4 +121,5 @@ if quota_key and n > 0 then
   redis.call('HSET', quota_key, 'start', int_str(window_start), 'used', int_str(used + n))
 end
 take_turn(n)
+wake_waiters(n, function() return n < #ids end)  -- beyond the limit, or held back by the rate
 return reply
