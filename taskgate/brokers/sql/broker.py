@@ -455,7 +455,7 @@ class SQLBroker:
         another process, a transaction a retryable error rolled back -- raises `WouldBlock`
         with nothing changed, for the caller to run the transition again in a thread.
         """
-        lock = self._serial if self._serial is not None else None if read_only else self._writers
+        lock = self._lock_for(read_only)
         if lock is not None and not lock.acquire(blocking=False):
             raise nowait.WouldBlock(f"{operation}: another thread is writing")
         try:
@@ -498,9 +498,13 @@ class SQLBroker:
             return self._traits.server_now(conn)
         return self._server_clock.now(conn)
 
+    def _lock_for(self, read_only: bool) -> threading.Lock | None:
+        """The in-process lock a transaction takes: the shared connection's, or the writers' turn."""
+        return self._serial if self._serial is not None else None if read_only else self._writers
+
     @contextmanager
     def _serialized(self, read_only: bool) -> Iterator[None]:
-        lock = self._serial if self._serial is not None else None if read_only else self._writers
+        lock = self._lock_for(read_only)
         with lock if lock is not None else nullcontext():
             yield
 
