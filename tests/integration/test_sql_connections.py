@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, func, select, text
 
-from taskgate.brokers.sql import SQLBroker
+from taskgate.brokers.sql import SQLBroker, dialects
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.testing.contract._support import claim_one, new_task
@@ -50,3 +50,37 @@ def test_a_connection_back_in_use_at_once_is_not_pinged(postgresql_url):
         assert pings == []
     finally:
         broker.close()
+
+
+def test_a_claim_commits_without_waiting_for_the_disk_and_the_connection_keeps_waiting(postgresql_url):
+    """Only the claim's own transaction skips the WAL flush wait; the pooled connection does not."""
+    engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
+    broker = SQLBroker(engine)
+    settings: list[str] = []
+
+    def record(conn, cursor, statement, *_):
+        if "set_config" in statement:
+            settings.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        broker.enqueue([new_task(), new_task()])
+        lease = claim_one(broker)
+        with engine.connect() as conn:  # the one pooled connection the claim just used
+            assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
+        broker.ack(lease.task.id, lease.token, None)
+        claim_one(broker)
+        assert len(settings) == 2  # each claim switches its own commit, and only claims do
+        with engine.begin() as conn:
+            row = conn.execute(
+                select(
+                    dialects.PostgreSQLTraits().commit_without_flush_wait().label("set"),  # type: ignore[union-attr]
+                    func.current_setting("synchronous_commit").label("now"),
+                )
+            ).one()
+            assert (row.set, row.now) == ("off", "off")
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
+    finally:
+        broker.close()
+        engine.dispose()

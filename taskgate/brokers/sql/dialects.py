@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, String, Table, bindparam, cast, func, insert, select, text
+from sqlalchemy import Connection, String, Table, bindparam, cast, func, insert, select, text, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
@@ -81,6 +81,14 @@ class Traits:
         """SQL for a fresh lease token drawn by the server (32 hex digits); ``dml_ctes`` only."""
         raise NotImplementedError
 
+    def commit_without_flush_wait(self) -> ColumnElement[Any] | None:
+        """A column that lets the commit of the one autocommit statement selecting it return
+        before its WAL reaches disk; None where the database has no per-transaction switch.
+
+        Only for transitions a server crash may undo without losing work (see `leases.claim`).
+        """
+        return None
+
     def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """INSERT ``rows`` (all with the keys of the first) in as few round trips as the driver allows."""
         conn.execute(insert(table), list(rows))
@@ -137,6 +145,11 @@ class PostgreSQLTraits(Traits):
     def random_token(self) -> ColumnElement[str]:
         """``gen_random_uuid()`` (PostgreSQL >= 13, a strong random source) as 32 hex digits."""
         return func.replace(cast(func.gen_random_uuid(), String), "-", "")
+
+    def commit_without_flush_wait(self) -> ColumnElement[Any] | None:
+        """``set_config('synchronous_commit', 'off', true)``: for this transaction only (is_local),
+        read when it commits; the next commit that waits flushes this one's WAL too."""
+        return select(func.set_config("synchronous_commit", "off", true())).scalar_subquery()
 
     def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """``COPY … FROM STDIN`` for a batch: the server ingests rows without parsing an INSERT each.

@@ -149,11 +149,20 @@ def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int
 
 @functools.lru_cache(maxsize=32)
 def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
-    """`_mark_running` and the INSERT of the leases, as data-modifying CTEs."""
+    """`_mark_running` and the INSERT of the leases, as data-modifying CTEs.
+
+    The commit does not wait for the server's disk (``commit_without_flush_wait``): a claim
+    lost in a server crash puts its tasks back as they were before it -- pending, to be run
+    again -- and loses nothing, while the claim is on the path between a finished handler and
+    the next start. Every other transition still waits, and its flush covers earlier claims.
+    Claims that spend quota keep waiting: a lost claim would hand its quota units back.
+    """
     claimed, new_leases = one_statement_claim_parts(models, traits, bindparam("p_limit", type_=Integer))
-    return select(claimed, new_leases.c.token.label("lease_token")).join(
-        new_leases, new_leases.c.task_id == claimed.c.id
-    )
+    columns: list[Any] = [claimed, new_leases.c.token.label("lease_token")]
+    no_flush_wait = traits.commit_without_flush_wait()
+    if no_flush_wait is not None:
+        columns.append(no_flush_wait.label("no_flush_wait"))
+    return select(*columns).join(new_leases, new_leases.c.task_id == claimed.c.id)
 
 
 def one_statement_claim_parts(models: Models, traits: Traits, limit: ColumnElement[int]) -> tuple[CTE, CTE]:
