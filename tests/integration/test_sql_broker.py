@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
 from taskgate.brokers import open_broker
@@ -215,3 +215,38 @@ def test_the_retry_helper_does_not_rerun_other_errors() -> None:
     with pytest.raises(ValueError):
         run_with_retries(attempt, SQLiteTraits().is_retryable, sleep=lambda _: None)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_ack_batches_of_any_size_send_the_same_statements(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Lists go as one parameter (json_each / ANY): no statement is re-rendered per batch size."""
+    url = (
+        f"sqlite:///{tmp_path / 'tasks.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("postgresql_url")
+    )
+    broker = SQLBroker(url)
+    sent: list[str] = []
+    try:
+        broker.enqueue([NewTask(id="parent", type="t", queue="q")])
+        (parent,) = broker.claim("q", 1, timedelta(seconds=30))
+        broker.enqueue([NewTask(id="child", type="t", queue="q", depends_on=("parent",))])
+        event.listen(broker._engine, "before_cursor_execute", lambda _c, _cur, sql, *_: sent.append(sql))
+        by_size: dict[int, set[str]] = {}
+        for size in (2, 7):
+            broker.enqueue([NewTask(id=f"t{size}-{n}", type="t", queue="q") for n in range(size)])
+            items = [
+                (lease.task.id, lease.token, None) for lease in broker.claim("q", size, timedelta(seconds=30))
+            ]
+            if size == 7:
+                items.append((parent.task.id, parent.token, None))  # and settle a child too
+            sent.clear()
+            answers = broker.ack_many(items)
+            by_size[size] = set(sent)
+            assert [answer.status for answer in answers] == [Status.COMPLETED] * len(items)
+        assert by_size[2] <= by_size[7]
+        assert broker.get("child").status is Status.PENDING  # found through the list of parents
+    finally:
+        broker.close()

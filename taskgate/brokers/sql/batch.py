@@ -96,7 +96,7 @@ def _complete(tx: Tx, items: list[AckItem], final: dict[str, Any]) -> None:
     """Delete the leases, write status and results, and settle the children of ``items``."""
     if not items:
         return
-    drop, finish = _finish_statements(tx.models)
+    drop, finish = _finish_statements(tx.models, tx.traits)
     ids = [task_id for task_id, _, _ in items]
     for part in chunks(ids):
         tx.conn.execute(drop, {"p_ids": part})
@@ -118,7 +118,7 @@ def _held(models: Models, traits: Traits) -> Select[Any]:
     stmt = (
         select(table_of(task), lease.token, lease.cancel_requested)
         .join(lease, lease.task_id == task.id)
-        .where(task.id.in_(bindparam("p_ids", expanding=True)))
+        .where(traits.listed(task.id, "p_ids"))
         .order_by(task.id)
     )
     return traits.lock(stmt)
@@ -157,15 +157,15 @@ def _complete_held(models: Models, traits: Traits) -> Select[Any]:
 
 
 @functools.lru_cache(maxsize=32)
-def _finish_statements(models: Models) -> tuple[Delete, Update]:
+def _finish_statements(models: Models, traits: Traits) -> tuple[Delete, Update]:
     task, lease = table_of(models.task), table_of(models.lease)
-    drop = delete(lease).where(lease.c.task_id.in_(bindparam("p_ids", expanding=True)))
+    drop = delete(lease).where(traits.listed(lease.c.task_id, "p_ids"))
     values = {
         **status_values(Status.COMPLETED),
         "finished_at": bindparam("p_now", type_=task.c.finished_at.type),
         "result": None,
     }
-    finish = update(task).where(task.c.id.in_(bindparam("p_ids", expanding=True))).values(values)
+    finish = update(task).where(traits.listed(task.c.id, "p_ids")).values(values)
     return drop, finish
 
 

@@ -7,20 +7,21 @@ which errors mean "run the transaction again", and how big a value may be.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, String, Table, bindparam, cast, func, insert, select, text, true
+from sqlalchemy import Connection, String, Table, any_, bindparam, cast, func, insert, select, text, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ColumnElement, SQLCoreOperations
 from sqlalchemy.sql.selectable import GenerativeSelect, TableValuedAlias
-from sqlalchemy.types import TypeEngine
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from taskgate.clock import utc
 from taskgate.errors import ConfigError
@@ -93,6 +94,13 @@ class Traits:
         """INSERT ``rows`` (all with the keys of the first) in as few round trips as the driver allows."""
         conn.execute(insert(table), list(rows))
 
+    def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
+        """``column`` is one of the strings in the list passed as parameter ``name``.
+
+        An expanding ``IN`` here: SQLAlchemy renders one placeholder per item at each run.
+        """
+        return column.in_(bindparam(name, expanding=True))
+
     def unnest(self, name: str, **columns: tuple[str, TypeEngine[Any]]) -> TableValuedAlias:
         """A FROM item ``name`` whose rows zip list parameters: ``column=(parameter, type)``.
 
@@ -145,6 +153,10 @@ class PostgreSQLTraits(Traits):
     def random_token(self) -> ColumnElement[str]:
         """``gen_random_uuid()`` (PostgreSQL >= 13, a strong random source) as 32 hex digits."""
         return func.replace(cast(func.gen_random_uuid(), String), "-", "")
+
+    def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
+        """``column = ANY(:name)``, the list sent as one array: one statement text for any length."""
+        return column == any_(bindparam(name, type_=postgresql.ARRAY(String)))
 
     def commit_without_flush_wait(self) -> ColumnElement[Any] | None:
         """``set_config('synchronous_commit', 'off', true)``: for this transaction only (is_local),
@@ -240,6 +252,16 @@ class SQLiteTraits(Traits):
         code = getattr(orig, "sqlite_errorcode", None)
         return code is not None and code & 0xFF in self._BUSY_CODES
 
+    def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
+        """``column IN (SELECT value FROM json_each(:name))``, the list sent as one JSON text.
+
+        The statement text does not depend on the list's length, so neither SQLAlchemy (which
+        re-renders an expanding parameter at every run) nor sqlite3's statement cache has
+        work to redo.
+        """
+        items = func.json_each(bindparam(name, type_=JSONList())).table_valued("value")
+        return column.in_(select(items.c.value))
+
     def server_now(self, conn: Connection) -> datetime:
         """The host's clock: a database file has none, and every user runs on this host."""
         return datetime.now(UTC)
@@ -248,6 +270,16 @@ class SQLiteTraits(Traits):
     def host_clock(self) -> bool:
         """SQLite has no server: its clock is this host's."""
         return True
+
+
+class JSONList(TypeDecorator[list[str]]):
+    """A list of strings bound as one JSON array text (`SQLiteTraits.listed`)."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: list[str] | None, dialect: Any) -> str | None:
+        return None if value is None else json.dumps(list(value))
 
 
 def traits_for(dialect_name: str) -> Traits:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select, update
+from sqlalchemy import Select, select, update
 
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.rows import chunks, status_values
@@ -79,7 +79,7 @@ def _blocked_children(tx: Tx, parent_ids: list[str]) -> dict[str, tuple[str, boo
 def _blocked_children_of(models: Models, traits: Traits) -> Select[str, str, bool]:
     """Built once per schema: every completion asks it."""
     task, dep = models.task, models.dependency
-    child_ids = select(dep.child_id).where(dep.parent_id.in_(bindparam("p_parents", expanding=True)))
+    child_ids = select(dep.child_id).where(traits.listed(dep.parent_id, "p_parents"))
     stmt = (
         select(task.id, task.queue, task.ignore_parent_failure)
         .where(task.id.in_(child_ids), task.status == Status.BLOCKED.value)
