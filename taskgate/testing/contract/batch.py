@@ -91,6 +91,15 @@ class BatchContract:
         assert broker.get(lease.task.id).result == b"one"
         assert nonzero_counts(broker) == {"t": {Status.COMPLETED: 1}}
 
+    def test_ack_many_of_one_id_stale_then_held_completes_it_with_the_held_items_result(
+        self, broker: Broker
+    ) -> None:
+        (lease,) = _claimed(broker, 1)
+        stale, held = broker.ack_many([(lease.task.id, "stale", b"wrong"), _item(lease, b"right")])
+        assert isinstance(stale, LeaseLostError)
+        assert isinstance(held, Task) and held.result == b"right"
+        assert broker.get(lease.task.id).result == b"right"
+
     def test_ack_many_completes_a_task_marked_for_cancel(self, broker: Broker) -> None:
         (lease,) = _claimed(broker, 1)
         broker.cancel(lease.task.id)
