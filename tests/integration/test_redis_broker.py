@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from taskgate.brokers.base import DistributedLimiter, FailureKind, LimitedClaim, NewTask, QuotaSpec
 from taskgate.brokers.redis import RedisBroker
-from taskgate.brokers.redis.codec import from_us
+from taskgate.brokers.redis.codec import enqueue_args, from_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import SCRIPT_NAMES
 from taskgate.brokers.redis.waiter import SLICE
@@ -194,6 +194,44 @@ def test_counts_are_the_stats_hash_and_queue_length_the_queue_zset(
     assert {k: v for k, v in stats.items() if v} == {"pending:a": 2, "running:a": 1, "pending:b": 1}
     assert broker.counts() == {"a": {Status.PENDING: 2, Status.RUNNING: 1}, "b": {Status.PENDING: 1}}
     assert broker.queue_length("q") == client.zcard(keys.queue("q")) == 3
+
+
+def _stored(client: redis.Redis, unique_prefix: str, task_id: str) -> dict[bytes, bytes]:
+    return dict(client.hgetall(KeySpace(unique_prefix).task(task_id)))
+
+
+def test_a_batch_sharing_its_fields_is_sent_once_per_field_and_stored_task_by_task(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    broker.enqueue([NewTask(id="parent", type="p", queue="p")])
+    options = {"type": "a", "queue": "q", "max_retry": 7, "delay": timedelta(seconds=5)}
+    shared = [
+        NewTask(id=f"s{n}", payload=payload, depends_on=("parent",), **options)  # type: ignore[arg-type]
+        for n, payload in enumerate([None, b"", b"x"])
+    ]
+    one_by_one = [
+        NewTask(id=f"r{n}", payload=payload, depends_on=("parent",), **options)  # type: ignore[arg-type]
+        for n, payload in enumerate([None, b"", b"x"])
+    ]
+    assert enqueue_args(shared)[1] == "shared" and len(enqueue_args(shared)) == 2 + 12 + 3 * 3
+    snapshots = broker.enqueue(shared)
+    for task in one_by_one:
+        broker.enqueue([task])  # one task: the "rows" shape
+    for n in range(3):
+        by_shape = [_stored(client, unique_prefix, f"{shape}{n}") for shape in "sr"]
+        by_shape[0].pop(b"id"), by_shape[1].pop(b"id")
+        assert by_shape[0] == by_shape[1]
+        assert broker.get(f"s{n}") == snapshots[n]
+    assert [t.payload for t in snapshots] == [None, b"", b"x"]
+    assert {t.status for t in snapshots} == {Status.BLOCKED}
+
+
+def test_a_batch_that_differs_in_more_than_ids_and_payloads_goes_row_by_row() -> None:
+    tasks = [NewTask(id="a", type="t", queue="q"), NewTask(id="b", type="t", queue="q", max_retry=9)]
+    assert enqueue_args(tasks)[1] == "rows"
+    keyed = [NewTask(id=f"k{n}", type="t", queue="q", business_key=f"key{n}") for n in range(2)]
+    assert enqueue_args(keyed)[1] == "rows"
 
 
 # -- distributed limits (on an injected clock) -----------------------------------------------

@@ -38,9 +38,9 @@ from taskgate.brokers.checks import (
 )
 from taskgate.brokers.redis.codec import (
     arrived_task,
+    enqueue_args,
     from_us,
     lease_from_flat,
-    new_task_args,
     task_from_flat,
     to_us,
     ttl_us,
@@ -130,10 +130,7 @@ class RedisBroker:
         items = check_new_tasks(tasks)
         if not items:
             return []
-        args: builtins.list[Any] = [len(items)]
-        for item in items:
-            args.extend(new_task_args(item))
-        created_at, *arrivals = self._run("enqueue", args)
+        created_at, *arrivals = self._run("enqueue", enqueue_args(items))
         at = from_us(created_at)
         return [arrived_task(item, at, arrival) for item, arrival in zip(items, arrivals, strict=True)]
 

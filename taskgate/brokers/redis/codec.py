@@ -17,6 +17,7 @@ from taskgate.task import Status, Task, task_from_fields
 
 __all__ = [
     "arrived_task",
+    "enqueue_args",
     "from_us",
     "lease_from_flat",
     "new_task_args",
@@ -109,6 +110,40 @@ def lease_from_flat(flat: Sequence[bytes]) -> Lease:
     """The `Lease` of a task hash just claimed (it carries ``token`` and ``lease_until``)."""
     f = fields_of(flat)
     return Lease(task=task_from_hash(f), token=f["token"].decode(), expires_at=from_us(f["lease_until"]))
+
+
+def enqueue_args(tasks: Sequence[NewTask]) -> list[str | bytes | int]:
+    """enqueue.lua's ARGV after "now": the count, the shape, then the tasks.
+
+    ``rows``: `NEW_TASK_FIELDS` values per task. ``shared``, when every task has the same
+    fields but its id and payload (what `Gate.submit_many` sends) and no business key: those
+    fields once, as a template whose id and payload slots are unused, then (id, has_payload,
+    payload) per task -- a quarter of the values to pack, send and read.
+    """
+    first = tasks[0]
+    common = _shared_fields(first)
+    if len(tasks) > 1 and first.business_key is None and all(_shared_fields(t) == common for t in tasks):
+        args: list[str | bytes | int] = [len(tasks), "shared", *new_task_args(first)]
+        for task in tasks:
+            args += [task.id, 0, b""] if task.payload is None else [task.id, 1, task.payload]
+        return args
+    args = [len(tasks), "rows"]
+    for task in tasks:
+        args.extend(new_task_args(task))
+    return args
+
+
+def _shared_fields(task: NewTask) -> tuple[object, ...]:
+    return (
+        task.type,
+        task.queue,
+        task.max_retry,
+        task.run_at,
+        task.delay,
+        task.ignore_parent_failure,
+        task.business_key,
+        task.depends_on,
+    )
 
 
 def new_task_args(task: NewTask) -> list[str | bytes | int]:

@@ -2,10 +2,13 @@
 --
 -- KEYS[1]  base (hash-tagged prefix, e.g. "tg:{tg}:")
 -- ARGV[1]  now in µs, or "" for the server's TIME
--- ARGV[2]  number of tasks N; then N groups of 12 values, one per task, in batch order:
+-- ARGV[2]  number of tasks N
+-- ARGV[3]  shape: "rows": then N groups of 12 values, one per task, in batch order:
 --          id, type, queue, has_payload (0/1), payload, max_retry, run_at (µs or ""),
 --          delay (µs or ""), ignore_parent_failure (0/1), has_business_key (0/1),
---          business_key, depends_on (JSON array of ids)
+--          business_key, depends_on (JSON array of ids);
+--          "shared": then one group of 12 whose every value but id and payload is every
+--          task's (has_business_key 0), then N groups of 3: id, has_payload (0/1), payload
 -- Returns  {"ok", created_at (µs), arrival...} with one {status, run_at (µs), last_error or ""}
 --          per task, in batch order (every other field is what the caller sent); or
 --          {"duplicate", id}                 an id exists already or twice in the batch
@@ -19,11 +22,10 @@
 
 local FIELDS = 12
 
-local function read_batch()
-  local count = tonumber(ARGV[2])
+local function read_rows(count)
   local batch = {}
   for i = 0, count - 1 do
-    local a = 3 + i * FIELDS
+    local a = 4 + i * FIELDS
     batch[#batch + 1] = {
       id = ARGV[a], type = ARGV[a + 1], queue = ARGV[a + 2],
       has_payload = ARGV[a + 3] == '1', payload = ARGV[a + 4], max_retry = ARGV[a + 5],
@@ -32,6 +34,29 @@ local function read_batch()
     }
   end
   return batch
+end
+
+local function read_shared(count)
+  local t = 4  -- the template
+  local batch = {}
+  for i = 0, count - 1 do
+    local a = t + FIELDS + i * 3
+    batch[#batch + 1] = {
+      id = ARGV[a], type = ARGV[t + 1], queue = ARGV[t + 2],
+      has_payload = ARGV[a + 1] == '1', payload = ARGV[a + 2], max_retry = ARGV[t + 5],
+      run_at = ARGV[t + 6], delay = ARGV[t + 7], ignore = ARGV[t + 8],
+      has_key = false, key = '', depends_on = ARGV[t + 11],
+    }
+  end
+  return batch
+end
+
+local function read_batch()
+  local count = tonumber(ARGV[2])
+  if ARGV[3] == 'shared' then
+    return read_shared(count)
+  end
+  return read_rows(count)
 end
 
 -- Every check before any write: a failed check leaves the store untouched.
@@ -51,9 +76,11 @@ local function check(batch)
       end
       keys[n.key] = n.id
     end
-    for _, parent in ipairs(cjson.decode(n.depends_on)) do
-      if not ids[parent] and redis.call('EXISTS', task_key(parent)) == 0 then
-        return { 'notfound', parent }
+    if n.depends_on ~= '[]' then
+      for _, parent in ipairs(cjson.decode(n.depends_on)) do
+        if not ids[parent] and redis.call('EXISTS', task_key(parent)) == 0 then
+          return { 'notfound', parent }
+        end
       end
     end
     ids[n.id] = true
