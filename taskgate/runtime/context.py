@@ -1,15 +1,21 @@
-"""The running handler's context: its lease, its cancel scope, and `renew_lease`.
+"""The running handler's context: its lease, the worker `Lane` it runs in, and `renew_lease`.
 
 A `RunContext` lives as long as one claim of one task. Heartbeats (automatic or through
 `renew_lease`) go through it, and so does every reason to stop the handler from outside:
 cancel requested, lease lost (reaped or fenced), shutdown. The first reason wins.
+
+Handlers run in their worker's cancel scope (`Lane`), not in one scope each: entering and
+leaving a cancel scope per task costs more than a short handler. Stopping a handler cancels
+its lane's scope while that handler is the one running in it; the worker then goes on in a
+new scope.
 """
 
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import anyio
@@ -21,13 +27,53 @@ from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.outcome import StopReason
 from taskgate.task import Task
 
-__all__ = ["FENCE_MARGIN", "RunContext", "current_context", "renew_lease", "renew_lease_sync"]
+__all__ = ["FENCE_MARGIN", "Lane", "RunContext", "current_context", "renew_lease", "renew_lease_sync"]
 
 # Fence this fraction of the TTL before the local lease deadline: room for the cancellation
 # to land and for the broker's clock to run a little faster than ours.
 FENCE_MARGIN = 0.05
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("taskgate_run_context")
+
+
+class Lane:
+    """The cancel scope one worker runs its handlers in, one handler at a time.
+
+    The worker enters `scope` once and keeps it across tasks until it is `spent` (a handler in
+    it was stopped, or passed its fence deadline); then it opens a new one. Only the handler
+    between `start` and `finish` can cancel it, so a late stop never reaches the next task.
+    """
+
+    __slots__ = ("running", "scope")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.running: RunContext | None = None
+
+    def open(self) -> anyio.CancelScope:
+        """A fresh scope for the worker to enter (the first, or after one was spent)."""
+        self.scope = anyio.CancelScope()
+        return self.scope
+
+    @property
+    def spent(self) -> bool:
+        """The scope was cancelled: nothing may await in it any more."""
+        return self.scope.cancel_called
+
+    def start(self, ctx: RunContext) -> None:
+        """``ctx``'s handler starts: stops and its fence now reach the scope."""
+        self.running = ctx
+        if ctx.stop_reason is not None:
+            self.scope.cancel()  # stopped before it started (shutdown grace ran out)
+        elif not ctx.kept:
+            self.scope.deadline = ctx.fence_at  # no keeper fences it: the deadline does
+
+    def finish(self, ctx: RunContext) -> None:
+        """``ctx``'s handler ended (returned, raised or was cancelled)."""
+        if self.running is ctx:
+            self.running = None
+            if not ctx.kept:
+                self.scope.deadline = math.inf
 
 
 @dataclass(eq=False)
@@ -43,7 +89,8 @@ class RunContext:
     renew_slots: Callable[[Sequence[str | None]], Awaitable[list[str | None]]] | None = None
     # Hands an ack to the queue's group commit (`AckWriter.put`); None: one ``broker.ack`` per task.
     ack: Callable[[str, str, bytes | None], None] | None = None
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    # The worker's lane; None until a worker picks the context up.
+    lane: Lane | None = None
     stop_reason: StopReason | None = None
     lease_deadline: float = 0.0
     kept: bool = False  # a `LeaseKeeper` renews this lease (automatic heartbeats)
@@ -60,12 +107,13 @@ class RunContext:
             self.lease_deadline = anyio.current_time() + self.ttl.total_seconds()
 
     def arm_fence(self) -> None:
-        """Cancel the handler at `fence_at` by its scope's deadline (moved by each renewal).
+        """Cancel the handler at `fence_at` by its lane's deadline (moved by each renewal).
 
         For leases nobody else watches (``manual_heartbeat``); a `LeaseKeeper` fences the
-        leases it keeps itself, with no timer per handler.
+        leases it keeps itself, with no timer per handler. `Lane.start` arms it first.
         """
-        self.scope.deadline = self.fence_at
+        if self.lane is not None and self.lane.running is self:
+            self.lane.scope.deadline = self.fence_at
 
     @property
     def fence_at(self) -> float:
@@ -87,7 +135,8 @@ class RunContext:
         """Stop the handler for ``reason`` (the first reason given wins)."""
         if self.stop_reason is None:
             self.stop_reason = reason
-        self.scope.cancel()
+        if self.lane is not None and self.lane.running is self:
+            self.lane.scope.cancel()
 
     def raise_if_stopped(self) -> None:
         """Raise the error `renew_lease` reports for the reason the handler is being stopped."""

@@ -1,9 +1,10 @@
 """Running one claimed task: call its handler, keep its lease, and write the outcome.
 
-The handler runs inside the context's cancel scope, next to the lease keeper. Whatever
-stopped it decides the write: the handler's own result or exception (`decide`), or the stop
-reason (cancel -> ``finish_canceled``, shutdown -> ``requeue``, lease lost -> nothing). The
-write happens shielded, so a runtime being cancelled still puts its tasks back.
+The handler runs inside its worker's cancel scope (`Lane`), next to the lease keeper.
+Whatever stopped it decides the write: the handler's own result or exception (`decide`), or
+the stop reason (cancel -> ``finish_canceled``, shutdown -> ``requeue``, lease lost ->
+nothing). A stopped handler's cancellation goes on up to the lane's scope, which ends it;
+the write happens shielded on the way, so a runtime being cancelled still puts its tasks back.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from taskgate.brokers.base import Broker
 from taskgate.codec import encode_value
 from taskgate.errors import BrokerError, LeaseLostError, TaskgateError
 from taskgate.runtime.calls import BrokerCalls
-from taskgate.runtime.context import RunContext, enter, leave
+from taskgate.runtime.context import Lane, RunContext, enter, leave
 from taskgate.runtime.lease import LeaseKeeper, note_fenced
 from taskgate.runtime.outcome import (
     Ack,
@@ -72,18 +73,22 @@ class Executor:
         self._keeper = keeper
         self._async: dict[Handler, bool] = {}  # is_async_handler per handler (inspect is slow)
 
-    async def run(self, ctx: RunContext, *, auto_heartbeat: bool) -> None:
-        """Run ``ctx``'s task to one final write; a cancelled runtime requeues it untouched."""
+    async def run(self, ctx: RunContext, lane: Lane, *, auto_heartbeat: bool) -> None:
+        """Run ``ctx``'s task in ``lane`` to one final write; a cancelled runtime requeues it.
+
+        A handler stopped through its lane (cancel, lease lost, fence, shutdown grace) is
+        written here too; the cancellation then goes on to end the lane's scope.
+        """
+        ctx.lane = lane
         if auto_heartbeat:
             self._keeper.add(ctx)
-        else:
-            ctx.arm_fence()
         try:
             outcome = await self._execute(ctx)
         except anyio.get_cancelled_exc_class():
             ctx.release_slot()
+            stopped = _final_outcome(ctx, Discard(), False) if lane.spent else Stop(StopReason.SHUTDOWN)
             with anyio.CancelScope(shield=True):
-                await self.settle(ctx, Stop(StopReason.SHUTDOWN))
+                await self.settle(ctx, stopped)
             raise
         finally:
             self._keeper.remove(ctx)
@@ -101,21 +106,25 @@ class Executor:
         return _final_outcome(ctx, outcome, finished)
 
     async def _call(self, ctx: RunContext, handler: Handler) -> tuple[Outcome, bool]:
-        """The handler's own outcome, and whether it returned normally (not cancelled, no raise)."""
+        """The handler's own outcome, and whether it returned normally (no raise).
+
+        A handler cancelled through its lane raises out of here (see `run`).
+        """
+        lane = ctx.lane
+        assert lane is not None, "a context runs in a worker's lane"
         token = enter(ctx)
-        outcome: Outcome = Discard()
-        finished = False
+        lane.start(ctx)
         try:
-            with ctx.scope:
-                try:
-                    value = await self._invoke(handler, ctx.task)
-                    outcome, finished = Ack(encode_value(value, what="handler result")), True
-                except Exception as exc:
-                    outcome = decide(exc, ctx.task, throttled_max=self._throttled_max)
+            value = await self._invoke(handler, ctx.task)
+            outcome: Outcome = Ack(encode_value(value, what="handler result"))
+            finished = True
+        except Exception as exc:
+            outcome, finished = decide(exc, ctx.task, throttled_max=self._throttled_max), False
         finally:
+            lane.finish(ctx)
             leave(token)
-        if ctx.scope.cancel_called:
-            note_fenced(ctx)  # cancelled by its deadline, not by a stop: the lease was not kept
+            if lane.spent:
+                note_fenced(ctx)  # unless a stop gave its reason first: the fence deadline passed
         return outcome, finished
 
     async def _invoke(self, handler: Handler, task: Task) -> Any:

@@ -21,7 +21,7 @@ from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
-from taskgate.runtime.context import RunContext
+from taskgate.runtime.context import Lane, RunContext
 from taskgate.runtime.executor import Executor, Handler
 from taskgate.runtime.hooks import HookDispatcher
 from taskgate.runtime.lease import LeaseKeeper
@@ -191,8 +191,8 @@ class Runtime:
         acks.on_written = lambda: scheduler.wake(new_work=False)  # a backlog may have held claims
         self.schedulers[name] = scheduler
 
-        async def start(lease: Lease, slot: Slot, claimed_at: float) -> None:
-            await self._execute(executor, scheduler, lease, slot, claimed_at)
+        async def start(lease: Lease, slot: Slot, claimed_at: float, lane: Lane) -> None:
+            await self._execute(executor, scheduler, lease, slot, claimed_at, lane)
 
         async def requeue(lease: Lease) -> None:
             await self._requeue(scheduler, lease)
@@ -263,7 +263,13 @@ class Runtime:
         )
 
     async def _execute(
-        self, executor: Executor, scheduler: QueueScheduler, lease: Lease, slot: Slot, claimed_at: float
+        self,
+        executor: Executor,
+        scheduler: QueueScheduler,
+        lease: Lease,
+        slot: Slot,
+        claimed_at: float,
+        lane: Lane,
     ) -> None:
         conf = scheduler.conf
 
@@ -291,7 +297,7 @@ class Runtime:
         try:
             if self.hooks.hook is not None:
                 await self.hooks.emit((lease.task,))  # running: nothing to wake, only the hook to call
-            await executor.run(ctx, auto_heartbeat=not conf.manual_heartbeat)
+            await executor.run(ctx, lane, auto_heartbeat=not conf.manual_heartbeat)
         finally:
             if self.active.get(lease.task.id) is ctx:
                 del self.active[lease.task.id]

@@ -24,6 +24,7 @@ from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.runtime.context import Lane
 from taskgate.runtime.feed import Feed
 from taskgate.runtime.limits import CombinedClaim, Limits, Slot
 from taskgate.runtime.quota import QuotaGate
@@ -35,7 +36,7 @@ log = logging.getLogger("taskgate")
 
 # Runs one claimed lease until its task is settled: (lease, its concurrency slot, the local
 # time the claim began -- the lease cannot end earlier than that plus its TTL).
-StartLease = Callable[[Lease, Slot, float], Coroutine[Any, Any, None]]
+StartLease = Callable[[Lease, Slot, float, Lane], Coroutine[Any, Any, None]]
 Requeue = Callable[[Lease], Coroutine[Any, Any, None]]
 Claimed = tuple[Lease, Slot, float]
 
@@ -270,9 +271,19 @@ class QueueScheduler:
 
 
 async def _work(feed: Feed[Claimed], start: StartLease) -> None:
-    """One worker: run claimed leases one after another until the feed is closed and empty."""
-    while (claimed := await feed.get()) is not None:
-        await start(*claimed)
+    """One worker: run claimed leases one after another until the feed is closed and empty.
+
+    Handlers run in the worker's `Lane`: one cancel scope, entered once and kept until a
+    handler stopped in it spends it (the cancellation ends the ``with``), then a new one.
+    """
+    lane = Lane()
+    while True:
+        with lane.open():
+            while not lane.spent:
+                claimed = await feed.get()
+                if claimed is None:
+                    return
+                await start(*claimed, lane)
 
 
 async def _requeue_if_cancelled(leases: list[Lease], requeue: Requeue) -> None:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from gate_helpers import GUARD, Faulty, eventually, make_gate
 
@@ -241,6 +242,31 @@ async def test_cancel_of_a_running_task_stops_its_handler_at_once_and_cancels_it
             assert failed.value.task.status is Status.CANCELED
         with pytest.raises(AlreadyFinalError):
             await gate.cancel(parent)
+
+
+async def test_a_worker_whose_handler_was_stopped_goes_on_with_the_next_tasks(gate_broker):
+    # One worker: its cancel scope is spent by the stop, and the next tasks run in a new one.
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=1)})
+    started = anyio.Event()
+
+    @gate.handler("q")
+    async def handle(task: Task) -> str:
+        if task.payload == b"long":
+            started.set()
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()  # a spent scope would cancel it
+        return b"done"
+
+    async with gate:
+        long = await gate.submit("q", b"long")
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        await gate.cancel(long)
+        with pytest.raises(TaskFailedError):
+            await gate.wait(long, timeout=GUARD)
+        later = [await gate.submit("q", b"short") for _ in range(3)]
+        for task_id in later:
+            assert await gate.wait(task_id, timeout=GUARD) == b"done"
 
 
 async def test_a_cancel_from_another_process_is_seen_on_the_next_heartbeat(gate_broker):
