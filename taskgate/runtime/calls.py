@@ -1,10 +1,10 @@
 """The one door to the broker: every call hops to a worker thread, optionally under a deadline.
 
-The broker protocol is synchronous (see `taskgate.brokers.base`). Calls run through
-``anyio.to_thread.run_sync`` on a dedicated `CapacityLimiter`, so handler threads can never
-starve heartbeats, and with ``abandon_on_cancel=True`` so a hung driver call cannot freeze the
-coroutine waiting on it: the deadline fires, the thread is left to finish on its own, and the
-caller gets a `BrokerError`.
+The broker protocol is synchronous (see `taskgate.brokers.base`). Calls run on the runtime's
+own `BrokerThreads`, apart from handler threads, so handlers can never starve heartbeats; a
+cancelled wait abandons its call, so a hung driver call cannot freeze the coroutine waiting
+on it: the deadline fires, the thread is left to finish on its own, and the caller gets a
+`BrokerError`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import anyio.lowlevel
 
 from taskgate.brokers import nowait
 from taskgate.errors import BrokerError
+from taskgate.runtime.threads import BrokerThreads
 
 __all__ = ["BrokerCalls"]
 
@@ -25,7 +26,7 @@ T = TypeVar("T")
 
 
 class BrokerCalls:
-    """Runs broker methods in threads through one limiter; created inside the event loop.
+    """Runs broker methods in the runtime's broker threads.
 
     ``inline=True`` (a broker declaring ``capabilities.nonblocking``) runs them on the event
     loop instead: a thread hop costs far more than an in-memory transition. Each call is
@@ -35,7 +36,7 @@ class BrokerCalls:
     """
 
     def __init__(self, max_threads: int, *, inline: bool = False, attempt_inline: bool = False) -> None:
-        self.limiter = anyio.CapacityLimiter(max_threads)
+        self.threads = BrokerThreads(max_threads)
         self.inline = inline
         self.attempt_inline = attempt_inline and not inline
 
@@ -71,4 +72,4 @@ class BrokerCalls:
             raise BrokerError(f"broker call {name}() did not answer within {deadline:.3g}s") from None
 
     async def _hop(self, target: Callable[..., T], args: tuple[Any, ...]) -> T:
-        return await anyio.to_thread.run_sync(target, *args, abandon_on_cancel=True, limiter=self.limiter)
+        return await self.threads.run(target, *args)

@@ -1,0 +1,115 @@
+"""BrokerThreads: blocking calls in a bounded pool, abandoned (not waited for) when cancelled."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+
+import anyio
+import pytest
+
+from taskgate.runtime.threads import BrokerThreads
+
+pytestmark = pytest.mark.anyio
+
+GUARD = 10.0
+_request: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="none")
+
+
+async def test_a_call_runs_in_another_thread_and_returns_or_raises_there():
+    threads = BrokerThreads(2)
+    where, total = await threads.run(lambda a, b: (threading.get_ident(), a + b), 40, 2)
+    assert total == 42 and where != threading.get_ident()
+
+    def broken() -> None:
+        raise LookupError("from the thread")
+
+    with pytest.raises(LookupError, match="from the thread"):
+        await threads.run(broken)
+
+
+async def test_a_call_sees_the_callers_context_variables():
+    _request.set("r-1")
+    assert await BrokerThreads(1).run(_request.get) == "r-1"
+
+
+async def test_no_more_than_size_calls_run_at_once():
+    threads = BrokerThreads(2)
+    running, most = 0, 0
+    lock, release = threading.Lock(), threading.Event()
+    entered = threading.Semaphore(0)
+
+    def call() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        entered.release()
+        release.wait(GUARD)
+        with lock:
+            running -= 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(threads.run, call)
+        for _ in range(2):
+            assert await anyio.to_thread.run_sync(entered.acquire, True, GUARD)
+        release.set()  # the other three start as places free up
+    assert most == 2
+
+
+async def test_a_cancelled_wait_abandons_the_running_call_and_frees_its_place():
+    threads = BrokerThreads(1)
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck() -> str:
+        started.set()
+        release.wait(6 * GUARD)  # far past the guard below: only a new thread serves "next"
+        finished.set()
+        return "dropped"
+
+    with anyio.move_on_after(GUARD) as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(threads.run, stuck)
+            await anyio.to_thread.run_sync(started.wait, GUARD)
+            tg.cancel_scope.cancel()  # the waiter gives up; the thread goes on
+    assert not scope.cancelled_caught
+    with anyio.fail_after(GUARD):
+        assert await threads.run(lambda: "next") == "next"  # the stuck thread does not hold the pool
+    release.set()
+    assert await anyio.to_thread.run_sync(finished.wait, GUARD)  # it finished on its own
+
+
+async def test_a_call_cancelled_before_it_starts_never_runs():
+    threads = BrokerThreads(1)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def first() -> None:
+        started.set()
+        release.wait(GUARD)
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(threads.run, first)
+        await anyio.to_thread.run_sync(started.wait, GUARD)
+        with anyio.CancelScope() as waiting:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(threads.run, lambda: ran.append("queued"))
+                await anyio.lowlevel.checkpoint()
+                waiting.cancel()  # the call is queued behind `first`
+        release.set()
+    assert await threads.run(lambda: "after") == "after"
+    assert ran == []
+
+
+async def test_an_already_cancelled_caller_runs_nothing():
+    ran: list[str] = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await BrokerThreads(1).run(lambda: ran.append("x"))
+    assert ran == []
+
+
+def test_the_size_must_be_positive():
+    with pytest.raises(ValueError, match="at least 1"):
+        BrokerThreads(0)
