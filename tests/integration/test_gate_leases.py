@@ -269,6 +269,33 @@ async def test_a_worker_whose_handler_was_stopped_goes_on_with_the_next_tasks(ga
             assert await gate.wait(task_id, timeout=GUARD) == b"done"
 
 
+async def test_a_handler_that_swallows_its_cancellation_does_not_stop_its_worker(gate_broker):
+    # The stop spends the worker's scope although no cancellation leaves the handler: the
+    # worker must still go on in a fresh scope. A handler that returned keeps its result.
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=1)})
+    started = anyio.Event()
+
+    @gate.handler("q")
+    async def handle(task: Task) -> bytes:
+        if task.payload == b"stubborn":
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                return b"swallowed"  # a handler should not do this; the runtime must survive it
+        await anyio.lowlevel.checkpoint()
+        return b"done"
+
+    async with gate:
+        stubborn = await gate.submit("q", b"stubborn")
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        await gate.cancel(stubborn)
+        assert await gate.wait(stubborn, timeout=GUARD) == b"swallowed"
+        later = await gate.submit("q", b"short")
+        assert await gate.wait(later, timeout=GUARD) == b"done"
+
+
 async def test_a_cancel_from_another_process_is_seen_on_the_next_heartbeat(gate_broker):
     gate = make_gate(gate_broker, {"q": QueueConfig(workers=1, lease_ttl=0.6)})
     started = anyio.Event()
