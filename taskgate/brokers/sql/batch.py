@@ -103,9 +103,7 @@ def _complete(tx: Tx, items: list[AckItem], final: dict[str, Any]) -> None:
         tx.conn.execute(finish, {"p_ids": part, "p_now": final["finished_at"]})
     results = [{"b_id": task_id, "b_result": result} for task_id, _, result in items if result is not None]
     if results:
-        task = tx.models.task
-        stmt = update(task).where(task.id == bindparam("b_id")).values(result=bindparam("b_result"))
-        tx.conn.execute(stmt, results)
+        tx.conn.execute(_store_result(tx.models), results)
     settle_children(tx, [(task_id, Status.COMPLETED) for task_id in ids])
 
 
@@ -154,6 +152,12 @@ def _complete_held(models: Models, traits: Traits) -> Select[Any]:
         .cte("done")
     )
     return select(done)
+
+
+@functools.lru_cache(maxsize=32)
+def _store_result(models: Models) -> Update:
+    task = table_of(models.task)
+    return update(task).where(task.c.id == bindparam("b_id")).values(result=bindparam("b_result"))
 
 
 @functools.lru_cache(maxsize=32)

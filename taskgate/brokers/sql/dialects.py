@@ -7,6 +7,7 @@ which errors mean "run the transaction again", and how big a value may be.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,7 +27,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 from taskgate.clock import utc
 from taskgate.errors import ConfigError
 
-__all__ = ["MySQLTraits", "PostgreSQLTraits", "SQLiteTraits", "Traits", "traits_for"]
+__all__ = ["MySQLTraits", "PostgreSQLTraits", "SQLiteTraits", "Traits", "plain_insert", "traits_for"]
 
 _S = TypeVar("_S", bound=GenerativeSelect)
 
@@ -92,7 +93,7 @@ class Traits:
 
     def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """INSERT ``rows`` (all with the keys of the first) in as few round trips as the driver allows."""
-        conn.execute(insert(table), list(rows))
+        conn.execute(plain_insert(table), list(rows))
 
     def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
         """``column`` is one of the strings in the list passed as parameter ``name``.
@@ -270,6 +271,13 @@ class SQLiteTraits(Traits):
     def host_clock(self) -> bool:
         """SQLite has no server: its clock is this host's."""
         return True
+
+
+@functools.lru_cache(maxsize=64)
+def plain_insert(table: Table) -> Insert:
+    """``INSERT INTO table``, built once per table: a Core statement built per call costs more
+    (its cache key, then the compiled-cache look-up) than the single-row INSERT it runs."""
+    return insert(table)
 
 
 class JSONList(TypeDecorator[list[str]]):

@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 
 from taskgate.brokers.base import Lease, Renewal
-from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.dialects import Traits, plain_insert
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
@@ -68,7 +68,7 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
         {"task_id": task.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
         for task, token in zip(snapshots, tokens, strict=True)
     ]
-    tx.conn.execute(insert(tx.models.lease), leases)
+    tx.conn.execute(plain_insert(table_of(tx.models.lease)), leases)
     return [
         Lease(task=task, token=token, expires_at=expires_at)
         for task, token in zip(snapshots, tokens, strict=True)
