@@ -17,7 +17,7 @@ from sqlalchemy import Select, String, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import NewTask, Unset
-from taskgate.brokers.sql.dialects import plain_insert
+from taskgate.brokers.sql.dialects import Traits, plain_insert
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
@@ -126,25 +126,47 @@ def _check_batch(items: Sequence[NewTask]) -> None:
 
 
 def _check_ids_free(tx: Tx, ids: Sequence[str]) -> None:
-    task = tx.models.task
+    stmt = _id_in_use(tx.models, tx.traits)
     for part in chunks(ids):
-        used = tx.conn.execute(select(task.id).where(task.id.in_(part)).limit(1)).scalar()
+        used = tx.conn.execute(stmt, {"p_ids": list(part)}).scalar()
         if used is not None:
             raise ValueError(f"task id {used!r} is already in use")
 
 
 def _check_keys_free(tx: Tx, keys: Sequence[str]) -> None:
-    key, task = tx.models.business_key, tx.models.task
+    stmt = _key_in_use(tx.models, tx.traits)
     for part in chunks(keys):
-        stmt = (
-            select(key.business_key, task.id, task.status)
-            .join(task, task.id == key.execution_id)
-            .where(key.business_key.in_(part))
-            .limit(1)
-        )
-        used = tx.conn.execute(stmt).first()
+        used = tx.conn.execute(stmt, {"p_keys": list(part)}).first()
         if used is not None:
             raise TaskExistsError(used.business_key, used.id, Status(used.status))
+
+
+# The look-ups every submit with a business key or parents makes, built once per schema.
+
+
+@functools.lru_cache(maxsize=32)
+def _id_in_use(models: Models, traits: Traits) -> Select[str]:
+    task = models.task
+    return select(task.id).where(traits.listed(task.id, "p_ids")).limit(1)
+
+
+@functools.lru_cache(maxsize=32)
+def _key_in_use(models: Models, traits: Traits) -> Select[str, str, str]:
+    key, task = models.business_key, models.task
+    return (
+        select(key.business_key, task.id, task.status)
+        .join(task, task.id == key.execution_id)
+        .where(traits.listed(key.business_key, "p_keys"))
+        .limit(1)
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _statuses_locked(models: Models, traits: Traits) -> Select[str, str]:
+    task = models.task
+    return traits.lock_shared(
+        select(task.id, task.status).where(traits.listed(task.id, "p_ids")).order_by(task.id)
+    )
 
 
 def _parent_statuses(tx: Tx, items: Sequence[NewTask]) -> dict[str, Status]:
@@ -167,11 +189,10 @@ def _locked_statuses(tx: Tx, ids: Sequence[str]) -> dict[str, Status]:
     Without the lock, a parent finishing concurrently would look for children, find none
     (ours are not committed yet), and leave ours blocked forever.
     """
-    task = tx.models.task
+    stmt = _statuses_locked(tx.models, tx.traits)
     found: dict[str, Status] = {}
     for part in chunks(sorted(set(ids))):
-        stmt = tx.traits.lock_shared(select(task.id, task.status).where(task.id.in_(part)).order_by(task.id))
-        found.update((row.id, Status(row.status)) for row in tx.conn.execute(stmt))
+        found.update((row.id, Status(row.status)) for row in tx.conn.execute(stmt, {"p_ids": list(part)}))
     for task_id in ids:
         if task_id not in found:
             raise TaskNotFoundError(f"parent task {task_id!r} does not exist")
