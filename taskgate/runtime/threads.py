@@ -15,8 +15,11 @@ started never runs. Threads start on demand and end after `IDLE_SECONDS` without
 from __future__ import annotations
 
 import contextvars
+import functools
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -63,6 +66,13 @@ class BrokerThreads:
         self._idle = 0  # alive and not running a call
         self._queued = 0  # put and not yet taken by a thread
         self._abandoned = 0  # threads still running a call whose waiter gave up
+        # A forked child has none of the parent's threads: it starts from an empty pool.
+        os.register_at_fork(after_in_child=functools.partial(_forget_threads, weakref.ref(self)))
+
+    def _forget_threads(self) -> None:
+        self._calls = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = self._idle = self._queued = self._abandoned = 0
 
     @property
     def threads(self) -> int:
@@ -139,6 +149,12 @@ class BrokerThreads:
             call.wake(call.done.set)
         except RuntimeError:
             pass  # the loop closed meanwhile: nobody waits any more
+
+
+def _forget_threads(ref: weakref.ref[BrokerThreads]) -> None:
+    pool = ref()
+    if pool is not None:
+        pool._forget_threads()
 
 
 def _loop_waker() -> Callable[[Callable[[], None]], Any]:

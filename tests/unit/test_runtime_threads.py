@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 
 import anyio
@@ -113,3 +114,22 @@ async def test_an_already_cancelled_caller_runs_nothing():
 def test_the_size_must_be_positive():
     with pytest.raises(ValueError, match="at least 1"):
         BrokerThreads(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_threads_of_its_own():
+    threads = BrokerThreads(1)
+    assert anyio.run(threads.run, lambda: "parent") == "parent"  # the parent's thread exists now
+
+    async def in_child() -> str:
+        with anyio.fail_after(GUARD):
+            return await threads.run(lambda: "child")
+
+    pid = os.fork()
+    if pid == 0:  # the child: no thread of the parent came along
+        try:
+            os._exit(0 if anyio.run(in_child) == "child" else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
