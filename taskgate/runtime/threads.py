@@ -15,7 +15,6 @@ started never runs. Threads start on demand and end after `IDLE_SECONDS` without
 from __future__ import annotations
 
 import contextvars
-import functools
 import os
 import queue
 import threading
@@ -66,8 +65,7 @@ class BrokerThreads:
         self._idle = 0  # alive and not running a call
         self._queued = 0  # put and not yet taken by a thread
         self._abandoned = 0  # threads still running a call whose waiter gave up
-        # A forked child has none of the parent's threads: it starts from an empty pool.
-        os.register_at_fork(after_in_child=functools.partial(_forget_threads, weakref.ref(self)))
+        _POOLS.add(self)
 
     def _forget_threads(self) -> None:
         self._calls = queue.SimpleQueue()
@@ -151,10 +149,17 @@ class BrokerThreads:
             pass  # the loop closed meanwhile: nobody waits any more
 
 
-def _forget_threads(ref: weakref.ref[BrokerThreads]) -> None:
-    pool = ref()
-    if pool is not None:
+# A forked child has none of the parent's threads: every pool starts there from empty.
+_POOLS: weakref.WeakSet[BrokerThreads] = weakref.WeakSet()
+
+
+def _forget_all_threads() -> None:
+    for pool in list(_POOLS):
         pool._forget_threads()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_threads)
 
 
 def _loop_waker() -> Callable[[Callable[[], None]], Any]:
