@@ -9,7 +9,8 @@ Semantics are those of ``to_thread.run_sync(fn, abandon_on_cancel=True, limiter=
 ``size`` calls run at once and the others wait their turn in order; a waiter cancelled while
 its call runs returns at once, and the thread finishes the call on its own with the result
 dropped and its place freed for the next call; a call whose waiter was cancelled before it
-started never runs. Threads start on demand and end after `IDLE_SECONDS` without work.
+started never runs. Threads start on demand and end after `IDLE_SECONDS` without work; a
+forked child starts with no threads (they do not survive a fork) and makes its own.
 """
 
 from __future__ import annotations
