@@ -45,22 +45,17 @@ class BrokerCalls:
     ) -> T:
         """Run ``fn(*args, **kwargs)`` in a thread; raise `BrokerError` past ``deadline`` seconds."""
         if self.inline:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            result = fn(*args, **kwargs)
-            # Yield without a cancellation point: the transition happened, its answer must not
-            # be lost (a claimed lease dropped here would wait for the reaper).
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-            return result
+            # The yield comes first: a cancellation lands before the transition, never between
+            # it and the caller (a claimed lease dropped there would wait for the reaper).
+            await anyio.lowlevel.checkpoint()
+            return fn(*args, **kwargs)
         if self.attempt_inline:
-            await anyio.lowlevel.checkpoint_if_cancelled()
+            await anyio.lowlevel.checkpoint()  # as above
             try:
                 with nowait.no_wait():
-                    result = fn(*args, **kwargs)
+                    return fn(*args, **kwargs)
             except nowait.WouldBlock:
                 pass  # nothing was changed: the same call runs in a thread below
-            else:
-                await anyio.lowlevel.cancel_shielded_checkpoint()  # as above: keep the answer
-                return result
         target = functools.partial(fn, *args, **kwargs) if kwargs else fn
         if deadline is None:
             return await self._hop(target, args if not kwargs else ())
