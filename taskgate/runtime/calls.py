@@ -41,9 +41,18 @@ class BrokerCalls:
         self.attempt_inline = attempt_inline and not inline
 
     async def __call__(
-        self, fn: Callable[..., T], /, *args: Any, deadline: float | None = None, **kwargs: Any
+        self,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        deadline: float | None = None,
+        on_abandoned: Callable[[T], object] | None = None,
+        **kwargs: Any,
     ) -> T:
-        """Run ``fn(*args, **kwargs)`` in a thread; raise `BrokerError` past ``deadline`` seconds."""
+        """Run ``fn(*args, **kwargs)`` in a thread; raise `BrokerError` past ``deadline`` seconds.
+
+        ``on_abandoned(result)`` runs in the thread if the call answers after the caller gave up.
+        """
         if self.inline:
             # The yield comes first: a cancellation lands before the transition, never between
             # it and the caller (a claimed lease dropped there would wait for the reaper).
@@ -58,13 +67,15 @@ class BrokerCalls:
                 pass  # nothing was changed: the same call runs in a thread below
         target = functools.partial(fn, *args, **kwargs) if kwargs else fn
         if deadline is None:
-            return await self._hop(target, args if not kwargs else ())
+            return await self._hop(target, args if not kwargs else (), on_abandoned)
         try:
             with anyio.fail_after(deadline):
-                return await self._hop(target, args if not kwargs else ())
+                return await self._hop(target, args if not kwargs else (), on_abandoned)
         except TimeoutError:
             name = getattr(fn, "__name__", repr(fn))
             raise BrokerError(f"broker call {name}() did not answer within {deadline:.3g}s") from None
 
-    async def _hop(self, target: Callable[..., T], args: tuple[Any, ...]) -> T:
-        return await self.threads.run(target, *args)
+    async def _hop(
+        self, target: Callable[..., T], args: tuple[Any, ...], on_abandoned: Callable[[T], object] | None
+    ) -> T:
+        return await self.threads.run(target, *args, on_abandoned=on_abandoned)

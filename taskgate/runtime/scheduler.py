@@ -20,7 +20,7 @@ import anyio.lowlevel
 
 from taskgate.brokers.base import Broker, Lease, QuotaClaim
 from taskgate.config import QueueConfig
-from taskgate.errors import BrokerError
+from taskgate.errors import BrokerError, TaskgateError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
@@ -205,7 +205,12 @@ class QueueScheduler:
                     leases = self.quota.took(await self._claim_within_quota(self.quota, n))
                 else:
                     leases = await self._calls(
-                        self._broker.claim, self.name, n, self.conf.lease, deadline=self._deadline
+                        self._broker.claim,
+                        self.name,
+                        n,
+                        self.conf.lease,
+                        deadline=self._deadline,
+                        on_abandoned=self._put_back,
                     )
             await _requeue_if_cancelled(leases, requeue)
         except BrokerError as exc:
@@ -221,6 +226,15 @@ class QueueScheduler:
             self._pause(self.quota.pause)
             return None
         return leases
+
+    def _put_back(self, leases: list[Lease]) -> None:
+        """Requeue leases of a claim that answered after its deadline (in the claim's thread):
+        nobody will run them, and waiting for them to expire would cost them a lease_lost."""
+        for lease in leases:
+            try:
+                self._broker.requeue(lease.task.id, lease.token)
+            except TaskgateError as exc:
+                log.warning("task %s: a late claim could not be put back: %s", lease.task.id, exc)
 
     async def _combined_claim(self, combined: CombinedClaim, n: int) -> list[Lease]:
         quota = None if self.quota is None else self.quota.spec

@@ -11,11 +11,16 @@ its call runs returns at once, and the thread finishes the call on its own with 
 dropped and its place freed for the next call; a call whose waiter was cancelled before it
 started never runs. Threads start on demand and end after `IDLE_SECONDS` without work; a
 forked child starts with no threads (they do not survive a fork) and makes its own.
+
+A call may name what to do with a result nobody waits for any more (``on_abandoned``, run in
+the thread): a claim that answers after its deadline puts its leases back instead of leaving
+them to expire.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import queue
 import threading
@@ -30,6 +35,8 @@ __all__ = ["IDLE_SECONDS", "BrokerThreads"]
 
 IDLE_SECONDS = 10.0
 
+log = logging.getLogger("taskgate")
+
 T = TypeVar("T")
 
 _QUEUED, _RUNNING, _DONE = range(3)
@@ -38,12 +45,27 @@ _QUEUED, _RUNNING, _DONE = range(3)
 class _Call(Generic[T]):
     """One call handed to the threads, and what came of it."""
 
-    __slots__ = ("abandoned", "args", "context", "done", "error", "fn", "result", "state", "wake")
+    __slots__ = (
+        "abandoned",
+        "args",
+        "context",
+        "done",
+        "error",
+        "fn",
+        "on_abandoned",
+        "result",
+        "state",
+        "wake",
+    )
 
     def __init__(
-        self, fn: Callable[..., T], args: tuple[Any, ...], wake: Callable[[Callable[[], None]], Any]
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        wake: Callable[[Callable[[], None]], Any],
+        on_abandoned: Callable[[T], object] | None,
     ):
-        self.fn, self.args = fn, args
+        self.fn, self.args, self.on_abandoned = fn, args, on_abandoned
         self.context = contextvars.copy_context()  # as to_thread: the caller's context variables
         self.done = anyio.Event()
         self.wake = wake  # runs a callable on the waiting loop, from any thread
@@ -78,11 +100,16 @@ class BrokerThreads:
         """Threads alive now."""
         return self._threads
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a thread; cancelling the wait abandons the call (see the module)."""
+    async def run(
+        self, fn: Callable[..., T], *args: Any, on_abandoned: Callable[[T], object] | None = None
+    ) -> T:
+        """``fn(*args)`` in a thread; cancelling the wait abandons the call (see the module).
+
+        ``on_abandoned(result)`` runs in the thread when the call returns after its waiter gave up.
+        """
         await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing runs
         wake = _loop_waker()
-        call: _Call[T] = _Call(fn, args, wake)
+        call: _Call[T] = _Call(fn, args, wake, on_abandoned)
         self._submit(call)
         try:
             await call.done.wait()
@@ -139,15 +166,28 @@ class BrokerThreads:
             call.error = exc
         with self._lock:
             call.state = _DONE
-            self._idle += 1
-            if call.abandoned:
+            abandoned = call.abandoned
+        if abandoned:
+            if call.on_abandoned is not None and call.error is None:
+                _clean_up(call.on_abandoned, call.result)
+            call.result = call.error = None
+            with self._lock:
+                self._idle += 1
                 self._abandoned -= 1
-                call.result = call.error = None
-                return
+            return
+        with self._lock:
+            self._idle += 1
         try:
             call.wake(call.done.set)
         except RuntimeError:
             pass  # the loop closed meanwhile: nobody waits any more
+
+
+def _clean_up(on_abandoned: Callable[[Any], object], result: Any) -> None:
+    try:
+        on_abandoned(result)
+    except Exception:
+        log.exception("cleaning up after a broker call that answered too late failed")
 
 
 # A forked child has none of the parent's threads: every pool starts there from empty.

@@ -208,6 +208,45 @@ async def test_a_worker_whose_heartbeats_hang_fences_itself_before_its_lease_end
     assert broker.heartbeats >= 1
 
 
+class LateFirstClaim(Faulty):
+    """The first claim leases its tasks, then answers only after the test releases it."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(
+            inner, dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
+        )
+        self.release, self.claimed_again = threading.Event(), threading.Event()
+        self.claims = 0
+
+    def claim(self, *args: Any) -> Any:
+        self.claims += 1
+        if self.claims == 2:
+            self.claimed_again.set()
+        leases = self._inner.claim(*args)
+        if self.claims == 1:
+            self.release.wait(GUARD)
+        return leases
+
+
+async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(gate_broker):
+    # The scheduler gave up on the first claim (deadline ttl/4); its thread still leased the
+    # task. The clock is manual: no lease expires, so only putting the late leases back runs it.
+    broker = LateFirstClaim(gate_broker)
+    gate = make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=0.6)})
+    gate.handle("q", lambda task: b"ran")
+    try:
+        async with gate:
+            task_id = await gate.submit("q")
+            # The scheduler gave up on the first claim and claims again.
+            assert await anyio.to_thread.run_sync(broker.claimed_again.wait, GUARD)
+            broker.release.set()
+            assert await gate.wait(task_id, timeout=GUARD) == b"ran"
+    finally:
+        broker.release.set()
+    task = await anyio.to_thread.run_sync(gate_broker.get, task_id)
+    assert task.lease_lost == 0 and task.claims == 2
+
+
 async def test_a_manual_heartbeat_handler_that_never_renews_is_fenced_before_its_lease_ends(gate_broker):
     ttl = 0.6
     queues = {"q": QueueConfig(workers=1, lease_ttl=ttl, manual_heartbeat=True)}

@@ -133,3 +133,30 @@ def test_a_forked_child_gets_threads_of_its_own():
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+async def test_a_result_that_comes_after_its_waiter_gave_up_goes_to_on_abandoned():
+    threads = BrokerThreads(1)
+    started, release, cleaned = threading.Event(), threading.Event(), threading.Event()
+    late: list[str] = []
+
+    def slow() -> str:
+        started.set()
+        release.wait(GUARD)
+        return "late leases"
+
+    def put_back(result: str) -> None:
+        late.append(result)
+        cleaned.set()
+
+    with anyio.move_on_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: threads.run(slow, on_abandoned=put_back))
+            await anyio.to_thread.run_sync(started.wait, GUARD)
+            tg.cancel_scope.cancel()
+    release.set()
+    assert await anyio.to_thread.run_sync(cleaned.wait, GUARD)
+    assert late == ["late leases"]
+    # a result its waiter received is not handed over a second time
+    assert await threads.run(lambda: "on time", on_abandoned=put_back) == "on time"
+    assert late == ["late leases"]
