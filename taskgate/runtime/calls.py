@@ -66,16 +66,12 @@ class BrokerCalls:
             except nowait.WouldBlock:
                 pass  # nothing was changed: the same call runs in a thread below
         target = functools.partial(fn, *args, **kwargs) if kwargs else fn
+        call_args = args if not kwargs else ()
         if deadline is None:
-            return await self._hop(target, args if not kwargs else (), on_abandoned)
+            return await self.threads.run(target, *call_args, on_abandoned=on_abandoned)
         try:
             with anyio.fail_after(deadline):
-                return await self._hop(target, args if not kwargs else (), on_abandoned)
+                return await self.threads.run(target, *call_args, on_abandoned=on_abandoned)
         except TimeoutError:
             name = getattr(fn, "__name__", repr(fn))
             raise BrokerError(f"broker call {name}() did not answer within {deadline:.3g}s") from None
-
-    async def _hop(
-        self, target: Callable[..., T], args: tuple[Any, ...], on_abandoned: Callable[[T], object] | None
-    ) -> T:
-        return await self.threads.run(target, *args, on_abandoned=on_abandoned)

@@ -66,7 +66,7 @@ class Lane:
         if ctx.stop_reason is not None:
             self.scope.cancel()  # stopped before it started (shutdown grace ran out)
         elif not ctx.kept:
-            self.scope.deadline = ctx.fence_at  # no keeper fences it: the deadline does
+            ctx.arm_fence()  # no keeper fences it: the deadline does
 
     def finish(self, ctx: RunContext) -> None:
         """``ctx``'s handler ended (returned, raised or was cancelled)."""

@@ -100,7 +100,7 @@ def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update
         .limit(bindparam("p_limit", type_=Integer))
     )
     values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
-    mark = update(task).where(task.c.id.in_(bindparam("p_ids", expanding=True))).values(values)
+    mark = update(task).where(traits.listed(task.c.id, "p_ids")).values(values)
     return traits.lock(due, skip_locked=True), mark
 
 
