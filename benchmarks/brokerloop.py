@@ -57,13 +57,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.brokerloop")
     p.add_argument("--backend", required=True)
     p.add_argument("-n", type=int, default=3000)
+    p.add_argument(
+        "--statements",
+        action="store_true",
+        help="also time each kind of statement (cursor events: SQLAlchemy's slower execution path)",
+    )
     args = p.parse_args(argv)
     backend = ALIASES.get(args.backend, args.backend)
     with isolated_store(backend) as store:
         broker = store.open()
         enqueue_noops(broker, args.n)
         engine = getattr(broker, "_engine", None)
-        statements = StatementTimes(engine) if engine is not None else None
+        statements = StatementTimes(engine) if engine is not None and args.statements else None
         claim_s = ack_s = 0.0
         done = cycles = 0
         start = time.perf_counter()

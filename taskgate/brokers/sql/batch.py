@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Delete, Row, Select, Update, and_, bindparam, delete, select, update
+from sqlalchemy import Delete, Select, Update, and_, bindparam, delete, select, update
 
 from taskgate.brokers.base import AckItem, AckOutcome
 from taskgate.brokers.sql.dialects import Traits
@@ -36,7 +36,7 @@ def ack_many(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
     winners: dict[str, int] = {}  # task id -> index of the item that completes it
     for n, (task_id, token, _) in enumerate(items):
         row = held.get(task_id)
-        if row is not None and task_id not in winners and secrets.compare_digest(row.token, token):
+        if row is not None and task_id not in winners and secrets.compare_digest(row["token"], token):
             winners[task_id] = n
     final = {**status_values(Status.COMPLETED), "finished_at": tx.now}
     _complete(tx, [items[n] for n in winners.values()], final)
@@ -64,7 +64,7 @@ def _ack_many_in_one_statement(tx: Tx, items: Sequence[AckItem]) -> list[AckOutc
         "p_results": [result for _, _, result in items],
         "p_now": now,
     }
-    done = {row.id: row for row in tx.conn.execute(_complete_held(tx.models, tx.traits), params)}
+    done = {row["id"]: row for row in tx.fetch(_complete_held(tx.models, tx.traits), params)}
     settle_children(tx, [(task_id, Status.COMPLETED) for task_id in sorted(done)])
     others = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in done])
     return [
@@ -74,7 +74,7 @@ def _ack_many_in_one_statement(tx: Tx, items: Sequence[AckItem]) -> list[AckOutc
 
 
 def _status_now(
-    task_id: str, winners: dict[str, int], held: dict[str, Row[Any]], others: dict[str, Status]
+    task_id: str, winners: dict[str, int], held: dict[str, Mapping[str, Any]], others: dict[str, Status]
 ) -> Status | None:
     if task_id in winners:
         return Status.COMPLETED  # an earlier item of this batch completed it
@@ -83,12 +83,12 @@ def _status_now(
     return others.get(task_id)
 
 
-def _lock_held(tx: Tx, ids: list[str]) -> dict[str, Row[Any]]:
+def _lock_held(tx: Tx, ids: list[str]) -> dict[str, Mapping[str, Any]]:
     """Running tasks among ``ids`` with their lease token, locked in id order."""
     stmt = _held(tx.models, tx.traits)
-    found: dict[str, Row[Any]] = {}
+    found: dict[str, Mapping[str, Any]] = {}
     for part in chunks(ids):
-        found.update((row.id, row) for row in tx.conn.execute(stmt, {"p_ids": part}))
+        found.update((row["id"], row) for row in tx.fetch(stmt, {"p_ids": part}))
     return found
 
 
@@ -99,11 +99,10 @@ def _complete(tx: Tx, items: list[AckItem], final: dict[str, Any]) -> None:
     drop, finish = _finish_statements(tx.models, tx.traits)
     ids = [task_id for task_id, _, _ in items]
     for part in chunks(ids):
-        tx.conn.execute(drop, {"p_ids": part})
-        tx.conn.execute(finish, {"p_ids": part, "p_now": final["finished_at"]})
+        tx.write(drop, {"p_ids": part})
+        tx.write(finish, {"p_ids": part, "p_now": final["finished_at"]})
     results = [{"b_id": task_id, "b_result": result} for task_id, _, result in items if result is not None]
-    if results:
-        tx.conn.execute(_store_result(tx.models), results)
+    tx.write_many(_store_result(tx.models), results)
     settle_children(tx, [(task_id, Status.COMPLETED) for task_id in ids])
 
 

@@ -52,6 +52,7 @@ from taskgate.brokers.sql import batch, create, finish, leases, quota_claim, quo
 from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
+from taskgate.brokers.sql.prepared import PreparedCache
 from taskgate.brokers.sql.retry import Conflict, run_with_retries
 from taskgate.brokers.sql.schema import prepare_schema
 from taskgate.brokers.sql.serverclock import SampledServerClock
@@ -102,6 +103,7 @@ class SQLBroker:
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._prepared = PreparedCache()
         self._traits: Traits = traits_for(self._engine.dialect.name)
         self._clock = clock
         self._server_clock = SampledServerClock(self._traits)
@@ -477,18 +479,21 @@ class SQLBroker:
     ) -> _T:
         if one_statement:
             with self._autocommit.connect() as conn:
-                tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
+                tx = self._tx(conn)
                 result = step(tx)
         else:
             engine = self._reader if read_only else self._engine
             with nullcontext() if locked else self._serialized(read_only), engine.begin() as conn:
-                tx = Tx(conn=conn, models=self._models, traits=self._traits, clock=self._now)
+                tx = self._tx(conn)
                 result = step(tx)
                 if tx.woken:
                     self._traits.notify(conn, self._channel, sorted(tx.woken))
         if tx.woken:
             self._signals.bump(tx.woken)
         return result
+
+    def _tx(self, conn: Connection) -> Tx:
+        return Tx(conn, self._models, self._traits, self._now, prepared=self._prepared)
 
     def _now(self, conn: Connection) -> datetime:
         """THE time source: the injected clock if any, else the database server's clock."""

@@ -70,8 +70,8 @@ def _blocked_children(tx: Tx, parent_ids: list[str]) -> dict[str, tuple[str, boo
     stmt = _blocked_children_of(tx.models, tx.traits)
     found: dict[str, tuple[str, bool]] = {}
     for part in chunks(parent_ids):
-        for row in tx.conn.execute(stmt, {"p_parents": part}):
-            found[row.id] = (row.queue, bool(row.ignore_parent_failure))
+        for row in tx.fetch(stmt, {"p_parents": part}):
+            found[row["id"]] = (row["queue"], bool(row["ignore_parent_failure"]))
     return found
 
 

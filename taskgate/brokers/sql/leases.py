@@ -8,6 +8,7 @@ for each other and never take the same task twice.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,7 +57,7 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
     """Lease up to ``limit`` due tasks of ``queue``, oldest due first."""
     now = tx.now
     if tx.traits.update_returning:
-        rows = list(tx.conn.execute(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now)))
+        rows = tx.fetch(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now))
         snapshots = [snapshot(row) for row in sorted(rows, key=due_order)]
     else:
         snapshots = _lock_and_mark_running(tx, queue, limit)
@@ -68,7 +69,7 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
         {"task_id": task.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
         for task, token in zip(snapshots, tokens, strict=True)
     ]
-    tx.conn.execute(plain_insert(table_of(tx.models.lease)), leases)
+    tx.write_many(plain_insert(table_of(tx.models.lease)), leases)
     return [
         Lease(task=task, token=token, expires_at=expires_at)
         for task, token in zip(snapshots, tokens, strict=True)
@@ -114,8 +115,8 @@ def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta)
     now = tx.now
     expires_at = now + lease_ttl
     params = {**claim_params(queue, limit, now), "p_expires_at": expires_at}
-    rows = sorted(tx.conn.execute(_one_statement_claim(tx.models, tx.traits), params), key=due_order)
-    return [Lease(task=snapshot(row), token=row.lease_token, expires_at=expires_at) for row in rows]
+    rows = sorted(tx.fetch(_one_statement_claim(tx.models, tx.traits), params), key=due_order)
+    return [Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at) for row in rows]
 
 
 def claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:
@@ -183,8 +184,8 @@ def one_statement_claim_parts(models: Models, traits: Traits, limit: ColumnEleme
     return claimed, new_leases
 
 
-def due_order(row: Row[Any]) -> tuple[Any, str]:
-    return (row.run_at, row.id)
+def due_order(row: Mapping[str, Any]) -> tuple[Any, str]:
+    return (row["run_at"], row["id"])
 
 
 def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:

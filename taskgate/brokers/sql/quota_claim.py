@@ -53,12 +53,12 @@ def claim_within_quota_in_one_statement(
         "p_start": start,
         "p_quota_limit": quota_limit,
     }
-    rows = list(tx.conn.execute(_statement(tx.models, tx.traits), params))
+    rows = tx.fetch(_statement(tx.models, tx.traits), params)
     if not rows:
         return None
-    left = max(0, quota_limit - int(rows[0].quota_used))
-    claimed = sorted((row for row in rows if row.id is not None), key=due_order)
-    leases = [Lease(task=snapshot(row), token=row.lease_token, expires_at=expires_at) for row in claimed]
+    left = max(0, quota_limit - int(rows[0]["quota_used"]))
+    claimed = sorted((row for row in rows if row["id"] is not None), key=due_order)
+    leases = [Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at) for row in claimed]
     grant = QuotaGrant(key=key, window_start=start, window_end=end, granted=len(leases), limit=quota_limit)
     return QuotaClaim(leases=leases, grant=grant, exhausted=left == 0)
 

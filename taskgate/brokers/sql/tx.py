@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Table
+from sqlalchemy.sql.base import Executable
 
 from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.prepared import PreparedCache
 from taskgate.models import Models
 
 __all__ = ["Tx", "table_of"]
@@ -30,6 +32,8 @@ class Tx:
     clock: Callable[[Connection], datetime]
     value_limit: int | None = None
     woken: set[str] = field(default_factory=set)
+    # The broker's prepared statements (`taskgate.brokers.sql.prepared`); None: none prepared.
+    prepared: PreparedCache | None = None
     _now: datetime | None = None
 
     @property
@@ -38,6 +42,33 @@ class Tx:
         if self._now is None:
             self._now = self.clock(self.conn)
         return self._now
+
+    # The hot statements (built once per schema) go through these three: prepared when the
+    # broker keeps prepared statements and the statement can be, through SQLAlchemy otherwise.
+
+    def fetch(self, statement: Executable, params: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        """The rows ``statement`` returns, as mappings of column key -> value."""
+        prepared = None if self.prepared is None else self.prepared.get(statement, self.conn.dialect)
+        if prepared is None:
+            return cast(Sequence[Mapping[str, Any]], self.conn.execute(statement, params).mappings().all())
+        return prepared.rows(self.conn, params)
+
+    def write(self, statement: Executable, params: Mapping[str, Any]) -> int:
+        """Execute a statement returning no rows; the number of rows it matched."""
+        prepared = None if self.prepared is None else self.prepared.get(statement, self.conn.dialect)
+        if prepared is None:
+            return int(self.conn.execute(statement, params).rowcount)
+        return prepared.run(self.conn, params)
+
+    def write_many(self, statement: Executable, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Execute ``statement`` once per parameter set in ``rows`` (one driver call)."""
+        if not rows:
+            return
+        prepared = None if self.prepared is None else self.prepared.get(statement, self.conn.dialect)
+        if prepared is None:
+            self.conn.execute(statement, list(rows))
+        else:
+            prepared.run_many(self.conn, rows)
 
 
 def table_of(model: Any) -> Table:
