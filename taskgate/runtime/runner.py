@@ -29,7 +29,7 @@ from taskgate.runtime.limits import DistributedLimits, Limits, LocalLimits, Slot
 from taskgate.runtime.outcome import StopReason
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.scheduler import QueueScheduler
-from taskgate.runtime.signals import TaskWaiters
+from taskgate.runtime.signals import Signal, TaskWaiters
 from taskgate.runtime.wakeups import reap_forever, wait_for_work_forever
 from taskgate.task import Status, Task
 
@@ -62,6 +62,7 @@ class Runtime:
         self.waiters = TaskWaiters()
         self.hooks = HookDispatcher(config.on_state_change)
         self.schedulers: dict[str, QueueScheduler] = {}
+        self.queue_idle = Signal()  # a scheduler's claim came back short, or a queue was added
         self.active: dict[str, RunContext] = {}
         self.keeper = LeaseKeeper()
         self.closing = False
@@ -148,6 +149,9 @@ class Runtime:
             self._running = False
             self.schedulers = {}
             self._work_group = self._executor_ref = None
+            # Also when cancelled: a `shutdown` waiting for the work to finish gracefully must
+            # not wait for tasks that the same cancellation ended (a gate block past its deadline).
+            self._work_done.set()
             self._stopped.set()
 
     async def _run(self, task_status: TaskStatus[None]) -> None:
@@ -189,7 +193,9 @@ class Runtime:
             acks=acks,
         )
         acks.on_written = lambda: scheduler.wake(new_work=False)  # a backlog may have held claims
+        scheduler.on_idle = self.queue_idle.fire
         self.schedulers[name] = scheduler
+        self.queue_idle.fire()
 
         async def start(lease: Lease, slot: Slot, claimed_at: float, lane: Lane) -> None:
             await self._execute(executor, scheduler, lease, slot, claimed_at, lane)

@@ -81,6 +81,16 @@ class QueueScheduler:
         # scheduler knows nothing yet: it asks first.
         self._idle = True
         self._metered = conf.rps > 0 or conf.has_quota
+        self.on_idle: Callable[[], None] = lambda: None  # called when a claim comes back short
+
+    @property
+    def idle(self) -> bool:
+        """The last claim found less than it asked for (or none was made yet).
+
+        Only an idle queue waits for news of work; a busy one claims again by itself as soon
+        as a worker is free.
+        """
+        return self._idle
 
     def stop(self) -> None:
         """Stop claiming; the loop ends at its next check."""
@@ -158,6 +168,7 @@ class QueueScheduler:
             await anyio.lowlevel.checkpoint()
         self._idle = len(leases) < len(slots)
         if self._idle:
+            self.on_idle()
             await self.limits.flush()  # slots freed meanwhile must not wait out the poll
             await self.signal.wait(self._poll)
 

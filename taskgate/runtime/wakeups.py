@@ -35,16 +35,24 @@ async def reap_forever(runtime: Runtime, interval: float) -> None:
 async def wait_for_work_forever(runtime: Runtime, poll_interval: float) -> None:
     """Block in a thread on ``broker.wait_for_work`` and wake the schedulers when it answers.
 
-    Runs on its own one-thread limiter, so it never takes a broker-call thread. A wake that
-    came after blocking (a notification from another process) is passed on at once; a broker
-    answering "work is due" without blocking means the schedulers have not claimed it yet or
-    are busy with a backlog, so the loop pauses, doubling the pause up to ``poll_interval``
-    while the answers stay immediate, rather than spin.
+    Runs on its own one-thread limiter, so it never takes a broker-call thread. It asks only
+    for idle queues (their last claim came back short): a queue working off a backlog claims
+    again by itself whenever a worker frees, so while no queue is idle the loop waits for one
+    to become idle instead of asking the broker -- a question per few milliseconds, in a
+    thread that takes the GIL from the event loop, is what a busy gate can least afford.
+
+    A wake that came after blocking (a notification from another process) is passed on at
+    once; a broker answering "work is due" without blocking means the schedulers have not
+    claimed it yet, so the loop pauses, doubling the pause up to ``poll_interval`` while the
+    answers stay immediate, rather than spin.
     """
     limiter = anyio.CapacityLimiter(1)
     pause = FIRST_PAUSE
     while True:
-        queues = sorted(runtime.schedulers)
+        queues = sorted(name for name, scheduler in runtime.schedulers.items() if scheduler.idle)
+        if not queues:
+            await runtime.queue_idle.wait(poll_interval)
+            continue
         asked = anyio.current_time()
         try:
             woke = await anyio.to_thread.run_sync(

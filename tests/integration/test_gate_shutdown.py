@@ -136,3 +136,25 @@ async def test_a_run_cancelled_during_a_claim_puts_the_claimed_tasks_back(gate_b
     task = await gate.get(task_id)
     # The claim finished after the runtime was cancelled: its lease must not be stranded.
     assert (task.status, task.claims, task.attempts, task.lease_lost) == (Status.PENDING, 1, 0, 0)
+
+
+async def test_a_gate_whose_block_times_out_shuts_down_instead_of_hanging(gate_broker):
+    """The deadline that ended the block also cancels the gate's own tasks: shutdown must not
+    wait for a graceful finish that those cancelled tasks will never report."""
+    gate = make_gate(gate_broker)
+    started = anyio.Event()
+
+    @gate.handler("q")
+    async def forever(task: Task) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    with anyio.fail_after(GUARD):  # the guard: a hang fails here instead of stalling the run
+        with anyio.move_on_after(GUARD / 3) as block:
+            async with gate:
+                task_id = await gate.submit("q")
+                await started.wait()
+                block.deadline = anyio.current_time()  # the block's own deadline passes now
+                await anyio.sleep_forever()
+    assert block.cancelled_caught
+    assert (await gate.get(task_id)).status is Status.PENDING  # put back, as at any shutdown
