@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import (
     Boolean,
     Column,
+    DateTime,
     Engine,
     Integer,
     MetaData,
@@ -25,7 +26,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.brokers.sql.prepared import Prepared, PreparedCache
@@ -157,4 +158,35 @@ def test_a_connection_that_died_is_invalidated_and_the_pool_recovers(postgresql_
     finally:
         metadata.drop_all(engine)
         admin.dispose()
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        T0,
+        datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC),  # no microseconds: still written as .000000
+        datetime(999, 1, 2, 3, 4, 5, 6, tzinfo=UTC),  # a year below 1000: still four digits
+        T0.astimezone(timezone(timedelta(hours=-7))),  # another zone: stored as the UTC instant
+    ],
+)
+def test_sqlite_times_are_stored_as_sqlalchemys_datetime_text_and_read_back_aware(
+    moment: datetime, tmp_path: Path
+) -> None:
+    """UTCDateTime's own SQLite conversion writes exactly the text SQLAlchemy's DATETIME writes
+    (so old and new rows compare and sort alike) and reads it back as aware UTC."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'times.db'}")
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.execute(insert(things), [{"id": "x", "at": moment}])
+            stored = conn.execute(text("SELECT at FROM taskgate_test_things")).scalar_one()
+            read = conn.execute(select(things.c.at)).scalar_one()
+        plain = DateTime().dialect_impl(engine.dialect).bind_processor(engine.dialect)
+        assert plain is not None
+        assert stored == plain(moment.astimezone(UTC).replace(tzinfo=None))
+        assert read == moment and read.tzinfo is UTC
+        with pytest.raises(StatementError, match="timezone-aware"), engine.begin() as conn:
+            conn.execute(insert(things), [{"id": "naive", "at": datetime(2026, 12, 1)}])
+    finally:
         engine.dispose()
