@@ -263,11 +263,11 @@ def _insert(tx: Tx, rows: list[dict[str, Any]], items: Sequence[NewTask]) -> Non
         {"business_key": i.business_key, "execution_id": i.id} for i in items if i.business_key is not None
     ]
     try:
-        tx.traits.insert_rows(tx.conn, table_of(m.task), rows)
+        tx.traits.insert_rows(tx, table_of(m.task), rows)
         if edges:
-            tx.traits.insert_rows(tx.conn, table_of(m.dependency), edges)
+            tx.traits.insert_rows(tx, table_of(m.dependency), edges)
         if keys:
-            tx.traits.insert_rows(tx.conn, table_of(m.business_key), keys)
+            tx.traits.insert_rows(tx, table_of(m.business_key), keys)
     except IntegrityError as exc:
         raise Conflict(f"a task id or business key was taken concurrently: {exc.orig}") from exc
     tx.woken.update(row["queue"] for row in rows if row["ready"])

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, String, Table, any_, bindparam, cast, func, insert, select, text, true
 from sqlalchemy.dialects import postgresql
@@ -26,6 +26,9 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from taskgate.clock import utc
 from taskgate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from taskgate.brokers.sql.tx import Tx
 
 __all__ = ["MySQLTraits", "PostgreSQLTraits", "SQLiteTraits", "Traits", "plain_insert", "traits_for"]
 
@@ -91,9 +94,10 @@ class Traits:
         """
         return None
 
-    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-        """INSERT ``rows`` (all with the keys of the first) in as few round trips as the driver allows."""
-        conn.execute(plain_insert(table), list(rows))
+    def insert_rows(self, tx: Tx, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """INSERT ``rows`` (each with every column of ``table``) in as few round trips as the
+        driver allows."""
+        tx.write_many(plain_insert(table), rows)
 
     def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
         """``column`` is one of the strings in the list passed as parameter ``name``.
@@ -164,18 +168,18 @@ class PostgreSQLTraits(Traits):
         read when it commits; the next commit that waits flushes this one's WAL too."""
         return select(func.set_config("synchronous_commit", "off", true())).scalar_subquery()
 
-    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    def insert_rows(self, tx: Tx, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """``COPY … FROM STDIN`` for a batch: the server ingests rows without parsing an INSERT each.
 
         psycopg's errors come out as SQLAlchemy's (`IntegrityError` for a taken key, and so on),
         like those of every other statement, so callers and retries need not know about COPY.
         """
-        if len(rows) < self._COPY_FROM or conn.dialect.driver != "psycopg":
-            super().insert_rows(conn, table, rows)
+        if len(rows) < self._COPY_FROM or tx.conn.dialect.driver != "psycopg":
+            super().insert_rows(tx, table, rows)
             return
         from taskgate.brokers.sql.pg_copy import copy_rows  # psycopg is an optional dependency
 
-        copy_rows(conn, table, rows)
+        copy_rows(tx.conn, table, rows)
 
     def unnest(self, name: str, **columns: tuple[str, TypeEngine[Any]]) -> TableValuedAlias:
         """``unnest(array, array, …) AS name(column, …)`` over typed array parameters."""
