@@ -77,7 +77,7 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> Task | 
     params = {f"p_{name}": value for name, value in row.items()}
     params["p_channel"] = channel
     try:
-        tx.conn.execute(_insert_and_notify(tx.models), params).all()
+        tx.fetch(_insert_and_notify(tx.models), params)
     except IntegrityError:
         return None
     tx.woken.add(item.queue)
