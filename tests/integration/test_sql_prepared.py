@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -190,3 +191,11 @@ def test_sqlite_times_are_stored_as_sqlalchemys_datetime_text_and_read_back_awar
             conn.execute(insert(things), [{"id": "naive", "at": datetime(2026, 12, 1)}])
     finally:
         engine.dispose()
+
+
+def test_statement_logging_sees_prepared_statements(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    prepared = _prepared(FLAGGED, engine)
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"), engine.connect() as conn:
+        rows = prepared.rows(conn, {"p_min": 2})
+    assert [r["id"] for r in rows] == ["c"]
+    assert any(record.getMessage() == prepared.sql for record in caplog.records)

@@ -11,7 +11,8 @@ in and out. Running it costs one cursor call plus those processors.
 It runs inside the SQLAlchemy transaction of the `Tx` (same DBAPI connection), raises what
 SQLAlchemy would raise (``DBAPIError`` subclasses, a dead connection invalidated), and steps
 aside for ``Connection.exec_driver_sql`` -- the same SQL and parameters -- whenever someone
-listens to the engine's cursor events, so tracing and statement logging see every statement.
+listens to the engine's cursor events or logs its statements, so tracing and statement
+logging see every statement.
 
 Statements whose SQL depends on the parameters (expanding ``IN``, literal-rendered values)
 cannot be prepared; `Prepared.of` answers None for them and the caller executes normally.
@@ -177,5 +178,7 @@ class PreparedCache:
 
 
 def _traced(conn: Connection) -> bool:
+    """Whether SQLAlchemy must see the statement: cursor-event listeners, or statement logging
+    (``echo``, or the ``sqlalchemy.engine`` logger at INFO: the connection's own flag for it)."""
     dispatch = conn.dispatch
-    return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
+    return conn._echo or bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
