@@ -137,6 +137,9 @@ def test_a_statement_whose_sql_depends_on_its_parameters_is_left_to_sqlalchemy(e
     cache = PreparedCache()
     assert cache.get(expanding, engine.dialect) is None
     assert cache.get(FLAGGED, engine.dialect) is cache.get(FLAGGED, engine.dialect)  # compiled once
+    for n in range(PreparedCache.MAX_ENTRIES + 10):  # statements built per call: bounded
+        cache.get(select(things).where(things.c.n == n), engine.dialect)
+    assert len(cache) <= PreparedCache.MAX_ENTRIES
 
 
 def test_a_connection_that_died_is_invalidated_and_the_pool_recovers(postgresql_url: str) -> None:

@@ -160,17 +160,26 @@ class Prepared:
 class PreparedCache:
     """The `Prepared` form of each statement a broker runs hot, per dialect, built on first use.
 
-    Keyed by statement identity: the hot statements are themselves built once per schema.
+    Keyed by statement identity: the hot statements are themselves built once per schema. A
+    statement built per call would never be found again; the cache starts over past
+    `MAX_ENTRIES` rather than grow with such statements.
     """
+
+    MAX_ENTRIES = 256
 
     def __init__(self) -> None:
         self._by_id: dict[tuple[int, int], tuple[Executable, Dialect, Prepared | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
 
     def get(self, statement: Executable, dialect: Dialect) -> Prepared | None:
         """``statement`` prepared for ``dialect`` (None: run it through SQLAlchemy)."""
         key = (id(statement), id(dialect))
         found = self._by_id.get(key)
         if found is None:
+            if len(self._by_id) >= self.MAX_ENTRIES:
+                self._by_id.clear()
             # The entry keeps the statement and dialect alive, so their ids stay theirs.
             found = (statement, dialect, Prepared.of(statement, dialect))
             self._by_id[key] = found
