@@ -81,12 +81,12 @@ def _lock_and_mark_running(tx: Tx, queue: str, limit: int) -> list[Task]:
     the snapshots from the locked values plus what the update wrote -- two statements."""
     lock_due, mark_running = _lock_then_mark(tx.models, tx.traits)
     now = tx.now
-    rows = tx.conn.execute(lock_due, claim_params(queue, limit, now)).all()
+    rows = tx.fetch(lock_due, claim_params(queue, limit, now))
     if not rows:
         return []
-    tx.conn.execute(mark_running, {"p_ids": [row.id for row in rows], "p_now": now})
+    tx.write(mark_running, {"p_ids": [row["id"] for row in rows], "p_now": now})
     running = {**status_values(Status.RUNNING), "started_at": now}
-    return [snapshot(row, {**running, "claims": row.claims + 1}) for row in rows]
+    return [snapshot(row, {**running, "claims": row["claims"] + 1}) for row in rows]
 
 
 @functools.lru_cache(maxsize=32)
