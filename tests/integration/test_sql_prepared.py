@@ -29,8 +29,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 
+from taskgate.brokers.sql.dialects import traits_for
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.brokers.sql.prepared import Prepared, PreparedCache
+from taskgate.brokers.sql.tx import Tx
+from taskgate.models import models_for
 from taskgate.models.types import Blob, UTCDateTime
 
 metadata = MetaData()
@@ -202,3 +205,34 @@ def test_statement_logging_sees_prepared_statements(engine: Engine, caplog: pyte
         rows = prepared.rows(conn, {"p_min": 2})
     assert [r["id"] for r in rows] == ["c"]
     assert any(record.getMessage() == prepared.sql for record in caplog.records)
+
+
+def test_a_connection_translating_schemas_runs_the_translated_statement(tmp_path: Path) -> None:
+    """The SQL compiled once names no schema; with a ``schema_translate_map`` the transition's
+    statements are compiled per execution, so they reach the translated tables."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'main.db'}")
+    event.listen(
+        engine, "connect", lambda dbapi, _: dbapi.execute(f"ATTACH '{tmp_path / 'other.db'}' AS other")
+    )
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.execute(insert(things), ROWS)
+        translated = engine.execution_options(schema_translate_map={None: "other"})
+        metadata.create_all(translated)
+        with translated.begin() as conn:
+            conn.execute(insert(things), [{**ROWS[2], "id": "in-other"}])
+        with translated.connect() as conn:
+            tx = Tx(
+                conn, models_for("taskgate_"), traits_for("sqlite"), lambda _: T0, prepared=PreparedCache()
+            )
+            assert [row["id"] for row in tx.fetch(FLAGGED, {"p_min": 0})] == ["in-other"]
+            assert len(tx.prepared or ()) == 0  # nothing was compiled once for this connection
+        with engine.connect() as conn:
+            tx = Tx(
+                conn, models_for("taskgate_"), traits_for("sqlite"), lambda _: T0, prepared=PreparedCache()
+            )
+            assert [row["id"] for row in tx.fetch(FLAGGED, {"p_min": 0})] == ["a", "c"]
+            assert len(tx.prepared or ()) == 1
+    finally:
+        engine.dispose()

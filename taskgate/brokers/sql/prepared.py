@@ -30,7 +30,7 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-__all__ = ["Prepared", "PreparedCache"]
+__all__ = ["Prepared", "PreparedCache", "preparable"]
 
 Processor = Callable[[Any], Any]
 # (name the driver sees, parameter key or None for a constant, the constant, its processor)
@@ -155,6 +155,12 @@ class Prepared:
             dialect=self._dialect,
         )
         return cast(DBAPIError, error)
+
+
+def preparable(conn: Connection) -> bool:
+    """False when statements on ``conn`` must be compiled per execution: a
+    ``schema_translate_map`` renames the schemas the SQL compiled once would name."""
+    return "schema_translate_map" not in conn.get_execution_options()
 
 
 class PreparedCache:

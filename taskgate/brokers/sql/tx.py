@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.sql.base import Executable
 
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.prepared import PreparedCache
+from taskgate.brokers.sql.prepared import Prepared, PreparedCache, preparable
 from taskgate.models import Models
 
 __all__ = ["Tx", "table_of"]
@@ -46,16 +46,21 @@ class Tx:
     # The hot statements (built once per schema) go through these three: prepared when the
     # broker keeps prepared statements and the statement can be, through SQLAlchemy otherwise.
 
+    def _prepared(self, statement: Executable) -> Prepared | None:
+        if self.prepared is None or not preparable(self.conn):
+            return None
+        return self.prepared.get(statement, self.conn.dialect)
+
     def fetch(self, statement: Executable, params: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
         """The rows ``statement`` returns, as mappings of column key -> value."""
-        prepared = None if self.prepared is None else self.prepared.get(statement, self.conn.dialect)
+        prepared = self._prepared(statement)
         if prepared is None:
             return cast(Sequence[Mapping[str, Any]], self.conn.execute(statement, params).mappings().all())
         return prepared.rows(self.conn, params)
 
     def write(self, statement: Executable, params: Mapping[str, Any]) -> int:
         """Execute a statement returning no rows; the number of rows it matched."""
-        prepared = None if self.prepared is None else self.prepared.get(statement, self.conn.dialect)
+        prepared = self._prepared(statement)
         if prepared is None:
             return int(self.conn.execute(statement, params).rowcount)
         return prepared.run(self.conn, params)
@@ -64,7 +69,7 @@ class Tx:
         """Execute ``statement`` once per parameter set in ``rows`` (one driver call)."""
         if not rows:
             return
-        prepared = None if self.prepared is None else self.prepared.get(statement, self.conn.dialect)
+        prepared = self._prepared(statement)
         if prepared is None:
             self.conn.execute(statement, list(rows))
         else:
