@@ -122,13 +122,13 @@ def claim_then_count(
     at_window = {"p_key": key, "p_start": start}
     if claimed:
         params = {**at_window, "p_count": len(claimed), "p_quota_limit": quota_limit}
-        if tx.conn.execute(add_if_it_fits, params).rowcount != 1:
+        if tx.write(add_if_it_fits, params) != 1:
             raise ShortWindow
         exhausted = False
     else:
-        used = tx.conn.execute(read_used, at_window).scalar()
-        if used is None:
+        rows = tx.fetch(read_used, at_window)
+        if not rows:
             raise ShortWindow  # no row: whether the window is forgotten is the careful path's call
-        exhausted = int(used) >= quota_limit
+        exhausted = int(rows[0]["used"]) >= quota_limit
     grant = QuotaGrant(key=key, window_start=start, window_end=end, granted=len(claimed), limit=quota_limit)
     return QuotaClaim(leases=claimed, grant=grant, exhausted=exhausted)
