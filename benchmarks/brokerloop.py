@@ -1,9 +1,11 @@
 """The broker alone, no runtime: ``claim(k=10)`` then ``ack_many`` of those 10, in one thread.
 
-``python -m benchmarks.brokerloop --backend pg -n 3000`` prints tasks/s, the mean time of a
-claim and of an ``ack_many``, and on SQL the mean time of each kind of statement (the
-first words of its text) between SQLAlchemy's before/after cursor events -- where a
-transition spends its round trips. The gap between this and ``process.w10`` is the runtime's.
+``python -m benchmarks.brokerloop --backend pg -n 3000`` prints tasks/s and the mean time of a
+claim and of an ``ack_many``. With ``--statements``, on SQL, also the mean time of each kind of
+statement (the first words of its text) between SQLAlchemy's before/after cursor events --
+where a transition spends its round trips; listening to those events sends the prepared
+statements through SQLAlchemy's own execution, so the loop itself runs slower then. The gap
+between this and ``process.w10`` is the runtime's.
 """
 
 from __future__ import annotations
