@@ -63,7 +63,9 @@ class Runtime:
         self.hooks = HookDispatcher(config.on_state_change)
         self.schedulers: dict[str, QueueScheduler] = {}
         self.queue_idle = Signal()  # a scheduler's claim came back short, or a queue was added
-        self.active: dict[str, RunContext] = {}
+        # Running contexts by (task id, claims): a reaped claim may still be running here when
+        # the task it lost has already been claimed and run again in this process.
+        self.active: dict[tuple[str, int], RunContext] = {}
         self.keeper = LeaseKeeper()
         self.closing = False
         self._calls: BrokerCalls | None = None
@@ -297,7 +299,8 @@ class Runtime:
             lease_deadline=claimed_at + conf.lease.total_seconds(),
             free_slot=free_slot,
         )
-        self.active[lease.task.id] = ctx
+        key = (lease.task.id, lease.task.claims)
+        self.active[key] = ctx
         if self._grace_over:
             ctx.stop(StopReason.SHUTDOWN)  # claimed after shutdown's grace ran out: put it back
         try:
@@ -305,8 +308,8 @@ class Runtime:
                 await self.hooks.emit((lease.task,))  # running: nothing to wake, only the hook to call
             await executor.run(ctx, lane, auto_heartbeat=not conf.manual_heartbeat)
         finally:
-            if self.active.get(lease.task.id) is ctx:
-                del self.active[lease.task.id]
+            if self.active.get(key) is ctx:
+                del self.active[key]
             ctx.release_slot()  # in case the executor never got that far (once only)
 
     async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
@@ -321,15 +324,15 @@ class Runtime:
 
     def cancel_local(self, task: Task) -> None:
         """Cancel the handler of ``task`` at once when it runs in this process."""
-        ctx = self.active.get(task.id)
+        ctx = self.active.get((task.id, task.claims))
         if ctx is not None and task.status is Status.RUNNING:
             ctx.stop(StopReason.CANCELED)
 
     def lost_leases(self, reaped: Iterable[Task]) -> None:
         """Stop local handlers whose leases the reaper just took back (same claim only)."""
         for task in reaped:
-            ctx = self.active.get(task.id)
-            if ctx is not None and ctx.task.claims == task.claims:
+            ctx = self.active.get((task.id, task.claims))
+            if ctx is not None:
                 ctx.stop(StopReason.LEASE_LOST)
 
     async def reap_once(self) -> list[Task]:

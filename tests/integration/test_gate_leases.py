@@ -148,6 +148,54 @@ async def test_the_reaper_takes_back_an_expired_lease_and_it_runs_again(gate_bro
     assert (task.lease_lost, task.claims, task.attempts) == (1, 2, 0)
 
 
+class ReapAnsweredLate(Faulty):
+    """``reap`` answers only after the test says so (a slow reaper round trip): meanwhile the
+    task it put back can be claimed and run again in this very process."""
+
+    def __init__(self, inner: Any) -> None:
+        # reap blocks its thread: no call of this wrapper may run on the event loop.
+        super().__init__(
+            inner, dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
+        )
+        self.answer = threading.Event()
+
+    def reap(self, **options: Any) -> list[Task]:
+        reaped = self._inner.reap(**options)
+        if reaped:
+            assert self.answer.wait(GUARD), "the test never let reap answer"
+        return reaped
+
+
+async def test_a_reaped_handler_is_stopped_even_when_its_task_ran_again_here_first(gate_broker, clock):
+    """The same task twice in one process (the reaped claim still running, the new one done):
+    the reaper's answer must stop the old claim's handler, not look for the new one."""
+    broker = ReapAnsweredLate(gate_broker)
+    gate = make_gate(broker, MANUAL, reap_interval=0.02)
+    first_started, first_stopped = anyio.Event(), anyio.Event()
+
+    @gate.handler("q")
+    async def hangs_once(task: Task) -> str:
+        if task.claims > 1:
+            broker.answer.set()  # run again before the reaper's answer came back
+            return "recovered"
+        first_started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            first_stopped.set()
+
+    async with gate:
+        task_id = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await first_started.wait()
+        clock.advance(timedelta(seconds=61))
+        assert await gate.wait(task_id, timeout=GUARD) == b'"recovered"'
+        with anyio.fail_after(GUARD):
+            await first_stopped.wait()
+    task = await gate.get(task_id)
+    assert (task.status, task.lease_lost, task.claims) == (Status.COMPLETED, 1, 2)
+
+
 async def test_a_worker_that_cannot_heartbeat_fences_itself_before_its_lease_ends(gate_broker):
     broker = Faulty(gate_broker)
     broker.failing["heartbeat"] = BrokerError("connection is half-open")
