@@ -122,13 +122,15 @@ async def test_renew_lease_sync_works_in_a_thread_handler(gate_broker):
         assert await gate.wait(await gate.submit("q"), timeout=GUARD) == b'"renewed"'
 
 
-async def test_the_reaper_takes_back_an_expired_lease_and_it_runs_again(gate_broker, clock):
-    gate = make_gate(gate_broker, MANUAL, reap_interval=0.02)
+async def _hangs_until_reaped_then_recovers(gate: Any, clock: Any, on_rerun: Any = lambda: None) -> Task:
+    """Run a task whose first claim hangs until its lease is reaped (the manual clock jumps past
+    it) and whose second claim returns; the first copy must be stopped. The task at the end."""
     first_started, first_stopped = anyio.Event(), anyio.Event()
 
     @gate.handler("q")
     async def hangs_once(task: Task) -> str:
         if task.claims > 1:
+            on_rerun()
             return "recovered"
         first_started.set()
         try:
@@ -144,7 +146,11 @@ async def test_the_reaper_takes_back_an_expired_lease_and_it_runs_again(gate_bro
         assert await gate.wait(task_id, timeout=GUARD) == b'"recovered"'
         with anyio.fail_after(GUARD):
             await first_stopped.wait()
-    task = await gate.get(task_id)
+    return await gate.get(task_id)
+
+
+async def test_the_reaper_takes_back_an_expired_lease_and_it_runs_again(gate_broker, clock):
+    task = await _hangs_until_reaped_then_recovers(make_gate(gate_broker, MANUAL, reap_interval=0.02), clock)
     assert (task.lease_lost, task.claims, task.attempts) == (1, 2, 0)
 
 
@@ -171,28 +177,8 @@ async def test_a_reaped_handler_is_stopped_even_when_its_task_ran_again_here_fir
     the reaper's answer must stop the old claim's handler, not look for the new one."""
     broker = ReapAnsweredLate(gate_broker)
     gate = make_gate(broker, MANUAL, reap_interval=0.02)
-    first_started, first_stopped = anyio.Event(), anyio.Event()
-
-    @gate.handler("q")
-    async def hangs_once(task: Task) -> str:
-        if task.claims > 1:
-            broker.answer.set()  # run again before the reaper's answer came back
-            return "recovered"
-        first_started.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            first_stopped.set()
-
-    async with gate:
-        task_id = await gate.submit("q")
-        with anyio.fail_after(GUARD):
-            await first_started.wait()
-        clock.advance(timedelta(seconds=61))
-        assert await gate.wait(task_id, timeout=GUARD) == b'"recovered"'
-        with anyio.fail_after(GUARD):
-            await first_stopped.wait()
-    task = await gate.get(task_id)
+    # The second run lets the reaper answer: it ran before the answer came back.
+    task = await _hangs_until_reaped_then_recovers(gate, clock, on_rerun=broker.answer.set)
     assert (task.status, task.lease_lost, task.claims) == (Status.COMPLETED, 1, 2)
 
 
