@@ -17,7 +17,7 @@ from sqlalchemy import Select, String, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import NewTask, Unset
-from taskgate.brokers.sql.dialects import Traits, plain_insert
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
@@ -277,9 +277,9 @@ def _insert_replay(tx: Tx, row: dict[str, Any], old: Task) -> None:
     m = tx.models
     edges = [{"child_id": row["id"], "position": n, "parent_id": p} for n, p in enumerate(old.depends_on)]
     try:
-        tx.conn.execute(plain_insert(table_of(m.task)), [row])
+        tx.traits.insert_rows(tx, table_of(m.task), [row])
         if edges:
-            tx.conn.execute(plain_insert(table_of(m.dependency)), edges)
+            tx.traits.insert_rows(tx, table_of(m.dependency), edges)
     except IntegrityError as exc:
         raise Conflict(f"execution {old.id} was replayed concurrently: {exc.orig}") from exc
     if old.business_key is not None:
