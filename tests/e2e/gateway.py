@@ -172,6 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
     """Answers one request as the gateway's switches say."""
 
     state: _State  # set on the per-gateway subclass
+    _in_flight = False  # this request counts in the gateway's in_flight
     server_version = "MockGateway/1.0"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -184,6 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self._read_json()
         outcome = self.state.arrive(str(body.get("tag", "")))
+        self._in_flight = True
         try:
             self._answer(outcome, body)
         except OSError:
@@ -192,6 +194,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.note("gone", 1)
             self.close_connection = True
         finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        """The request stops counting as in flight (once). Called before the answer's last
+        bytes go out: a client that has its whole answer may send its next request at once,
+        and that one must not find this one still counted."""
+        if self._in_flight:
+            self._in_flight = False
             self.state.leave()
 
     def _read_json(self) -> dict[str, Any]:
@@ -230,11 +240,13 @@ class _Handler(BaseHTTPRequestHandler):
         # connection die without any answer, as when a gateway process crashes.
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.close_connection = True
+        self._leave()
         self.connection.close()
 
     def _send_busy(self) -> None:
         if self.path == "/v1/stream":
             self._start_stream()
+            self._leave()
             self.wfile.write(b": keep-alive\n\n" + _sse_event(BUSY_ERROR))
         else:
             self._send_json(200, BUSY_ERROR)
@@ -243,6 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._start_stream()
         for word in prompt.split():
             self.wfile.write(_sse_event({"delta": word.upper() + " "}))
+        self._leave()
         self.wfile.write(_sse_event("[DONE]"))
 
     def _start_stream(self) -> None:
@@ -257,6 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
+        self._leave()
         self.wfile.write(raw)
 
 
