@@ -127,3 +127,20 @@ async def test_an_item_handed_to_a_worker_cancelled_at_that_moment_is_no_longer_
         assert feed.in_transit == 1
         tg.cancel_scope.cancel()
     assert feed.in_transit == 0 and got + feed.drain() == [7]
+
+
+async def test_a_parked_worker_cancelled_then_handed_an_item_before_it_resumes_gives_it_back():
+    feed: Feed[int] = Feed()
+    scope = anyio.CancelScope()
+
+    async def worker() -> None:
+        with scope:
+            await feed.get()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        await _settle()
+        scope.cancel()  # the worker is woken by its cancellation but has not run yet ...
+        feed.put(7)  # ... so it is still parked when the item is handed to it
+        await _settle()
+    assert feed.in_transit == 0 and feed.parked == 0 and feed.drain() == [7]
