@@ -27,7 +27,7 @@ import anyio
 from taskgate.errors import BrokerError, LeaseLostError, TaskCanceledError
 from taskgate.runtime.context import FENCE_MARGIN, RunContext
 from taskgate.runtime.outcome import StopReason
-from taskgate.runtime.signals import Signal
+from taskgate.runtime.signals import Alarm
 
 __all__ = ["FENCE_MARGIN", "LeaseKeeper", "fence", "note_fenced"]
 
@@ -47,10 +47,11 @@ class LeaseKeeper:
         self._due: dict[float, OrderedDict[RunContext, float]] = {}
         self._retries: list[tuple[float, int, RunContext]] = []
         self._order = itertools.count()
-        self._wake = Signal()
-        # When the keeper's sleep ends (inf: until woken). Only an earlier due time must wake
-        # it: a context due later is found when it next looks, so adding one costs no wake-up.
-        self._sleeping_until = math.inf
+        # Only an earlier due time moves the keeper's sleep: a context due later is found
+        # when it next looks, so adding one costs nothing. Contexts come and go with every
+        # batch, mostly before their first renewal: bringing the alarm forward, rather than
+        # waking the keeper, keeps it asleep through all of them.
+        self._alarm = Alarm()
 
     def add(self, ctx: RunContext) -> None:
         """Start renewing ``ctx``'s lease, first one interval after it was granted."""
@@ -76,13 +77,11 @@ class LeaseKeeper:
                 for ctx in self._take_due(anyio.current_time()):
                     renewals.start_soon(self._renew, ctx)
                 next_at = self._next_due()
-                self._sleeping_until = math.inf if next_at is None else next_at
-                await self._wake.wait(None if next_at is None else max(0.0, next_at - anyio.current_time()))
-                self._sleeping_until = -math.inf  # awake: it looks at everything before sleeping again
+                # No checkpoint between looking and sleeping: nothing is added unseen.
+                await self._alarm.sleep_until(math.inf if next_at is None else next_at)
 
     def _wake_by(self, at: float) -> None:
-        if at < self._sleeping_until:
-            self._wake.fire()
+        self._alarm.ring_by(at)
 
     def _take_due(self, now: float) -> list[RunContext]:
         due: list[RunContext] = []

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import anyio
 
-__all__ = ["Signal", "TaskWaiters"]
+__all__ = ["Alarm", "Signal", "TaskWaiters"]
 
 
 class Signal:
@@ -37,6 +37,30 @@ class Signal:
             self._event = None
         fired, self._fired = self._fired, False
         return fired
+
+
+class Alarm:
+    """One sleeper waits until a deadline that others may bring forward without waking it now.
+
+    For a sleeper that only has to be up by some time: bringing its deadline forward moves a
+    timer, where a `Signal` would wake it at once to sleep again with the new deadline.
+    """
+
+    def __init__(self) -> None:
+        self._sleep: anyio.CancelScope | None = None
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` (anyio's clock; ``inf``: until brought forward)."""
+        with anyio.CancelScope(deadline=deadline) as self._sleep:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._sleep = None
+
+    def ring_by(self, at: float) -> None:
+        """End the current sleep no later than ``at`` (no-op while nobody sleeps)."""
+        if self._sleep is not None and at < self._sleep.deadline:
+            self._sleep.deadline = at
 
 
 class TaskWaiters:

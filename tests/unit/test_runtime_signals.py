@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from datetime import UTC, datetime
 
@@ -12,7 +13,7 @@ import pytest
 from taskgate import BrokerError, Status, Task
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.hooks import HookDispatcher
-from taskgate.runtime.signals import Signal, TaskWaiters
+from taskgate.runtime.signals import Alarm, Signal, TaskWaiters
 
 pytestmark = pytest.mark.anyio
 
@@ -33,6 +34,45 @@ async def test_a_fire_during_the_wait_wakes_it():
         tg.start_soon(signal.wait, None)
         await anyio.wait_all_tasks_blocked()
         signal.fire()
+
+
+async def _sleeper(alarm: Alarm, deadline: float, woke: list[float]) -> None:
+    await alarm.sleep_until(deadline)
+    woke.append(anyio.current_time())
+
+
+async def test_an_alarm_brought_forward_ends_the_sleep_without_waking_it_before():
+    alarm, woke = Alarm(), []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_sleeper, alarm, math.inf, woke)
+        await anyio.wait_all_tasks_blocked()
+        alarm.ring_by(anyio.current_time() + 3600)
+        await anyio.wait_all_tasks_blocked()
+        assert woke == []  # brought forward, not woken: it sleeps until then
+        ring_at = anyio.current_time()
+        alarm.ring_by(ring_at)
+    assert len(woke) == 1 and woke[0] >= ring_at
+
+
+async def test_a_later_time_does_not_put_an_alarm_back():
+    alarm, woke = Alarm(), []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_sleeper, alarm, math.inf, woke)
+        await anyio.wait_all_tasks_blocked()
+        alarm.ring_by(anyio.current_time())
+        alarm.ring_by(math.inf)
+    assert len(woke) == 1
+
+
+async def test_bringing_forward_an_alarm_nobody_sleeps_on_changes_no_later_sleep():
+    alarm, woke = Alarm(), []
+    alarm.ring_by(anyio.current_time())
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_sleeper, alarm, math.inf, woke)
+        await anyio.wait_all_tasks_blocked()
+        assert woke == []
+        tg.cancel_scope.cancel()
+    assert woke == []
 
 
 async def test_waiters_are_woken_by_their_task_or_by_everyone():
