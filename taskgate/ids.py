@@ -16,6 +16,7 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [high + low for high in _CROCKFORD for low in _CROCKFORD]  # 10 bits -> two digits
 _SHIFTS = tuple(range(120, -1, -10))
 _RANDOM_SHIFTS = tuple(range(70, -1, -10))  # the last 8 groups: exactly the 80 random bits
+_BLOCK_SHIFTS = tuple(range(60, -1, -10))  # the random part without its last 10 bits
 _RANDOM_BITS = (1 << 80) - 1
 _lock = threading.Lock()
 _last_ms = -1
@@ -39,14 +40,23 @@ def new_id() -> str:
 
 
 def new_ids(n: int) -> list[str]:
-    """``n`` ULIDs in increasing order: one clock read and one random draw for the whole batch."""
+    """``n`` ULIDs in increasing order: one clock read and one random draw for the whole batch.
+
+    Consecutive ids differ in their last two digits, mostly: the 24 digits before those are
+    spelled once per 1,024 ids.
+    """
     ms, first = _reserve(n)
     prefix = _time_digits(ms)
     pairs = _PAIRS
-    return [
-        prefix + "".join([pairs[(rand >> shift) & 1023] for shift in _RANDOM_SHIFTS])
-        for rand in range(first, first + n)
-    ]
+    ids: list[str] = []
+    block = first >> 10
+    while len(ids) < n:
+        head = prefix + "".join([pairs[(block >> shift) & 1023] for shift in _BLOCK_SHIFTS])
+        low = (first & 1023) if not ids else 0
+        high = min(1024, low + n - len(ids))
+        ids.extend([head + pair for pair in pairs[low:high]])
+        block += 1
+    return ids
 
 
 def _reserve(n: int) -> tuple[int, int]:

@@ -37,7 +37,7 @@ from taskgate.brokers.checks import (
     check_timeout,
 )
 from taskgate.brokers.redis.codec import (
-    arrived_task,
+    arrived_tasks,
     enqueue_args,
     from_us,
     lease_from_flat,
@@ -131,8 +131,7 @@ class RedisBroker:
         if not items:
             return []
         created_at, *arrivals = self._run("enqueue", enqueue_args(items))
-        at = from_us(created_at)
-        return [arrived_task(item, at, arrival) for item, arrival in zip(items, arrivals, strict=True)]
+        return arrived_tasks(items, from_us(created_at), arrivals)
 
     def replay(
         self,

@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 from taskgate.brokers.base import Lease, NewTask
 from taskgate.clock import utc
-from taskgate.task import Status, Task, task_from_fields
+from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 
 __all__ = [
-    "arrived_task",
+    "arrived_tasks",
     "enqueue_args",
     "from_us",
     "lease_from_flat",
@@ -81,7 +81,7 @@ def task_from_hash(f: Mapping[str, bytes]) -> Task:
             "type": f["type"].decode(),
             "queue": f["queue"].decode(),
             "payload": f.get("payload"),
-            "status": Status(f["status"].decode()),
+            "status": STATUS_BY_VALUE[f["status"].decode()],
             "created_at": from_us(f["created_at"]),
             "run_at": from_us(f["run_at"]),
             "result": f.get("result"),
@@ -164,9 +164,36 @@ def new_task_args(task: NewTask) -> list[str | bytes | int]:
     ]
 
 
-def arrived_task(item: NewTask, created_at: datetime, arrival: Sequence[bytes]) -> Task:
-    """The snapshot of a task enqueue.lua just stored: ``item`` plus its (status, run_at, error)."""
-    status, run_at, error = Status(arrival[0].decode()), from_us(arrival[1]), arrival[2].decode()
+def arrived_tasks(
+    items: Sequence[NewTask], created_at: datetime, arrivals: Sequence[Sequence[bytes]]
+) -> list[Task]:
+    """The snapshots of the tasks enqueue.lua just stored: each item plus its arrival.
+
+    The tasks of a batch mostly arrive alike (pending, due at the same time): each distinct
+    arrival is decoded once.
+    """
+    decoded: dict[tuple[bytes, ...], _Arrival] = {}
+    tasks = []
+    for item, arrival in zip(items, arrivals, strict=True):
+        key = tuple(arrival)
+        known = decoded.get(key)
+        if known is None:
+            known = decoded[key] = _decode_arrival(arrival, created_at)
+        tasks.append(_arrived_task(item, created_at, known))
+    return tasks
+
+
+# An arrival as enqueue.lua answers it, decoded: (status, run_at, last_error, finished_at).
+_Arrival = tuple[Status, datetime, str | None, datetime | None]
+
+
+def _decode_arrival(arrival: Sequence[bytes], created_at: datetime) -> _Arrival:
+    status = STATUS_BY_VALUE[arrival[0].decode()]
+    return status, from_us(arrival[1]), arrival[2].decode() or None, created_at if status.is_final else None
+
+
+def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Task:
+    status, run_at, error, finished_at = arrival
     return task_from_fields(
         {
             "id": item.id,
@@ -177,7 +204,7 @@ def arrived_task(item: NewTask, created_at: datetime, arrival: Sequence[bytes]) 
             "created_at": created_at,
             "run_at": run_at,
             "result": None,
-            "last_error": error or None,
+            "last_error": error,
             "attempts": 0,
             "max_retry": item.max_retry,
             "throttled": 0,
@@ -188,7 +215,7 @@ def arrived_task(item: NewTask, created_at: datetime, arrival: Sequence[bytes]) 
             "business_key": item.business_key,
             "replay_of": None,
             "started_at": None,
-            "finished_at": created_at if status.is_final else None,
+            "finished_at": finished_at,
             "cancel_requested": False,
         }
     )

@@ -11,7 +11,7 @@ from sqlalchemy import Row, Select, select
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import TaskNotFoundError
 from taskgate.models import Models
-from taskgate.task import Status, Task, task_from_fields
+from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 
 __all__ = [
     "READY",
@@ -91,7 +91,7 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
             "type": values["type"],
             "queue": values["queue"],
             "payload": values["payload"],
-            "status": Status(values["status"]),
+            "status": STATUS_BY_VALUE[values["status"]],
             "created_at": values["created_at"],
             "run_at": values["run_at"],
             "result": values["result"],
