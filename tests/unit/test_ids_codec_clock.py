@@ -55,14 +55,19 @@ def test_the_fast_encoding_is_the_ulid_specs(ms: int, rand: int) -> None:
     assert encode_ulid(ms, rand) == _reference_ulid(ms, rand)
 
 
-@given(st.integers(0, 2**47), st.integers(0, 2**80 - 1_000))
-def test_batch_ids_are_the_ulid_specs_encoding(ms: int, rand: int) -> None:
+@given(
+    st.integers(0, 2**47),
+    st.integers(0, 2**80 - 3_000) | st.sampled_from([1_021, 1_022, 1_023, 2**20 - 2]),
+    st.integers(1, 2_500),
+)
+def test_batch_ids_are_the_ulid_specs_encoding(ms: int, rand: int, size: int) -> None:
+    # Batches cross blocks of 1,024 random values (the last two digits wrap there).
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(taskgate.ids, "_last_ms", ms + 2**47)  # ahead of any clock: stays put
         patch.setattr(taskgate.ids, "_last_rand", rand)
-        batch = new_ids(3)
+        batch = new_ids(size)
         single = new_id()
-    expected = [_reference_ulid(ms + 2**47, rand + n) for n in range(1, 5)]
+    expected = [_reference_ulid(ms + 2**47, rand + n) for n in range(1, size + 2)]
     assert [*batch, single] == expected
 
 
