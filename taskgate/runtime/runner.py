@@ -292,11 +292,11 @@ class Runtime:
             broker=self.broker,
             calls=self.calls,
             ttl=conf.lease,
-            deadline=worker_deadline(conf),
+            deadline=scheduler.deadline,
             slots=[slot] if slot is not None else [],
             renew_slots=scheduler.limits.renew if slot is not None else None,
             ack=scheduler.acks.put,
-            lease_deadline=claimed_at + conf.lease.total_seconds(),
+            lease_deadline=claimed_at + scheduler.lease_seconds,
             free_slot=free_slot,
         )
         key = (lease.task.id, lease.task.claims)
@@ -315,7 +315,7 @@ class Runtime:
     async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
         try:
             task = await self.calls(
-                self.broker.requeue, lease.task.id, lease.token, deadline=worker_deadline(scheduler.conf)
+                self.broker.requeue, lease.task.id, lease.token, deadline=scheduler.deadline
             )
         except TaskgateError as exc:
             log.warning("task %s: could not requeue during shutdown: %s", lease.task.id, exc)

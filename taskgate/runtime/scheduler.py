@@ -67,7 +67,9 @@ class QueueScheduler:
         self._ready: Feed[Claimed] = Feed()
         self._broker, self._calls = broker, calls
         self.limits, self.quota = limits, quota
-        self._poll, self._deadline = poll_interval, deadline
+        self._poll = poll_interval
+        self.deadline = deadline  # of a worker-path broker call (`worker_deadline`)
+        self.lease_seconds = conf.lease.total_seconds()
         self.signal = Signal()
         self.running = 0
         self._stopping = False
@@ -220,7 +222,7 @@ class QueueScheduler:
                         self.name,
                         n,
                         self.conf.lease,
-                        deadline=self._deadline,
+                        deadline=self.deadline,
                         on_abandoned=self._put_back,
                     )
             await _requeue_if_cancelled(leases, requeue)
@@ -260,7 +262,7 @@ class QueueScheduler:
                 self.conf.lease,
                 quota,
                 release,
-                deadline=self._deadline,
+                deadline=self.deadline,
             )
         except BrokerError:
             self.limits.restore_releases(release)
@@ -281,13 +283,13 @@ class QueueScheduler:
             key=quota.spec.key,
             quota_limit=quota.spec.limit,
             period=quota.spec.period,
-            deadline=self._deadline,
+            deadline=self.deadline,
         )
 
     async def _work_due(self) -> bool:
         """Whether a task of this queue is due now (a zero-timeout `wait_for_work`)."""
         try:
-            return await self._calls(self._broker.wait_for_work, [self.name], 0, deadline=self._deadline)
+            return await self._calls(self._broker.wait_for_work, [self.name], 0, deadline=self.deadline)
         except BrokerError:
             return True  # let the claim path meet the error and back off
 
