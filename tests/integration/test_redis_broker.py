@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 
@@ -225,6 +225,49 @@ def test_a_batch_sharing_its_fields_is_sent_once_per_field_and_stored_task_by_ta
         assert broker.get(f"s{n}") == snapshots[n]
     assert [t.payload for t in snapshots] == [None, b"", b"x"]
     assert {t.status for t in snapshots} == {Status.BLOCKED}
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [{}, {"delay": timedelta(seconds=5)}, {"run_at": datetime(2031, 1, 1, tzinfo=UTC)}],
+    ids=["now", "delay", "run_at"],
+)
+def test_a_shared_batch_without_parents_is_stored_as_task_by_task_submits_are(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str, timing: dict[str, object]
+) -> None:
+    # enqueue.lua stores such a batch on a path of its own: hashes, every set, counters alike.
+    broker = open_broker(clock=ManualClock())
+    options = {"type": "a", "queue": "q", "max_retry": 7, "ignore_parent_failure": True, **timing}
+    payloads = [None, b"", b"x"]
+    shared = [NewTask(id=f"s{n}", payload=p, **options) for n, p in enumerate(payloads)]  # type: ignore[arg-type]
+    assert enqueue_args(shared)[1] == "shared"
+    snapshots = broker.enqueue(shared)
+    for n, payload in enumerate(payloads):
+        broker.enqueue([NewTask(id=f"r{n}", payload=payload, **options)])  # type: ignore[arg-type]
+    base = KeySpace(unique_prefix).base
+    names = ("idx:all", "idx:type:a", "idx:queue:q", "idx:status:pending", "queue:q")
+    sets = [f"{base}{name}" for name in names]
+    for n in range(3):
+        stored, row_by_row = (_stored(client, unique_prefix, f"{shape}{n}") for shape in "sr")
+        assert stored.pop(b"id") == f"s{n}".encode() and row_by_row.pop(b"id") == f"r{n}".encode()
+        assert stored == row_by_row
+        for key in sets:
+            assert client.zscore(key, f"s{n}") == client.zscore(key, f"r{n}") is not None, key
+        assert broker.get(f"s{n}") == snapshots[n]
+    assert [t.payload for t in snapshots] == payloads
+    assert {t.status for t in snapshots} == {Status.PENDING}
+    assert broker.counts() == {"a": {Status.PENDING: 6}}
+
+
+def test_a_shared_batch_with_an_id_in_use_stores_nothing(open_broker: Factory, client: redis.Redis) -> None:
+    broker = open_broker()
+    broker.enqueue([NewTask(id="taken", type="a", queue="q")])
+    for ids in (["new1", "taken", "new2"], ["new1", "new2", "new1"]):
+        batch = [NewTask(id=task_id, type="a", queue="q") for task_id in ids]
+        assert enqueue_args(batch)[1] == "shared"
+        with pytest.raises(ValueError, match="taken" if "taken" in ids else "new1"):
+            broker.enqueue(batch)
+        assert broker.queue_length("q") == 1 and broker.counts() == {"a": {Status.PENDING: 1}}
 
 
 def test_a_batch_that_differs_in_more_than_ids_and_payloads_goes_row_by_row() -> None:
