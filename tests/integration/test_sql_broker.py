@@ -8,15 +8,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import Column, Integer, MetaData, Table, create_engine, event, text
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.types import UserDefinedType
 
 from taskgate.brokers import open_broker
 from taskgate.brokers.base import NewTask
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.dialects import SQLiteTraits
 from taskgate.brokers.sql.engine import normalize_url
+from taskgate.brokers.sql.pg_copy import _binary_types, copy_rows
 from taskgate.brokers.sql.retry import ATTEMPTS, run_with_retries
+from taskgate.clock import ManualClock
 from taskgate.errors import BrokerError
 from taskgate.task import Status
 
@@ -250,3 +253,76 @@ def test_ack_batches_of_any_size_send_the_same_statements(
         assert broker.get("child").status is Status.PENDING  # found through the list of parents
     finally:
         broker.close()
+
+
+def _stored_rows(broker: SQLBroker, ids: list[str]) -> list[tuple[object, ...]]:
+    """The task rows of ``ids`` as stored, in order, without the id (compared across batches)."""
+    task = broker._models.task.__table__
+    with broker._engine.connect() as conn:
+        rows = {row.id: tuple(row)[1:] for row in conn.execute(task.select().where(task.c.id.in_(ids)))}
+    return [rows[task_id] for task_id in ids]
+
+
+def _varied_tasks(prefix: str) -> list[NewTask]:
+    """20 tasks whose every column varies: payload bytes that need escaping, keys, parents, times."""
+    payloads = [None, b"", b"\x00\\\n\t'\"", "é✓".encode(), b"x" * 5000]
+    return [
+        NewTask(
+            id=f"{prefix}{n}",
+            type="t",
+            queue="q",
+            payload=payloads[n % len(payloads)],
+            business_key=f"{prefix}-clé-{n}" if n % 3 else None,
+            depends_on=("parent",) if n % 2 else (),
+            run_at=datetime(2031, 5, 6, 7, 8, 9, n, tzinfo=UTC) if n % 4 == 0 else None,
+            max_retry=n,
+            ignore_parent_failure=n % 5 == 0,
+        )
+        for n in range(20)
+    ]
+
+
+def test_a_postgresql_batch_copied_in_binary_is_stored_as_inserted_rows_are(postgresql_url: str) -> None:
+    broker = SQLBroker(postgresql_url, clock=ManualClock(datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)))
+    try:
+        broker.enqueue([NewTask(id="parent", type="t", queue="q")])
+        copied, inserted = _varied_tasks("c"), _varied_tasks("i")
+        snapshots = broker.enqueue(copied)  # 20 rows: COPY
+        for task in inserted:
+            broker.enqueue([task])  # one row: INSERT
+        table = broker._models.task.__table__
+        assert _binary_types(table, tuple(table.c.keys())) is not None  # the batch went in binary
+        keys = list(table.c.keys()).index("business_key") - 1  # without id
+        for mine, theirs in zip(
+            _stored_rows(broker, [t.id for t in copied]),
+            _stored_rows(broker, [t.id for t in inserted]),
+            strict=True,
+        ):
+            assert (mine[keys] or "c").replace("c", "i", 1) == (theirs[keys] or "i")
+            assert mine[:keys] + mine[keys + 1 :] == theirs[:keys] + theirs[keys + 1 :]
+        assert [broker.get(t.id) for t in copied] == snapshots
+        assert [t.payload for t in snapshots] == [t.payload for t in copied]
+        assert [t.id for t in broker.history("c-clé-1")] == ["c1"]  # the key rows were copied too
+        assert broker.get("c1").status is Status.BLOCKED  # and the edges
+    finally:
+        broker.close()
+
+
+def test_a_column_of_a_type_psycopg_does_not_know_by_name_is_copied_as_text(postgresql_url: str) -> None:
+    class Label(UserDefinedType[str]):
+        cache_ok = True
+
+        def get_col_spec(self, **_: object) -> str:
+            return "label"
+
+    engine = create_engine(normalize_url(postgresql_url))
+    table = Table("labelled", MetaData(), Column("id", Integer, primary_key=True), Column("name", Label()))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE DOMAIN label AS text CHECK (VALUE <> '')"))
+            table.create(conn)
+            assert _binary_types(table, ("id", "name")) is None
+            copy_rows(conn, table, [{"id": n, "name": f"n{n}"} for n in range(20)])
+            assert conn.execute(text("SELECT count(*), min(name) FROM labelled")).one() == (20, "n0")
+    finally:
+        engine.dispose()
