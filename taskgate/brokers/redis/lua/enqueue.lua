@@ -156,23 +156,22 @@ local function store_shared_plain(count)
     end
     seen[id] = true
   end
+  local function write(id, ...)  -- ...: 'payload', <bytes>; or nothing for a task without one
+    redis.call('HSET', task_key(id), 'id', id, 'type', task_type, 'queue', queue,
+      'created_at', NOW_S, 'run_at', run_at, 'attempts', '0', 'max_retry', max_retry,
+      'throttled', '0', 'lease_lost', '0', 'claims', '0', 'depends_on', '[]',
+      'ignore_parent_failure', ignore, 'cancel_requested', '0', 'status', 'pending', ...)
+  end
   local created, due = {}, {}
   local reply = { 'ok', NOW_S }
   local arrival = { 'pending', run_at, '' }
   for i = 0, count - 1 do
     local a = first + i * 3
     local id = ARGV[a]
-    local key = task_key(id)
     if ARGV[a + 1] == '1' then
-      redis.call('HSET', key, 'id', id, 'type', task_type, 'queue', queue, 'created_at', NOW_S,
-        'run_at', run_at, 'attempts', '0', 'max_retry', max_retry, 'throttled', '0',
-        'lease_lost', '0', 'claims', '0', 'depends_on', '[]', 'ignore_parent_failure', ignore,
-        'cancel_requested', '0', 'status', 'pending', 'payload', ARGV[a + 2])
+      write(id, 'payload', ARGV[a + 2])
     else
-      redis.call('HSET', key, 'id', id, 'type', task_type, 'queue', queue, 'created_at', NOW_S,
-        'run_at', run_at, 'attempts', '0', 'max_retry', max_retry, 'throttled', '0',
-        'lease_lost', '0', 'claims', '0', 'depends_on', '[]', 'ignore_parent_failure', ignore,
-        'cancel_requested', '0', 'status', 'pending')
+      write(id)
     end
     created[#created + 1] = NOW_S
     created[#created + 1] = id
