@@ -7,8 +7,7 @@ every worker is busy; `get` takes a queued item without parking at all.
 
 A parked worker waits on its event loop's own primitive (an asyncio future, Trio's
 ``wait_task_rescheduled``): an ``anyio.Event`` per park looks up the backend, wraps an
-asyncio ``Event`` and its waiter list, and cost 40 % of the hand-off. Other loops get an
-``anyio.Event``.
+asyncio ``Event`` and its waiter list, and cost 40 % of the hand-off.
 
 Items are never lost: after `close`, workers take what is queued and then get None; items
 still queued when the workers are gone can be taken with `drain`.
@@ -83,30 +82,14 @@ class _TrioParked(_Parked[T]):
             self._lowlevel.reschedule(self._task)
 
 
-class _EventParked(_Parked[T]):
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._event = anyio.Event()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-
-    def wake(self) -> None:
-        self._event.set()
-
-
 def _parker() -> Callable[[], _Parked[Any]]:
-    """How a worker parks on the running event loop (see the module's docstring)."""
+    """How a worker parks on the running event loop: anyio runs on asyncio or on Trio."""
     native = anyio.lowlevel.current_token().native_token
     if isinstance(native, asyncio.AbstractEventLoop):
         return functools.partial(_AsyncioParked, native)
-    if type(native).__module__.startswith("trio"):
-        import trio.lowlevel
+    import trio.lowlevel
 
-        return functools.partial(_TrioParked, trio.lowlevel)
-    return _EventParked
+    return functools.partial(_TrioParked, trio.lowlevel)
 
 
 class Feed(Generic[T]):

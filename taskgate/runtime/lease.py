@@ -61,7 +61,7 @@ class LeaseKeeper:
         # Counted from the grant (the local lease deadline minus the TTL), not from now: a
         # lease that waited before its handler started is renewed no later than one that did not.
         at = group[ctx] = ctx.lease_deadline - ctx.ttl.total_seconds() + interval
-        self._wake_by(at)
+        self._alarm.ring_by(at)
 
     def remove(self, ctx: RunContext) -> None:
         """Stop renewing ``ctx`` (its handler ended)."""
@@ -79,9 +79,6 @@ class LeaseKeeper:
                 next_at = self._next_due()
                 # No checkpoint between looking and sleeping: nothing is added unseen.
                 await self._alarm.sleep_until(math.inf if next_at is None else next_at)
-
-    def _wake_by(self, at: float) -> None:
-        self._alarm.ring_by(at)
 
     def _take_due(self, now: float) -> list[RunContext]:
         due: list[RunContext] = []
@@ -129,12 +126,12 @@ class LeaseKeeper:
         group = self._due.get(_interval(ctx))
         if group is not None and ctx.stop_reason is None and ctx.kept:
             group[ctx] = at
-            self._wake_by(at)
+            self._alarm.ring_by(at)
 
     def _retry(self, ctx: RunContext, at: float) -> None:
         if ctx.stop_reason is None and ctx.kept:
             heapq.heappush(self._retries, (at, next(self._order), ctx))
-            self._wake_by(at)
+            self._alarm.ring_by(at)
 
 
 def fence(ctx: RunContext) -> None:
