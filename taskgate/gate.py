@@ -156,9 +156,7 @@ class Gate:
         tasks = build_tasks(self.config, task_type, payloads, **options)
         if not tasks:
             return []
-        stored = await self._runtime.calls(self.config.broker.enqueue, tasks)
-        await self._runtime.observe(stored)
-        return [t.id for t in stored]
+        return [t.id for t in await self._runtime.submit(tasks)]
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from taskgate.brokers.base import (
     NewTask,
     QuotaGrant,
     Renewal,
+    SubmitClaimer,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = [
     "RedisBroker",
     "Renewal",
     "SQLBroker",
+    "SubmitClaimer",
     "open_broker",
 ]
 

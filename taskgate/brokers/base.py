@@ -50,6 +50,7 @@ __all__ = [
     "QuotaGrant",
     "QuotaSpec",
     "Renewal",
+    "SubmitClaimer",
     "Unset",
     "check_identifier",
 ]
@@ -231,6 +232,9 @@ class Capabilities:
       the event loop inside `taskgate.brokers.nowait.no_wait`; where it would have to wait it
       raises `taskgate.brokers.nowait.WouldBlock` having changed nothing, and `Gate` runs it
       again in a thread (SQLite).
+    - ``claim_on_submit``: implements `SubmitClaimer`, so a submit that finds a worker of its
+      queue idle in the same process claims in the same unit as it stores (one round trip
+      where a submit and the claim that follows it take two).
     """
 
     shared_quota: bool = False
@@ -240,6 +244,7 @@ class Capabilities:
     extra: frozenset[str] = field(default_factory=frozenset)
     nonblocking: bool = False
     inline_attempts: bool = False
+    claim_on_submit: bool = False
 
 
 @runtime_checkable
@@ -416,6 +421,24 @@ class Broker(Protocol):
 
     def close(self) -> None:
         """Release connections and wake waiters. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class SubmitClaimer(Protocol):
+    """Storing one task and claiming for the submitter as one step.
+
+    Only brokers declaring ``capabilities.claim_on_submit`` implement it.
+    """
+
+    def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
+        """`Broker.enqueue` of ``task`` and `Broker.claim` of one task of its queue as ONE atomic step.
+
+        Returns ``task``'s snapshot as stored (the status `enqueue` gives it) and the lease
+        the claim took, or None. The claim is the protocol's own: the oldest due task of the
+        queue, which is ``task`` only when no other is due before it (a delayed or blocked
+        ``task`` is not due at all). When `enqueue` raises, nothing is stored or claimed.
+        """
         ...
 
 

@@ -93,7 +93,7 @@ def _parker() -> Callable[[], _Parked[Any]]:
 
 
 class Feed(Generic[T]):
-    """Single-producer, many-consumer hand-off inside one event loop (not thread-safe)."""
+    """Many-consumer hand-off inside one event loop (not thread-safe)."""
 
     def __init__(self) -> None:
         self._items: deque[T] = deque()
@@ -106,6 +106,11 @@ class Feed(Generic[T]):
     def parked(self) -> int:
         """Workers waiting in `get` for an item."""
         return len(self._parked)
+
+    @property
+    def closed(self) -> bool:
+        """`close` was called: `put` would raise."""
+        return self._closed
 
     @property
     def in_transit(self) -> int:

@@ -16,7 +16,7 @@ from typing import cast
 import anyio
 from anyio.abc import TaskStatus
 
-from taskgate.brokers.base import DistributedLimiter, Lease
+from taskgate.brokers.base import DistributedLimiter, Lease, NewTask, SubmitClaimer
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
 from taskgate.runtime.acks import AckWriter
@@ -105,6 +105,49 @@ class Runtime:
         """Raise `ShutdownError` once shutdown has begun."""
         if self.closing:
             raise ShutdownError("the gate is shut down; no new tasks are accepted")
+
+    # -- submitting -----------------------------------------------------------------------------
+
+    async def submit(self, tasks: list[NewTask]) -> list[Task]:
+        """Store ``tasks`` and react to their snapshots (`observe`); the snapshots, in order.
+
+        A single task due at once whose queue has an idle worker here is claimed in the same
+        step when the broker can (`SubmitClaimer`): one round trip and one commit instead of
+        a submit, a wake-up and a claim.
+        """
+        if len(tasks) == 1 and self.broker.capabilities.claim_on_submit:
+            stored = await self._submit_claiming(tasks[0])
+            if stored is not None:
+                return [stored]
+        snapshots = await self.calls(self.broker.enqueue, tasks)
+        await self.observe(snapshots)
+        return snapshots
+
+    async def _submit_claiming(self, task: NewTask) -> Task | None:
+        """`SubmitClaimer.enqueue_and_claim` on a worker reserved for it; None when not tried."""
+        scheduler = self.schedulers.get(task.queue)
+        if scheduler is None or task.depends_on or task.delay or task.run_at is not None:
+            return None
+        if not scheduler.reserve_start():
+            return None
+        claimer = cast(SubmitClaimer, self.broker)
+        claimed_at = anyio.current_time()
+        # Shielded: once the call is on its way its lease must reach the worker or go back,
+        # or the task would wait for the reaper.
+        with anyio.CancelScope(shield=True):
+            try:
+                stored, lease = await self.calls(claimer.enqueue_and_claim, task, scheduler.conf.lease)
+            except BaseException:
+                scheduler.start_reserved(None, claimed_at)
+                raise
+            if lease is None:
+                scheduler.start_reserved(None, claimed_at)
+                await self.observe([stored])
+                return stored
+            await self.hooks.emit([stored])  # submitted (pending) before it shows running
+            if not scheduler.start_reserved(lease, claimed_at):
+                await self._requeue(scheduler, lease)
+        return stored
 
     # -- observing transitions ------------------------------------------------------------------
 

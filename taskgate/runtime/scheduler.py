@@ -77,6 +77,7 @@ class QueueScheduler:
         self._claim_failures = 0
         self._claim_started = 0.0
         self._held_by_rate = False  # the last combined claim left due tasks for the rate
+        self._claiming = False  # between counting free workers and handing out what came back
         # The last claim found less than it asked for: nothing more may be due. Rate tokens
         # and quota units taken for an empty claim are spent for good on a shared limiter,
         # so an idle queue asks whether work is due before taking them (see `_cycle`). A new
@@ -107,6 +108,37 @@ class QueueScheduler:
         if new_work:
             self._idle = False
         self.signal.fire()
+
+    def reserve_start(self) -> bool:
+        """Take a free worker for a task a submit claims in its own step (`SubmitClaimer`).
+
+        Only for an idle, unmetered queue with local limits, between two claims: a claim
+        counts free workers before it asks, and must count this one as taken. Every True is
+        answered by one `start_reserved`.
+        """
+        if self._stopping or not self._idle or self._metered or self._claiming:
+            return False
+        if self.limits.combined_claim is not None or anyio.current_time() < self._paused_until:
+            return False
+        if (
+            self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
+            <= 0
+        ):
+            return False
+        self.running += 1
+        return True
+
+    def start_reserved(self, lease: Lease | None, claimed_at: float) -> bool:
+        """Hand the submit's ``lease`` to the reserved worker, or give the worker back (None).
+
+        False when the workers are gone (the scheduler ended): the caller puts the lease back.
+        """
+        if lease is not None and not self._ready.closed:
+            self._ready.put((lease, None, claimed_at))
+            return True
+        self.running -= 1
+        self.wake(new_work=False)  # a claim may be waiting for a free worker
+        return lease is None
 
     async def run(self, start: StartLease, requeue: Requeue) -> None:
         """Claim until `stop`; the queue's workers run the claimed leases through ``start``.
@@ -155,15 +187,19 @@ class QueueScheduler:
             await self.limits.flush()
             await self.signal.wait(self._poll)
             return
-        claimed = await self._claim_within_limits(free, requeue)
-        if claimed is None:
-            return
-        leases, slots = claimed
-        # Leases that come back after `stop` still run: graceful shutdown finishes the work
-        # already claimed (the runtime puts them back once the shutdown grace is over).
-        for lease, slot in zip(leases, slots, strict=False):
-            self.running += 1
-            self._ready.put((lease, slot, self._claim_started))
+        self._claiming = True
+        try:
+            claimed = await self._claim_within_limits(free, requeue)
+            if claimed is None:
+                return
+            leases, slots = claimed
+            # Leases that come back after `stop` still run: graceful shutdown finishes the work
+            # already claimed (the runtime puts them back once the shutdown grace is over).
+            for lease, slot in zip(leases, slots, strict=False):
+                self.running += 1
+                self._ready.put((lease, slot, self._claim_started))
+        finally:
+            self._claiming = False
         while self._ready.in_transit:
             # The workers just handed a lease start their handlers before this queue claims
             # again: a claim may run on the event loop (inline brokers) and hold it meanwhile.

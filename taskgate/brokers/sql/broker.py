@@ -48,7 +48,7 @@ from taskgate.brokers.checks import (
     check_quota_request,
     check_timeout,
 )
-from taskgate.brokers.sql import batch, create, finish, leases, quota_claim, quotas, reads
+from taskgate.brokers.sql import batch, create, finish, leases, quota_claim, quotas, reads, submit_claim
 from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
@@ -123,6 +123,7 @@ class SQLBroker:
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
             inline_attempts=self._traits.name == "sqlite",
+            claim_on_submit=True,
         )
         try:
             self._value_limit = self._setup(create_tables)
@@ -174,6 +175,35 @@ class SQLBroker:
             return create.enqueue(tx, items, check_ids=attempts > 1)
 
         return self._run("enqueue", step, inline=len(items) <= INLINE_MAX_ROWS)
+
+    def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
+        """`enqueue` of ``task`` and `claim` of one task of its queue in one transaction.
+
+        One commit where a submit and the claim after it take two, each waiting for the
+        server's disk (see `taskgate.brokers.sql.submit_claim`).
+        """
+        (item,) = check_new_tasks([task])
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        if self._traits.dml_ctes and _plain(item):
+            done = self._run(
+                "enqueue_and_claim",
+                lambda tx: submit_claim.enqueue_and_claim_in_one_statement(
+                    tx, item, lease_ttl, self._channel
+                ),
+                one_statement=True,
+            )
+            if done is not None:
+                return done
+        attempts = 0
+
+        def step(tx: Tx) -> tuple[Task, Lease | None]:
+            # As in `enqueue`: the first attempt leaves taken ids to the primary key.
+            nonlocal attempts
+            attempts += 1
+            return submit_claim.enqueue_and_claim(tx, item, lease_ttl, check_ids=attempts > 1)
+
+        return self._run("enqueue_and_claim", step)
 
     def replay(
         self,

@@ -9,7 +9,7 @@ and runs again (`Conflict`), and its checks then name the winner.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,7 +33,14 @@ from taskgate.errors import (
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
-__all__ = ["check_value_size", "enqueue", "enqueue_one_in_one_statement", "replay"]
+__all__ = [
+    "check_value_size",
+    "enqueue",
+    "enqueue_claimed",
+    "enqueue_one_in_one_statement",
+    "new_row",
+    "replay",
+]
 
 
 def check_value_size(value: bytes | None, limit: int | None, *, what: str) -> None:
@@ -61,9 +68,26 @@ def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list
     for item in items:
         status, error = arrival_status([(p, parents[p]) for p in item.depends_on], item.ignore_parent_failure)
         parents[item.id] = status
-        rows.append(_new_row(item, tx.now, status, error))
+        rows.append(new_row(item, tx.now, status, error))
     _insert(tx, rows, items)
     return [snapshot(row) for row in rows]
+
+
+def enqueue_claimed(
+    tx: Tx, item: NewTask, claimed: Mapping[str, Any], *, check_ids: bool = True
+) -> tuple[Task, Task]:
+    """`enqueue` of one task without parents, stored with ``claimed``'s values over a pending
+    row's (what a claim would write); its snapshots as submitted (pending) and as stored.
+
+    Nothing announces it: it is claimed already. Its lease is the caller's to insert.
+    """
+    if check_ids:
+        _check_ids_free(tx, [item.id])
+    _check_keys_free(tx, [item.business_key] if item.business_key is not None else [])
+    pending = new_row(item, tx.now, Status.PENDING, None)
+    stored = {**pending, **claimed}
+    _insert(tx, [stored], [item])
+    return snapshot(pending), snapshot(stored)
 
 
 def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> Task | None:
@@ -73,7 +97,7 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> Task | 
     round trip where the transaction takes four. None when the id is taken (the statement
     changed nothing): the caller then runs `enqueue`, whose checks name the id.
     """
-    row = _new_row(item, tx.now, Status.PENDING, None)
+    row = new_row(item, tx.now, Status.PENDING, None)
     params = {f"p_{name}": value for name, value in row.items()}
     params["p_channel"] = channel
     try:
@@ -199,7 +223,7 @@ def _locked_statuses(tx: Tx, ids: Sequence[str]) -> dict[str, Status]:
     return found
 
 
-def _new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> dict[str, Any]:
+def new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> dict[str, Any]:
     run_at = utc(item.run_at) if item.run_at is not None else now + (item.delay or timedelta(0))
     return _row(
         id=item.id,

@@ -1,0 +1,176 @@
+"""`enqueue_and_claim`: store one task and, when nothing else of its queue is due, lease it at once.
+
+A submit whose queue has an idle worker in the same process would otherwise commit the task,
+wake that worker, and commit a claim of it: two transactions, each waiting for the server's
+disk. Here the task is inserted already ``running`` with its lease, in the submit's own
+transaction (or, on PostgreSQL, its one statement).
+
+It is leased only when no other task of its queue is due: a task waiting longer is never
+overtaken. A due row another claimer holds counts as due too, so under a race the task is
+stored pending and claimed the usual way -- never skipped, never claimed twice (it is new:
+no one else can see it before the commit).
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    Integer,
+    Select,
+    String,
+    bindparam,
+    case,
+    exists,
+    false,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+)
+from sqlalchemy.exc import IntegrityError
+
+from taskgate.brokers.base import Lease, NewTask
+from taskgate.brokers.sql import create
+from taskgate.brokers.sql.dialects import Traits, plain_insert
+from taskgate.brokers.sql.rows import snapshot, status_values
+from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.ids import new_tokens
+from taskgate.models import Models
+from taskgate.task import Status, Task
+
+__all__ = ["enqueue_and_claim", "enqueue_and_claim_in_one_statement"]
+
+
+def enqueue_and_claim(
+    tx: Tx, item: NewTask, lease_ttl: timedelta, *, check_ids: bool
+) -> tuple[Task, Lease | None]:
+    """Store ``item``; lease it too when it is due on arrival and nothing else of its queue is."""
+    now = tx.now
+    if (
+        item.depends_on
+        or not _due_on_arrival(item, now)
+        or tx.fetch(_other_due(tx.models), _due_params(item, now))
+    ):
+        (stored,) = create.enqueue(tx, [item], check_ids=check_ids)
+        return stored, None
+    stored, running = create.enqueue_claimed(tx, item, _claimed_values(now), check_ids=check_ids)
+    (token,) = new_tokens(1)
+    expires_at = now + lease_ttl
+    lease_row = {"task_id": item.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
+    tx.write_many(plain_insert(table_of(tx.models.lease)), [lease_row])
+    return stored, Lease(task=running, token=token, expires_at=expires_at)
+
+
+def enqueue_and_claim_in_one_statement(
+    tx: Tx, item: NewTask, lease_ttl: timedelta, channel: str
+) -> tuple[Task, Lease | None] | None:
+    """`enqueue_and_claim` of a task without parents or business key as ONE statement
+    (``traits.dml_ctes``), run in autocommit; None when its id is taken (nothing changed).
+
+    The statement decides pending or running itself, so the look-up of other due tasks, the
+    insert, the lease and -- when the task stays pending -- the ``pg_notify`` of its queue are
+    one round trip and one commit. A task not due on arrival goes the plain way.
+    """
+    now = tx.now
+    if not _due_on_arrival(item, now):
+        stored = create.enqueue_one_in_one_statement(tx, item, channel)
+        return None if stored is None else (stored, None)
+    pending = create.new_row(item, now, Status.PENDING, None)
+    params: dict[str, Any] = {f"p_{name}": value for name, value in pending.items() if name not in _DECIDED}
+    params.update(_due_params(item, now), p_expires_at=now + lease_ttl, p_channel=channel)
+    try:
+        (row,) = tx.fetch(_insert_claimed_or_notify(tx.models, tx.traits), params)
+    except IntegrityError:
+        return None
+    stored = snapshot(pending)
+    if row["lease_token"] is None:
+        tx.woken.add(item.queue)
+        return stored, None
+    running = snapshot(pending, _claimed_values(now))
+    return stored, Lease(task=running, token=row["lease_token"], expires_at=params["p_expires_at"])
+
+
+def _due_on_arrival(item: NewTask, now: datetime) -> bool:
+    if item.run_at is not None:
+        return item.run_at <= now
+    return not item.delay
+
+
+def _due_params(item: NewTask, now: datetime) -> dict[str, Any]:
+    return {"p_queue": item.queue, "p_now": now}
+
+
+def _claimed_values(now: datetime) -> dict[str, Any]:
+    """What a claim writes into a pending row; the row's other values are the submit's."""
+    return {**status_values(Status.RUNNING), "claims": 1, "started_at": now}
+
+
+# The columns `_insert_claimed_or_notify` decides in SQL: pending or running.
+_DECIDED = frozenset({"status", "ready", "claims", "started_at"})
+
+
+@functools.lru_cache(maxsize=32)
+def _other_due(models: Models) -> Select[Any]:
+    """One due task of ``p_queue``, if any (a plain read: a held row counts as due)."""
+    task = table_of(models.task)
+    now = bindparam("p_now", type_=task.c.run_at.type)
+    return (
+        select(literal(1))
+        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .limit(1)
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_claimed_or_notify(models: Models, traits: Traits) -> Select[Any]:
+    """INSERT the task running with its lease when nothing else of its queue is due, else
+    pending and ``pg_notify`` its queue; built once per schema."""
+    task, lease = table_of(models.task), table_of(models.lease)
+    now = bindparam("p_now", type_=task.c.run_at.type)
+    busy = select(
+        exists()
+        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .label("due")
+    ).cte("busy")
+    pending, running = status_values(Status.PENDING), status_values(Status.RUNNING)
+    decided = {
+        "status": case(
+            (busy.c.due, literal(pending["status"], String)), else_=literal(running["status"], String)
+        ),
+        "ready": busy.c.due,
+        "claims": case((busy.c.due, literal(0, Integer)), else_=literal(1, Integer)),
+        "started_at": case((busy.c.due, literal(None, DateTime(timezone=True))), else_=now),
+    }
+    values = [
+        decided[column.name] if column.name in decided else bindparam(f"p_{column.name}", type_=column.type)
+        for column in task.c
+    ]
+    inserted = (
+        insert(task)
+        .from_select([column.name for column in task.c], select(*values).select_from(busy))
+        .returning(task.c.id, task.c.queue, task.c.ready)
+        .cte("inserted")
+    )
+    expires_at = bindparam("p_expires_at", type_=lease.c.expires_at.type)
+    new_lease = (
+        insert(lease)
+        .from_select(
+            ["task_id", "token", "expires_at", "cancel_requested"],
+            select(inserted.c.id, traits.random_token(), expires_at, false()).where(
+                inserted.c.ready == false()
+            ),
+        )
+        .returning(lease.c.token)
+        .cte("new_lease")
+    )
+    notified = case(
+        (inserted.c.ready, func.pg_notify(bindparam("p_channel", type_=String), inserted.c.queue)),
+        else_=None,
+    )
+    token = select(new_lease.c.token).scalar_subquery()
+    return select(token.label("lease_token"), notified.label("notified")).select_from(inserted)
