@@ -78,6 +78,7 @@ class QueueScheduler:
         self._claim_started = 0.0
         self._held_by_rate = False  # the last combined claim left due tasks for the rate
         self._claiming = False  # between counting free workers and handing out what came back
+        self._started = False  # every worker is waiting for work: leases may be handed out
         # The last claim found less than it asked for: nothing more may be due. Rate tokens
         # and quota units taken for an empty claim are spent for good on a shared limiter,
         # so an idle queue asks whether work is due before taking them (see `_cycle`). A new
@@ -116,7 +117,7 @@ class QueueScheduler:
         counts free workers before it asks, and must count this one as taken. Every True is
         answered by one `start_reserved`.
         """
-        if self._stopping or not self._idle or self._metered or self._claiming:
+        if self._stopping or not self._started or not self._idle or self._metered or self._claiming:
             return False
         if self.limits.combined_claim is not None or anyio.current_time() < self._paused_until:
             return False
@@ -154,6 +155,7 @@ class QueueScheduler:
                         workers.start_soon(_work, self._ready, start)
                     while self._ready.parked < self.conf.workers:
                         await anyio.lowlevel.checkpoint()  # the first claim finds them waiting
+                    self._started = True
                     try:
                         while not self._stopping:
                             await self._cycle(requeue)

@@ -1,7 +1,8 @@
 """Test helpers for taskgate users and broker authors: the broker contract suite.
 
 A backend's test file subclasses `BrokerContract` and supplies a ``broker_factory`` fixture
-(see `taskgate.testing.contract`); every contract test then runs against that backend.
+(see `taskgate.testing.contract`); every contract test then runs against that backend. A
+broker declaring ``capabilities.claim_on_submit`` adds `SubmitClaimContract` too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,6 @@ import pytest
 # must run before the contract modules are imported.
 pytest.register_assert_rewrite("taskgate.testing.contract")
 
-from taskgate.testing.contract import RACE_ROUNDS, BrokerContract  # noqa: E402
+from taskgate.testing.contract import RACE_ROUNDS, BrokerContract, SubmitClaimContract  # noqa: E402
 
-__all__ = ["RACE_ROUNDS", "BrokerContract"]
+__all__ = ["RACE_ROUNDS", "BrokerContract", "SubmitClaimContract"]

@@ -14,7 +14,7 @@ from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, requi
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory
+from taskgate.testing.contract import BrokerFactory, SubmitClaimContract
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestMySQLBroker(BrokerContract):
+class TestMySQLBroker(BrokerContract, SubmitClaimContract):
     """Every contract test on MariaDB/MySQL; each broker object has its own pool."""
 
     @pytest.fixture

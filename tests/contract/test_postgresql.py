@@ -21,7 +21,7 @@ from helpers.sql_databases import (
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory
+from taskgate.testing.contract import BrokerFactory, SubmitClaimContract
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestPostgreSQLBroker(BrokerContract):
+class TestPostgreSQLBroker(BrokerContract, SubmitClaimContract):
     """Every contract test on PostgreSQL; each broker object has its own pool (and listener)."""
 
     @pytest.fixture

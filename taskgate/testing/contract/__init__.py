@@ -39,9 +39,10 @@ from taskgate.testing.contract.quota import QuotaClaimContract, QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
 from taskgate.testing.contract.replay import ReplayContract
+from taskgate.testing.contract.submit_claim import SubmitClaimContract
 from taskgate.testing.contract.validation import ValidationContract
 
-__all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory"]
+__all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory", "SubmitClaimContract"]
 
 
 class BrokerContract(

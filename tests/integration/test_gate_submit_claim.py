@@ -1,0 +1,138 @@
+"""A submit whose queue has an idle worker here claims its own task in the same step."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import pytest
+from gate_helpers import GUARD, Faulty, eventually, make_gate, until
+
+from taskgate import QueueConfig, Status, Task
+from taskgate.brokers.base import Broker, Lease, NewTask
+
+pytestmark = pytest.mark.anyio
+
+
+class Held(Faulty):
+    """`enqueue_and_claim` waits in its thread until ``release`` is set (then runs for real).
+
+    Its calls always go to a thread (an inline broker's would block the event loop).
+    """
+
+    def __init__(self, inner: Broker) -> None:
+        super().__init__(inner, replace(inner.capabilities, nonblocking=False, inline_attempts=False))
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.ids: list[str] = []
+
+    def enqueue_and_claim(self, task: NewTask, lease_ttl: object) -> tuple[Task, Lease | None]:
+        self.ids.append(task.id)
+        self.entered.set()
+        assert self.release.wait(GUARD), "the test never released enqueue_and_claim"
+        return self._inner.enqueue_and_claim(task, lease_ttl)  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_a_task_submitted_to_an_idle_queue_starts_without_a_claim_of_its_own(gate_broker):
+    spy = Faulty(gate_broker)
+    claims_at_start: list[int] = []
+    gate = make_gate(spy, poll_interval=GUARD)  # no polling claim comes between
+    gate.handle("q", lambda task: claims_at_start.append(spy.calls.get("claim", 0)))
+    async with gate:
+        await until(lambda: _idle(gate))
+        claims_before = spy.calls["claim"]
+        task_id = await gate.submit("q")
+        done = await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+    assert spy.calls["enqueue_and_claim"] == 1 and done.claims == 1
+    assert claims_at_start == [claims_before]  # no claim ran between submit and start
+
+
+async def test_racing_submits_lease_no_more_tasks_than_there_are_free_workers(gate_broker):
+    running, peak = 0, 0
+    release = anyio.Event()
+
+    async def handler(task: Task) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=3)})
+    gate.handle("q", handler)
+    async with gate:
+        await until(lambda: _idle(gate))
+        ids: list[str] = []
+
+        async def submit() -> None:
+            ids.append(await gate.submit("q"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(submit)
+        await until(lambda: _settled(lambda: running == 3))
+        # The rest wait pending in the store, not leased to workers that cannot take them.
+        assert (await gate.overview())["q"] == {Status.RUNNING: 3, Status.PENDING: 9}
+        release.set()
+        for task_id in ids:
+            await gate.wait(task_id, timeout=GUARD)
+    assert peak == 3
+
+
+async def test_a_submit_cancelled_while_it_claims_still_runs_its_task(gate_broker):
+    held = Held(gate_broker)
+    gate = make_gate(held)
+    gate.handle("q", lambda task: "ran")
+    async with gate:
+        await until(lambda: _idle(gate))
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gate.submit, "q")
+                await anyio.to_thread.run_sync(held.entered.wait, GUARD)
+                scope.cancel()  # the submit's caller gives up while the broker call runs
+                held.release.set()
+        (task_id,) = held.ids
+        assert await gate.wait(task_id, timeout=GUARD) == b'"ran"'
+    assert (await gate.get(task_id)).claims == 1  # started by the submit's own claim, once
+
+
+async def test_a_lease_coming_back_after_the_workers_stopped_is_put_back(gate_broker):
+    held = Held(gate_broker)
+    gate = make_gate(held)
+    gate.handle("q", lambda task: None)
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        await until(lambda: _idle(gate))
+        tg.start_soon(gate.submit, "q")
+        await anyio.to_thread.run_sync(held.entered.wait, GUARD)
+        with anyio.fail_after(GUARD):
+            await gate.shutdown()  # no running task: the workers stop at once
+        held.release.set()
+    (task_id,) = held.ids
+    task = await eventually(gate, task_id, lambda t: t.status is not Status.RUNNING)
+    assert (task.status, task.claims) == (Status.PENDING, 1)  # requeued, not left to the reaper
+
+
+async def test_a_metered_queue_claims_the_usual_way(gate_broker):
+    spy = Faulty(gate_broker)
+    gate = make_gate(spy, {"q": QueueConfig(workers=2, rps=1000)})
+    gate.handle("q", lambda task: None)
+    async with gate:
+        await until(lambda: _idle(gate))
+        await gate.wait(await gate.submit("q"), timeout=GUARD)
+    assert "enqueue_and_claim" not in spy.calls
+
+
+async def _idle(gate) -> bool:  # type: ignore[no-untyped-def]
+    """The gate's queue ``q`` made its first claim and found nothing (as after start-up)."""
+    scheduler = gate._runtime.schedulers.get("q")
+    if scheduler is None or not scheduler._started or scheduler._claiming:
+        return False
+    return scheduler.idle and scheduler._claim_started > 0  # a claim ran and found too little
+
+
+async def _settled(check) -> bool:  # type: ignore[no-untyped-def]
+    await anyio.lowlevel.checkpoint()
+    return bool(check())
