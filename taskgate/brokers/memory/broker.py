@@ -118,10 +118,8 @@ class MemoryBroker:
             lease = None
             if head is None or head > now:
                 # Nothing else is due, so the only task a claim can find now is this one.
-                (lease, *_) = [
-                    *self._lease_all(self._table.pop_due(item.queue, now, 1), now, lease_ttl),
-                    None,
-                ]
+                leases = self._lease_all(self._table.pop_due(item.queue, now, 1), now, lease_ttl)
+                lease = leases[0] if leases else None
             if record.status in READY_STATUSES:
                 self._signal([item.queue])  # not claimed here: it waits for a claim
             return stored, lease
