@@ -6,7 +6,9 @@ quota-exhausted queue never delays another. A same-process submit fires the queu
 ``poll_interval``.
 
 Claimed leases go to the queue's ``workers`` long-lived worker tasks through a `Feed`, and
-finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
+finished handlers' acks to the queue's `AckWriter`: no task is spawned per run. A submit in
+this process may claim its own task while storing it (`Runtime.submit`): it reserves a free
+worker here first (`reserve_start`) and hands its lease to the same feed.
 """
 
 from __future__ import annotations
