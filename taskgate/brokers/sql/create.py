@@ -9,7 +9,7 @@ and runs again (`Conflict`), and its checks then name the winner.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,10 +34,11 @@ from taskgate.models import Models
 from taskgate.task import Status, Task
 
 __all__ = [
+    "check_free",
     "check_value_size",
     "enqueue",
-    "enqueue_claimed",
     "enqueue_one_in_one_statement",
+    "insert_keys",
     "new_row",
     "replay",
 ]
@@ -60,9 +61,7 @@ def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list
     again WITH the check, which names the id in a `ValueError`.
     """
     _check_batch(items)
-    if check_ids:
-        _check_ids_free(tx, [item.id for item in items])
-    _check_keys_free(tx, [item.business_key for item in items if item.business_key is not None])
+    check_free(tx, items, check_ids=check_ids)
     parents = _parent_statuses(tx, items)
     rows = []
     for item in items:
@@ -73,21 +72,23 @@ def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list
     return [snapshot(row) for row in rows]
 
 
-def enqueue_claimed(
-    tx: Tx, item: NewTask, claimed: Mapping[str, Any], *, check_ids: bool = True
-) -> tuple[Task, Task]:
-    """`enqueue` of one task without parents, stored with ``claimed``'s values over a pending
-    row's (what a claim would write); its snapshots as submitted (pending) and as stored.
-
-    Nothing announces it: it is claimed already. Its lease is the caller's to insert.
-    """
+def check_free(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> None:
+    """`enqueue`'s checks of ids (``check_ids``) and business keys against the store."""
     if check_ids:
-        _check_ids_free(tx, [item.id])
-    _check_keys_free(tx, [item.business_key] if item.business_key is not None else [])
-    pending = new_row(item, tx.now, Status.PENDING, None)
-    stored = {**pending, **claimed}
-    _insert(tx, [stored], [item])
-    return snapshot(pending), snapshot(stored)
+        _check_ids_free(tx, [item.id for item in items])
+    _check_keys_free(tx, [item.business_key for item in items if item.business_key is not None])
+
+
+def insert_keys(tx: Tx, items: Sequence[NewTask]) -> None:
+    """The business-key rows of ``items`` whose task rows are inserted already."""
+    keys = [
+        {"business_key": i.business_key, "execution_id": i.id} for i in items if i.business_key is not None
+    ]
+    if keys:
+        try:
+            tx.traits.insert_rows(tx, table_of(tx.models.business_key), keys)
+        except IntegrityError as exc:
+            raise Conflict(f"a business key was taken concurrently: {exc.orig}") from exc
 
 
 def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> Task | None:

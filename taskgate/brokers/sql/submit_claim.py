@@ -18,10 +18,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     DateTime,
+    Insert,
     Integer,
     Select,
     String,
+    Table,
+    and_,
     bindparam,
     case,
     exists,
@@ -37,6 +41,7 @@ from sqlalchemy.exc import IntegrityError
 from taskgate.brokers.base import Lease, NewTask
 from taskgate.brokers.sql import create
 from taskgate.brokers.sql.dialects import Traits, plain_insert
+from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.ids import new_tokens
@@ -49,21 +54,36 @@ __all__ = ["enqueue_and_claim", "enqueue_and_claim_in_one_statement"]
 def enqueue_and_claim(
     tx: Tx, item: NewTask, lease_ttl: timedelta, *, check_ids: bool
 ) -> tuple[Task, Lease | None]:
-    """Store ``item``; lease it too when it is due on arrival and nothing else of its queue is."""
+    """Store ``item``; lease it too when it is due on arrival and nothing else of its queue is.
+
+    The look for other due tasks and the insert are one statement (``INSERT … SELECT … WHERE
+    NOT EXISTS``); when it inserts nothing, the task is stored pending the usual way.
+    """
     now = tx.now
-    if (
-        item.depends_on
-        or not _due_on_arrival(item, now)
-        or tx.fetch(_other_due(tx.models), _due_params(item, now))
-    ):
-        (stored,) = create.enqueue(tx, [item], check_ids=check_ids)
-        return stored, None
-    stored, running = create.enqueue_claimed(tx, item, _claimed_values(now), check_ids=check_ids)
-    (token,) = new_tokens(1)
-    expires_at = now + lease_ttl
-    lease_row = {"task_id": item.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
-    tx.write_many(plain_insert(table_of(tx.models.lease)), [lease_row])
-    return stored, Lease(task=running, token=token, expires_at=expires_at)
+    if not item.depends_on and _due_on_arrival(item, now):
+        create.check_free(tx, [item], check_ids=check_ids)
+        check_ids = False  # just checked
+        pending = create.new_row(item, now, Status.PENDING, None)
+        claimed = {**pending, **_claimed_values(now)}
+        params = {f"p_{name}": value for name, value in claimed.items()}
+        try:
+            inserted = tx.write(_insert_unless_due(tx.models), {**params, **_due_params(item, now)})
+        except IntegrityError as exc:
+            raise Conflict(f"task id {item.id!r} was taken concurrently: {exc.orig}") from exc
+        if inserted:
+            create.insert_keys(tx, [item])
+            (token,) = new_tokens(1)
+            expires_at = now + lease_ttl
+            lease_row = {
+                "task_id": item.id,
+                "token": token,
+                "expires_at": expires_at,
+                "cancel_requested": False,
+            }
+            tx.write_many(plain_insert(table_of(tx.models.lease)), [lease_row])
+            return snapshot(pending), Lease(task=snapshot(claimed), token=token, expires_at=expires_at)
+    (stored,) = create.enqueue(tx, [item], check_ids=check_ids)
+    return stored, None
 
 
 def enqueue_and_claim_in_one_statement(
@@ -114,16 +134,20 @@ def _claimed_values(now: datetime) -> dict[str, Any]:
 _DECIDED = frozenset({"status", "ready", "claims", "started_at"})
 
 
-@functools.lru_cache(maxsize=32)
-def _other_due(models: Models) -> Select[Any]:
-    """One due task of ``p_queue``, if any (a plain read: a held row counts as due)."""
-    task = table_of(models.task)
+def _due_in_queue(task: Table) -> ColumnElement[bool]:
+    """A row of ``task`` that is a due task of queue ``p_queue`` at ``p_now`` (as a claim sees it)."""
     now = bindparam("p_now", type_=task.c.run_at.type)
-    return (
-        select(literal(1))
-        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
-        .limit(1)
-    )
+    return and_(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_unless_due(models: Models) -> Insert:
+    """INSERT one task row (every column a ``p_<column>`` parameter) only when no task of its
+    queue is due; built once per schema."""
+    task = table_of(models.task)
+    values = [bindparam(f"p_{column.name}", type_=column.type) for column in task.c]
+    unless_due = select(*values).where(~exists().where(_due_in_queue(task)))
+    return insert(task).from_select([column.name for column in task.c], unless_due)
 
 
 @functools.lru_cache(maxsize=32)
@@ -132,11 +156,7 @@ def _insert_claimed_or_notify(models: Models, traits: Traits) -> Select[Any]:
     pending and ``pg_notify`` its queue; built once per schema."""
     task, lease = table_of(models.task), table_of(models.lease)
     now = bindparam("p_now", type_=task.c.run_at.type)
-    busy = select(
-        exists()
-        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
-        .label("due")
-    ).cte("busy")
+    busy = select(exists().where(_due_in_queue(task)).label("due")).cte("busy")
     pending, running = status_values(Status.PENDING), status_values(Status.RUNNING)
     decided = {
         "status": case(
