@@ -177,7 +177,8 @@ class SQLBroker:
         return self._run("enqueue", step, inline=len(items) <= INLINE_MAX_ROWS)
 
     def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
-        """`enqueue` of ``task`` and `claim` of one task of its queue in one transaction.
+        """`enqueue` of ``task``, leased at once when it is due and no other task of its queue
+        is, in one transaction (on PostgreSQL one statement).
 
         One commit where a submit and the claim after it take two, each waiting for the
         server's disk (see `taskgate.brokers.sql.submit_claim`).

@@ -3,7 +3,8 @@
 A submit whose queue has an idle worker in the same process would otherwise commit the task,
 wake that worker, and commit a claim of it: two transactions, each waiting for the server's
 disk. Here the task is inserted already ``running`` with its lease, in the submit's own
-transaction (or, on PostgreSQL, its one statement).
+transaction: on PostgreSQL one statement; elsewhere the look for other due tasks and the
+insert are one statement, then the lease row and the commit.
 
 It is leased only when no other task of its queue is due: a task waiting longer is never
 overtaken. A due row another claimer holds counts as due too, so under a race the task is
