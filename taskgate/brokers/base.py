@@ -432,12 +432,13 @@ class SubmitClaimer(Protocol):
     """
 
     def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
-        """`Broker.enqueue` of ``task`` and `Broker.claim` of one task of its queue as ONE atomic step.
+        """`Broker.enqueue` of ``task`` and, when ``task`` is due on arrival and no other task
+        of its queue is due, its claim as `Broker.claim` would make it -- ONE atomic step.
 
-        Returns ``task``'s snapshot as stored (the status `enqueue` gives it) and the lease
-        the claim took, or None. The claim is the protocol's own: the oldest due task of the
-        queue, which is ``task`` only when no other is due before it (a delayed or blocked
-        ``task`` is not due at all). When `enqueue` raises, nothing is stored or claimed.
+        Returns ``task``'s snapshot as submitted (the status `enqueue` gives it, ``pending``
+        for a task that was leased) and its lease, or None when it was stored to wait for a
+        claim: a delayed or blocked ``task``, or one that would overtake a due task (rows other
+        claimers hold count as due). When `enqueue` would raise, nothing is stored or claimed.
         """
         ...
 
