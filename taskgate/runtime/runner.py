@@ -16,7 +16,7 @@ from typing import cast
 import anyio
 from anyio.abc import TaskStatus
 
-from taskgate.brokers.base import DistributedLimiter, Lease, NewTask, SubmitClaimer
+from taskgate.brokers.base import DistributedLimiter, Lease, NewTask
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
 from taskgate.runtime.acks import AckWriter
@@ -112,10 +112,10 @@ class Runtime:
         """Store ``tasks`` and react to their snapshots (`observe`); the snapshots, in order.
 
         A single task due at once whose queue has an idle worker here is claimed in the same
-        step when the broker can (`SubmitClaimer`): one round trip and one commit instead of
-        a submit, a wake-up and a claim.
+        broker call (`QueueScheduler.submit_claiming`): with a `SubmitClaimer`, one round trip
+        and one commit instead of a submit, a wake-up and a claim.
         """
-        if len(tasks) == 1 and self.broker.capabilities.claim_on_submit:
+        if len(tasks) == 1:
             stored = await self._submit_claiming(tasks[0])
             if stored is not None:
                 return [stored]
@@ -124,19 +124,18 @@ class Runtime:
         return snapshots
 
     async def _submit_claiming(self, task: NewTask) -> Task | None:
-        """`SubmitClaimer.enqueue_and_claim` on a worker reserved for it; None when not tried."""
+        """`QueueScheduler.submit_claiming` on a worker reserved for it; None when not tried."""
         scheduler = self.schedulers.get(task.queue)
         if scheduler is None or task.depends_on or task.delay or task.run_at is not None:
             return None
         if not scheduler.reserve_start():
             return None
-        claimer = cast(SubmitClaimer, self.broker)
         claimed_at = anyio.current_time()
         # Shielded: once the call is on its way its lease must reach the worker or go back,
         # or the task would wait for the reaper.
         with anyio.CancelScope(shield=True):
             try:
-                stored, lease = await self.calls(claimer.enqueue_and_claim, task, scheduler.conf.lease)
+                stored, lease = await scheduler.submit_claiming(task)
             except BaseException:
                 scheduler.start_reserved(None, claimed_at)
                 raise
@@ -144,7 +143,10 @@ class Runtime:
                 scheduler.start_reserved(None, claimed_at)
                 await self.observe([stored])
                 return stored
-            await self.hooks.emit([stored])  # submitted (pending) before it shows running
+            if lease.task.id == task.id:
+                await self.hooks.emit([stored])  # submitted (pending) before it shows running
+            else:
+                await self.observe([stored])  # an earlier task was claimed: this one waits
             if not scheduler.start_reserved(lease, claimed_at):
                 await self._requeue(scheduler, lease)
         return stored

@@ -14,13 +14,13 @@ worker here first (`reserve_start`) and hands its lease to the same feed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
 
-from taskgate.brokers.base import Broker, Lease, QuotaClaim
+from taskgate.brokers.base import Broker, Lease, NewTask, QuotaClaim, SubmitClaimer
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError, TaskgateError
 from taskgate.runtime.acks import AckWriter
@@ -31,6 +31,7 @@ from taskgate.runtime.feed import Feed
 from taskgate.runtime.limits import CombinedClaim, Limits, Slot
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
+from taskgate.task import Task
 
 __all__ = ["QueueScheduler"]
 
@@ -121,7 +122,7 @@ class QueueScheduler:
         """
         if self._stopping or not self._started or not self._idle or self._metered or self._claiming:
             return False
-        if self.limits.combined_claim is not None or anyio.current_time() < self._paused_until:
+        if anyio.current_time() < self._paused_until:
             return False
         if (
             self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
@@ -131,13 +132,53 @@ class QueueScheduler:
         self.running += 1
         return True
 
+    async def submit_claiming(self, task: NewTask) -> tuple[Task, Lease | None]:
+        """Store ``task`` and claim for the worker `reserve_start` took, in one broker call.
+
+        A `SubmitClaimer` leases ``task`` itself in the submit's own step. Any other broker
+        stores it, then claims as `_cycle` would (global slots included) in the same thread,
+        sparing the hop back, the scheduler's wake-up and the hop to the claim; that lease may
+        be another task's, due earlier.
+        """
+        if self._broker.capabilities.claim_on_submit:
+            claimer = cast(SubmitClaimer, self._broker)
+            return await self._calls(claimer.enqueue_and_claim, task, self.conf.lease)
+        release = self.limits.take_releases()
+        try:
+            stored, lease, released = await self._calls(self._enqueue_then_claim, task, release)
+        except BaseException:
+            self.limits.restore_releases(release)
+            raise
+        if not released:
+            self.limits.restore_releases(release)
+        return stored, lease
+
+    def _enqueue_then_claim(self, task: NewTask, release: Sequence[str]) -> tuple[Task, Lease | None, bool]:
+        """In a broker thread: `enqueue`, then one claim; the third value says whether the claim
+        (and with it ``release``) went through. A failed claim leaves the submit standing."""
+        (stored,) = self._broker.enqueue([task])
+        combined = self.limits.combined_claim
+        try:
+            if combined is not None:
+                leases = combined(self.name, self.conf.workers, 1, self.conf.lease, None, release).leases
+            else:
+                leases = self._broker.claim(self.name, 1, self.conf.lease)
+        except TaskgateError as exc:
+            log.warning(
+                "queue %r: the claim after a submit failed (the scheduler claims next): %s", self.name, exc
+            )
+            return stored, None, False
+        return stored, (leases[0] if leases else None), True
+
     def start_reserved(self, lease: Lease | None, claimed_at: float) -> bool:
         """Hand the submit's ``lease`` to the reserved worker, or give the worker back (None).
 
         False when the workers are gone (the scheduler ended): the caller puts the lease back.
         """
         if lease is not None and not self._ready.closed:
-            self._ready.put((lease, None, claimed_at))
+            # Under global limits a lease's token is its slot, as in `_claim_within_limits`.
+            slot = lease.token if self.limits.combined_claim is not None else None
+            self._ready.put((lease, slot, claimed_at))
             return True
         self.running -= 1
         self.wake(new_work=False)  # a claim may be waiting for a free worker

@@ -1,4 +1,9 @@
-"""A submit whose queue has an idle worker here claims its own task in the same step."""
+"""A submit whose queue has an idle worker here claims in the same broker call.
+
+A `SubmitClaimer` (memory, SQL) leases the task in the submit's own step; any other broker
+(seen here through a wrapper that hides the capability, as Redis has none) stores the task and
+claims right after it in the same thread.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import anyio.to_thread
 import pytest
 from gate_helpers import GUARD, Faulty, eventually, make_gate, until
 
-from taskgate import QueueConfig, Status, Task
+from taskgate import BrokerError, QueueConfig, Status, Task
 from taskgate.brokers.base import Broker, Lease, NewTask
 
 pytestmark = pytest.mark.anyio
@@ -49,7 +54,58 @@ async def test_a_task_submitted_to_an_idle_queue_starts_without_a_claim_of_its_o
     assert claims_at_start == [claims_before]  # no claim ran between submit and start
 
 
-async def test_racing_submits_lease_no_more_tasks_than_there_are_free_workers(gate_broker):
+@pytest.fixture(params=["submit-claimer", "enqueue-then-claim"])
+def claiming_broker(request: pytest.FixtureRequest, gate_broker: Broker) -> Broker:
+    """``gate_broker`` as it is, or hiding ``claim_on_submit`` (the enqueue-then-claim path)."""
+    if request.param == "submit-claimer":
+        return gate_broker
+    return Faulty(gate_broker, replace(gate_broker.capabilities, claim_on_submit=False))
+
+
+async def test_without_submit_claimer_the_submit_claims_before_it_returns(gate_broker):
+    events: list[str] = []
+
+    class Traced(Faulty):
+        def __getattr__(self, name: str) -> object:
+            call = super().__getattr__(name)
+            if name not in ("enqueue", "claim"):
+                return call
+
+            def traced(*args: object, **kwargs: object) -> object:
+                events.append(name)
+                return call(*args, **kwargs)  # type: ignore[operator]
+
+            return traced
+
+    broker = Traced(gate_broker, replace(gate_broker.capabilities, nonblocking=False, claim_on_submit=False))
+    gate = make_gate(broker, poll_interval=GUARD)  # no polling claim comes between
+    gate.handle("q", lambda task: None)
+    async with gate:
+        await until(lambda: _idle(gate))
+        del events[:]
+        task_id = await gate.submit("q")
+        events.append("returned")
+        done = await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
+    assert done.claims == 1
+    # The claim ran in the submit's own broker call: without it, the scheduler would claim
+    # only once the submit had returned and woken it.
+    assert events[:3] == ["enqueue", "claim", "returned"]
+
+
+async def test_a_claim_failing_after_a_submit_leaves_the_submit_standing(gate_broker):
+    broker = Faulty(gate_broker, replace(gate_broker.capabilities, claim_on_submit=False))
+    gate = make_gate(broker)
+    gate.handle("q", lambda task: "ran")
+    async with gate:
+        await until(lambda: _idle(gate))
+        broker.failing["claim"] = BrokerError("claims are down")
+        task_id = await gate.submit("q")  # stored, though its claim failed
+        assert (await gate.get(task_id)).status is Status.PENDING
+        del broker.failing["claim"]
+        assert await gate.wait(task_id, timeout=GUARD) == b'"ran"'
+
+
+async def test_racing_submits_lease_no_more_tasks_than_there_are_free_workers(claiming_broker):
     running, peak = 0, 0
     release = anyio.Event()
 
@@ -60,7 +116,7 @@ async def test_racing_submits_lease_no_more_tasks_than_there_are_free_workers(ga
         await release.wait()
         running -= 1
 
-    gate = make_gate(gate_broker, {"q": QueueConfig(workers=3)})
+    gate = make_gate(claiming_broker, {"q": QueueConfig(workers=3)})
     gate.handle("q", handler)
     async with gate:
         await until(lambda: _idle(gate))

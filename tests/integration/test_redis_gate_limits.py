@@ -216,6 +216,34 @@ async def test_an_idle_gate_still_starts_a_burst_at_once(shared: tuple[str, str]
     assert (max(starts) - min(starts)) / 1_000_000 <= JITTER_S, "the burst should start at once"
 
 
+@pytest.mark.anyio
+async def test_a_task_claimed_by_its_submit_gives_its_global_slot_back(shared: tuple[str, str]) -> None:
+    # One global slot and a long lease: were the slot of a task its own submit claimed not
+    # given back, the next task would wait for it to expire.
+    url, prefix = shared
+    broker = RedisBroker(url, key_prefix=prefix)
+    config = Config(
+        broker=broker, queues={QUEUE: QueueConfig(workers=1, lease_ttl="60s")}, routes={TYPE: QUEUE}
+    )
+    gate = Gate(config, poll_interval=0.02)
+    gate.handle(TYPE, lambda task: None)
+
+    async def idle() -> bool:
+        scheduler = gate._runtime.schedulers.get(QUEUE)
+        return scheduler is not None and scheduler._started and scheduler.idle and not scheduler._claiming
+
+    try:
+        async with gate:
+            for _ in range(3):
+                await until(idle)
+                task_id = await gate.submit(TYPE)
+                with anyio.fail_after(10):
+                    await gate.wait(task_id)
+                assert (await gate.get(task_id)).claims == 1
+    finally:
+        broker.close()
+
+
 # -- claims: 4 gates, 2,000 tasks, each run exactly once ---------------------------------------
 
 MANY_TASKS = 2000
