@@ -114,11 +114,11 @@ class QueueScheduler:
         self.signal.fire()
 
     def reserve_start(self) -> bool:
-        """Take a free worker for a task a submit claims in its own step (`SubmitClaimer`).
+        """Take a free worker for a submit that claims in its own broker call (`submit_claiming`).
 
-        Only for an idle, unmetered queue with local limits, between two claims: a claim
-        counts free workers before it asks, and must count this one as taken. Every True is
-        answered by one `start_reserved`.
+        Only for an idle queue without rate or quota, between two claims: a claim counts free
+        workers before it asks, and must count this one as taken. Every True is answered by
+        one `start_reserved`.
         """
         if self._stopping or not self._started or not self._idle or self._metered or self._claiming:
             return False
