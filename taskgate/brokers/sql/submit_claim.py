@@ -157,7 +157,8 @@ def _insert_claimed_or_notify(models: Models, traits: Traits) -> Select[Any]:
     pending and ``pg_notify`` its queue; built once per schema."""
     task, lease = table_of(models.task), table_of(models.lease)
     now = bindparam("p_now", type_=task.c.run_at.type)
-    busy = select(exists().where(_due_in_queue(task)).label("due")).cte("busy")
+    # MATERIALIZED: looked at once, not inlined into each column's CASE (four index scans).
+    busy = select(exists().where(_due_in_queue(task)).label("due")).cte("busy").prefix_with("MATERIALIZED")
     pending, running = status_values(Status.PENDING), status_values(Status.RUNNING)
     decided = {
         "status": case(
