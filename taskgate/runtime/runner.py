@@ -137,10 +137,10 @@ class Runtime:
             try:
                 stored, lease = await scheduler.submit_claiming(task)
             except BaseException:
-                scheduler.start_reserved(None, claimed_at)
+                scheduler.unreserve()
                 raise
             if lease is None:
-                scheduler.start_reserved(None, claimed_at)
+                scheduler.unreserve()
                 await self.observe([stored])
                 return stored
             if lease.task.id == task.id:

@@ -118,19 +118,20 @@ class QueueScheduler:
 
         Only for an idle queue without rate or quota, between two claims: a claim counts free
         workers before it asks, and must count this one as taken. Every True is answered by
-        one `start_reserved`.
+        one `start_reserved` or `unreserve`.
         """
         if self._stopping or not self._started or not self._idle or self._metered or self._claiming:
             return False
         if anyio.current_time() < self._paused_until:
             return False
-        if (
-            self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
-            <= 0
-        ):
+        if self._free_workers() <= 0:
             return False
         self.running += 1
         return True
+
+    def _free_workers(self) -> int:
+        """Workers free for new leases: idle ones, less acks waiting beyond their allowance."""
+        return self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
 
     async def submit_claiming(self, task: NewTask) -> tuple[Task, Lease | None]:
         """Store ``task`` and claim for the worker `reserve_start` took, in one broker call.
@@ -170,19 +171,24 @@ class QueueScheduler:
             return stored, None, False
         return stored, (leases[0] if leases else None), True
 
-    def start_reserved(self, lease: Lease | None, claimed_at: float) -> bool:
-        """Hand the submit's ``lease`` to the reserved worker, or give the worker back (None).
+    def start_reserved(self, lease: Lease, claimed_at: float) -> bool:
+        """Hand the submit's ``lease`` to the reserved worker.
 
-        False when the workers are gone (the scheduler ended): the caller puts the lease back.
+        False when the workers are gone (the scheduler ended): the reservation is given back
+        and the caller puts the lease back.
         """
-        if lease is not None and not self._ready.closed:
-            # Under global limits a lease's token is its slot, as in `_claim_within_limits`.
-            slot = lease.token if self.limits.combined_claim is not None else None
-            self._ready.put((lease, slot, claimed_at))
-            return True
+        if self._ready.closed:
+            self.unreserve()
+            return False
+        # Under global limits a lease's token is its slot, as in `_claim_within_limits`.
+        slot = lease.token if self.limits.combined_claim is not None else None
+        self._ready.put((lease, slot, claimed_at))
+        return True
+
+    def unreserve(self) -> None:
+        """Give back the worker `reserve_start` took: the submit claimed nothing for it."""
         self.running -= 1
         self.wake(new_work=False)  # a claim may be waiting for a free worker
-        return lease is None
 
     async def run(self, start: StartLease, requeue: Requeue) -> None:
         """Claim until `stop`; the queue's workers run the claimed leases through ``start``.
@@ -219,7 +225,7 @@ class QueueScheduler:
 
     async def _cycle(self, requeue: Requeue) -> None:
         now = anyio.current_time()
-        free = self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
+        free = self._free_workers()
         if now < self._paused_until:
             await self.limits.flush()
             await self.signal.wait(self._paused_until - now)

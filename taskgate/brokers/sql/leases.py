@@ -46,6 +46,7 @@ __all__ = [
     "due_order",
     "heartbeat",
     "lease_lost_error",
+    "lease_running",
     "one_statement_claim_parts",
     "reap",
 ]
@@ -61,18 +62,23 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
         snapshots = [snapshot(row) for row in sorted(rows, key=due_order)]
     else:
         snapshots = _lock_and_mark_running(tx, queue, limit)
-    if not snapshots:
+    return lease_running(tx, snapshots, lease_ttl)
+
+
+def lease_running(tx: Tx, tasks: list[Task], lease_ttl: timedelta) -> list[Lease]:
+    """Insert a fresh lease for each of ``tasks`` (rows already marked running): their `Lease`s."""
+    if not tasks:
         return []
-    expires_at = now + lease_ttl
-    tokens = new_tokens(len(snapshots))
-    leases = [
+    expires_at = tx.now + lease_ttl
+    tokens = new_tokens(len(tasks))
+    rows = [
         {"task_id": task.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
-        for task, token in zip(snapshots, tokens, strict=True)
+        for task, token in zip(tasks, tokens, strict=True)
     ]
-    tx.write_many(plain_insert(table_of(tx.models.lease)), leases)
+    tx.write_many(plain_insert(table_of(tx.models.lease)), rows)
     return [
         Lease(task=task, token=token, expires_at=expires_at)
-        for task, token in zip(snapshots, tokens, strict=True)
+        for task, token in zip(tasks, tokens, strict=True)
     ]
 
 

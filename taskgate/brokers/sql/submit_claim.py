@@ -40,12 +40,11 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import Lease, NewTask
-from taskgate.brokers.sql import create
-from taskgate.brokers.sql.dialects import Traits, plain_insert
+from taskgate.brokers.sql import create, leases
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
-from taskgate.ids import new_tokens
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
@@ -73,16 +72,8 @@ def enqueue_and_claim(
             raise Conflict(f"task id {item.id!r} was taken concurrently: {exc.orig}") from exc
         if inserted:
             create.insert_keys(tx, [item])
-            (token,) = new_tokens(1)
-            expires_at = now + lease_ttl
-            lease_row = {
-                "task_id": item.id,
-                "token": token,
-                "expires_at": expires_at,
-                "cancel_requested": False,
-            }
-            tx.write_many(plain_insert(table_of(tx.models.lease)), [lease_row])
-            return snapshot(pending), Lease(task=snapshot(claimed), token=token, expires_at=expires_at)
+            (lease,) = leases.lease_running(tx, [snapshot(claimed)], lease_ttl)
+            return snapshot(pending), lease
     (stored,) = create.enqueue(tx, [item], check_ids=check_ids)
     return stored, None
 
