@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import ForeignKeyConstraint, Index, MetaData, PrimaryKeyConstraint, Table, UniqueConstraint
+from sqlalchemy import (
+    ForeignKeyConstraint,
+    Index,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, registry
 from sqlalchemy.sql.elements import conv
 
@@ -137,11 +145,30 @@ def _task_args(t: str) -> tuple[Any, ...]:
         # At most one execution replays another: a replay chain can never fork.
         UniqueConstraint("replay_of", name=conv(f"uq_{t}_replay_of")),
         ForeignKeyConstraint(["replay_of"], [f"{t}.id"], name=conv(f"fk_{t}_replay_of")),
-        Index(conv(f"ix_{t}_claim"), "queue", "ready", "run_at", "id"),
+        # On PostgreSQL every update of a row that changes an indexed column (a status
+        # change does) writes an entry into EVERY index whose predicate the new row meets:
+        # partial indexes keep finished and running rows out of the claim index, and the
+        # many rows without a business key out of that index. (MySQL and SQLite have no
+        # such cost -- they only touch indexes whose columns change -- and MySQL has no
+        # partial indexes.)
+        Index(
+            conv(f"ix_{t}_claim"),
+            "queue",
+            "ready",
+            "run_at",
+            "id",
+            postgresql_where=text("ready"),
+        ),
         Index(conv(f"ix_{t}_type_status"), "type", "status"),
         Index(conv(f"ix_{t}_status_created"), "status", "created_at", "id"),
         Index(conv(f"ix_{t}_created"), "created_at", "id"),
-        Index(conv(f"ix_{t}_business_key"), "business_key", "created_at", "id"),
+        Index(
+            conv(f"ix_{t}_business_key"),
+            "business_key",
+            "created_at",
+            "id",
+            postgresql_where=text("business_key IS NOT NULL"),
+        ),
         _options(),
     )
 

@@ -15,7 +15,7 @@ from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.clock import ManualClock
 from taskgate.errors import ConfigError
-from taskgate.models import TABLE_NAMES, build_models
+from taskgate.models import SCHEMA_REVISION, TABLE_NAMES, build_models
 
 CONSTRUCTORS = 6
 
@@ -54,7 +54,7 @@ def test_brokers_created_at_once_on_a_fresh_database_all_succeed(empty_database:
         with engine.connect() as conn:
             versions = conn.execute(text("SELECT version_num FROM taskgate_alembic_version")).all()
         engine.dispose()
-        assert [v for (v,) in versions] == ["0001"]
+        assert [v for (v,) in versions] == [SCHEMA_REVISION]
     finally:
         for broker in brokers:
             broker.close()
@@ -107,12 +107,13 @@ def _plan(engine: Any, statement: str, parameters: Any) -> str:
     return "\n".join(row[0] for row in rows)
 
 
-def test_claim_submit_claim_reap_and_counts_use_indexes_on_postgresql(postgresql_url: str) -> None:
+def test_claim_submit_claim_reap_counts_and_history_use_indexes_on_postgresql(postgresql_url: str) -> None:
     clock = ManualClock()
     engine = create_engine(normalize_url(postgresql_url))
     broker = SQLBroker(engine, clock=clock)
     try:
         broker.enqueue([NewTask(id=f"t{n:04d}", type=f"type{n % 7}", queue=f"q{n % 5}") for n in range(500)])
+        broker.enqueue([NewTask(id=f"k{n}", type="keyed", queue="keyed", business_key=f"key-{n}") for n in range(5)])
         for queue in ("q0", "q1", "q3", "q4"):
             broker.claim(queue, 100, timedelta(seconds=30))
         with engine.begin() as conn:
@@ -123,6 +124,7 @@ def test_claim_submit_claim_reap_and_counts_use_indexes_on_postgresql(postgresql
         clock.advance(60)
         broker.reap(lease_lost_max=3, limit=10)
         broker.counts()
+        broker.history("key-3")
 
         def plan_of(fragment: str) -> str:
             statement, parameters = next((s, p) for s, p in seen if fragment in s)
@@ -133,6 +135,8 @@ def test_claim_submit_claim_reap_and_counts_use_indexes_on_postgresql(postgresql
         assert plan_of("busy AS").count("ix_taskgate_tasks_claim") == 1
         assert "ix_taskgate_leases_expires" in plan_of("taskgate_leases.expires_at <=")
         assert "ix_taskgate_tasks_type_status" in plan_of("GROUP BY")
+        # Partial (rows with a key only), and a lookup by key still proves it applies.
+        assert "ix_taskgate_tasks_business_key" in plan_of("taskgate_tasks.business_key =")
     finally:
         broker.close()
         engine.dispose()

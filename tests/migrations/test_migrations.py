@@ -79,6 +79,50 @@ def test_a_migrated_database_serves_a_broker_that_does_not_create_tables(databas
         broker.close()
 
 
+def index_predicates(url: str, table: str = "taskgate_tasks") -> dict[str, str | None]:
+    """Each index of ``table`` -> its predicate as PostgreSQL prints it (None: over every row)."""
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            indexes = inspect(conn).get_indexes(table)
+    finally:
+        engine.dispose()
+    return {str(ix["name"]): ix.get("dialect_options", {}).get("postgresql_where") for ix in indexes}
+
+
+# The predicates the models give, as PostgreSQL prints them back.
+PARTIAL_ON_POSTGRESQL = {
+    "ix_taskgate_tasks_claim": "ready",
+    "ix_taskgate_tasks_business_key": "(business_key IS NOT NULL)",
+}
+
+
+def test_postgresql_keeps_claim_and_business_key_indexes_partial_after_upgrade(postgresql_url: str) -> None:
+    upgrade(postgresql_url)
+
+    predicates = index_predicates(postgresql_url)
+    assert {name: predicates[name] for name in PARTIAL_ON_POSTGRESQL} == PARTIAL_ON_POSTGRESQL
+    assert predicates["ix_taskgate_tasks_status_created"] is None
+
+
+def test_postgresql_tables_made_by_the_broker_have_the_migrations_partial_indexes(
+    postgresql_url: str,
+) -> None:
+    SQLBroker(postgresql_url).close()
+
+    predicates = index_predicates(postgresql_url)
+    assert {name: predicates[name] for name in PARTIAL_ON_POSTGRESQL} == PARTIAL_ON_POSTGRESQL
+
+
+def test_postgresql_downgrade_to_0001_indexes_every_row_again(postgresql_url: str) -> None:
+    upgrade(postgresql_url)
+    downgrade(postgresql_url, "0001")
+
+    assert set(index_predicates(postgresql_url).values()) == {None}
+    upgrade(postgresql_url)  # and back: the step runs both ways
+    assert index_predicates(postgresql_url)["ix_taskgate_tasks_claim"] == "ready"
+
+
 def test_downgrading_to_base_drops_every_taskgate_table(database_url: str) -> None:
     upgrade(database_url)
     downgrade(database_url, "base")
@@ -108,7 +152,7 @@ def test_tables_made_by_the_broker_match_the_migrations(tmp_path: Path) -> None:
 def test_a_broker_on_an_unmigrated_database_says_how_to_migrate(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
 
-    with pytest.raises(SchemaError, match=r"at nothing, need 0001: run `taskgate-migrate upgrade sqlite:///"):
+    with pytest.raises(SchemaError, match=r"at nothing, need 0002: run `taskgate-migrate upgrade sqlite:///"):
         SQLBroker(url, create_tables=False)
 
 
@@ -120,7 +164,7 @@ def test_a_broker_on_a_database_at_another_revision_names_both(tmp_path: Path) -
         conn.exec_driver_sql("UPDATE taskgate_alembic_version SET version_num = '0000'")
     engine.dispose()
 
-    with pytest.raises(SchemaError, match=r"is at 0000, need 0001: run `taskgate-migrate upgrade"):
+    with pytest.raises(SchemaError, match=r"is at 0000, need 0002: run `taskgate-migrate upgrade"):
         SQLBroker(url, create_tables=False)
 
 
