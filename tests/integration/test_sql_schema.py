@@ -113,7 +113,8 @@ def test_claim_submit_claim_reap_counts_and_history_use_indexes_on_postgresql(po
     broker = SQLBroker(engine, clock=clock)
     try:
         broker.enqueue([NewTask(id=f"t{n:04d}", type=f"type{n % 7}", queue=f"q{n % 5}") for n in range(500)])
-        broker.enqueue([NewTask(id=f"k{n}", type="keyed", queue="keyed", business_key=f"key-{n}") for n in range(5)])
+        keyed = [NewTask(id=f"k{n}", type="keyed", queue="keyed", business_key=f"key-{n}") for n in range(5)]
+        broker.enqueue(keyed)
         for queue in ("q0", "q1", "q3", "q4"):
             broker.claim(queue, 100, timedelta(seconds=30))
         with engine.begin() as conn:
