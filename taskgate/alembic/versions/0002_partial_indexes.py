@@ -48,5 +48,4 @@ def _rebuild(*, partial: bool) -> None:
     for suffix, (columns, predicate) in _PARTIAL.items():
         name = f"ix_{t}_{suffix}"
         op.drop_index(name, table_name=t)
-        where = {"postgresql_where": sa.text(predicate)} if partial else {}
-        op.create_index(name, t, columns, **where)
+        op.create_index(name, t, columns, postgresql_where=sa.text(predicate) if partial else None)
