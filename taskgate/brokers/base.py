@@ -486,6 +486,28 @@ class DistributedLimiter(Protocol):
         """
         ...
 
+    def enqueue_then_claim_with_limits(
+        self,
+        task: NewTask,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> tuple[Task, LimitedClaim | None]:
+        """`Broker.enqueue` of ``task``, then `claim_with_limits` on its queue, in one call.
+
+        A submit's store and the claim for a worker already free take one round trip. The
+        claim may lease another task, due earlier. When `enqueue` would raise, this raises the
+        same and nothing is stored or claimed. A claim that fails once the task is stored is
+        answered with None (the task stays stored; the slots of ``release`` may not be back).
+        """
+        ...
+
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
         ...

@@ -15,11 +15,12 @@ from typing import Protocol
 
 import anyio
 
-from taskgate.brokers.base import DistributedLimiter, LimitedClaim, QuotaSpec
+from taskgate.brokers.base import DistributedLimiter, LimitedClaim, NewTask, QuotaSpec
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.bucket import TokenBucket
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.task import Task
 
 __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 
@@ -28,6 +29,11 @@ log = logging.getLogger("taskgate")
 Slot = str | None
 # ``(queue, capacity, n, lease_ttl, quota, release) -> LimitedClaim``: see `Limits.combined_claim`.
 CombinedClaim = Callable[[str, int, int, timedelta, QuotaSpec | None, Sequence[str]], LimitedClaim]
+# ``(task, capacity, n, lease_ttl, release) -> (stored, claim or None)``: see
+# `Limits.combined_submit_claim`.
+CombinedSubmitClaim = Callable[
+    [NewTask, int, int, timedelta, Sequence[str]], tuple[Task, LimitedClaim | None]
+]
 
 
 class Limits(Protocol):
@@ -41,6 +47,17 @@ class Limits(Protocol):
         rate and the quota (when given) in the claim itself, after giving back the slots of
         ``release`` (`take_releases`); each lease's token is then its slot. None: take slots
         and rate first, then claim.
+        """
+        ...
+
+    @property
+    def combined_submit_claim(self) -> CombinedSubmitClaim | None:
+        """`combined_claim` with the store of a new task before it, in one broker step.
+
+        Called as ``combined_submit_claim(task, capacity, n, lease_ttl, release)`` (no rate or
+        quota: a submit claims only for an unmetered queue). Returns the stored task and the
+        claim, or None for a claim that failed after the task was stored. None: store, then
+        `combined_claim`.
         """
         ...
 
@@ -89,6 +106,11 @@ class LocalLimits:
 
     @property
     def combined_claim(self) -> CombinedClaim | None:
+        """Local slots cost no call: nothing to combine."""
+        return None
+
+    @property
+    def combined_submit_claim(self) -> CombinedSubmitClaim | None:
         """Local slots cost no call: nothing to combine."""
         return None
 
@@ -171,6 +193,26 @@ class DistributedLimits:
             rps=conf.rps,
             burst=conf.effective_burst,
             quota=quota,
+            release=release,
+            claimer=self._claimer,
+        )
+
+    @property
+    def combined_submit_claim(self) -> CombinedSubmitClaim | None:
+        """The store of a submitted task, slots and the claim in one script."""
+        return self._submit_claim
+
+    def _submit_claim(
+        self, task: NewTask, capacity: int, n: int, lease_ttl: timedelta, release: Sequence[str]
+    ) -> tuple[Task, LimitedClaim | None]:
+        conf = self._conf
+        return self._limiter.enqueue_then_claim_with_limits(
+            task,
+            capacity,
+            n,
+            lease_ttl,
+            rps=conf.rps,
+            burst=conf.effective_burst,
             release=release,
             claimer=self._claimer,
         )

@@ -136,10 +136,11 @@ class QueueScheduler:
     async def submit_claiming(self, task: NewTask) -> tuple[Task, Lease | None]:
         """Store ``task`` and claim for the worker `reserve_start` took, in one broker call.
 
-        A `SubmitClaimer` leases ``task`` itself in the submit's own step. Any other broker
-        stores it, then claims as `_cycle` would (global slots included) in the same thread,
-        sparing the hop back, the scheduler's wake-up and the hop to the claim; that lease may
-        be another task's, due earlier.
+        A `SubmitClaimer` leases ``task`` itself in the submit's own step. Global limits that
+        combine a submit with their claim (Redis: one script) store it and claim as `_cycle`
+        would in one round trip. Any other broker stores it, then claims in the same thread,
+        sparing the hop back, the scheduler's wake-up and the hop to the claim. The last two
+        may lease another task, due earlier.
         """
         if self._broker.capabilities.claim_on_submit:
             claimer = cast(SubmitClaimer, self._broker)
@@ -157,6 +158,12 @@ class QueueScheduler:
     def _enqueue_then_claim(self, task: NewTask, release: Sequence[str]) -> tuple[Task, Lease | None, bool]:
         """In a broker thread: `enqueue`, then one claim; the third value says whether the claim
         (and with it ``release``) went through. A failed claim leaves the submit standing."""
+        combined_submit = self.limits.combined_submit_claim
+        if combined_submit is not None:
+            stored, claim = combined_submit(task, self.conf.workers, 1, self.conf.lease, release)
+            if claim is None:
+                return stored, None, False  # the broker logged why; the scheduler claims next
+            return stored, (claim.leases[0] if claim.leases else None), True
         (stored,) = self._broker.enqueue([task])
         combined = self.limits.combined_claim
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import logging
 import threading
 from collections.abc import Collection, Sequence
 from datetime import timedelta
@@ -58,6 +59,8 @@ from taskgate.ids import new_tokens
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["RedisBroker"]
+
+log = logging.getLogger("taskgate")
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -367,34 +370,43 @@ class RedisBroker:
         rate (``rps`` > 0) and a unit of ``quota`` -- one script, spent only for tasks claimed.
         The slots of ``release`` are given back first, in the same script; claimers with a
         ``claimer`` id take turns at slots (see claim_limited.lua)."""
-        check_identifier(queue, what="queue")
-        check_identifier(claimer, what="claimer", allow_empty=True)
-        released = check_tokens(release)
-        check_count(capacity, what="slot capacity", minimum=1)
-        check_count(limit, what="claim limit", minimum=1)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        rate, size = check_rate(rps, burst)
-        if quota is not None:
-            check_quota_request(quota.key, quota.limit, quota.period, 0)
-        quota_args = ["", 0, 0] if quota is None else [quota.key, quota.limit, ttl_us(quota.period)]
-        args = [
-            queue,
-            capacity,
-            ttl_us(lease_ttl),
-            repr(rate),
-            size,
-            *quota_args,
-            claimer,
-            len(released),
-            *released,
-        ]
-        retry_after, start_us, left, *flats = self._run("claim_limited", [*args, *new_tokens(limit)])
-        leases = [lease_from_flat(flat) for flat in flats]
-        return LimitedClaim(
-            leases=leases,
-            retry_after=float(retry_after),
-            quota=_quota_claim(quota, start_us, int(left), leases),
+        args = _limited_claim_args(queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer)
+        return _limited_claim(self._run("claim_limited", args), quota)
+
+    def enqueue_then_claim_with_limits(
+        self,
+        task: NewTask,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> tuple[Task, LimitedClaim | None]:
+        """`enqueue` of ``task``, then `claim_with_limits` on its queue: one script, one round trip.
+
+        The claim may lease another task of the queue, due earlier. When `enqueue` would
+        raise, this raises the same and nothing is stored or claimed. A claim that fails
+        once the task is stored is logged and answered with None: the task stays stored
+        and pending, and the slots of ``release`` may not have been given back.
+        """
+        (item,) = check_new_tasks([task])
+        stored_args = enqueue_args([item])
+        claim_args = _limited_claim_args(
+            item.queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer
         )
+        self._check_open()
+        with_now = [self._now_arg(), len(stored_args), *stored_args, *claim_args]
+        stored_reply, *claim_reply = self._scripts.run("enqueue_claim_limited", self._keys.base, with_now)
+        created_at, *arrivals = unwrap(stored_reply)
+        (stored,) = arrived_tasks([item], from_us(created_at), arrivals)
+        if claim_reply and claim_reply[0][0] == b"failed":
+            log.warning("the claim after storing task %s failed: %s", stored.id, claim_reply[0][1])
+            return stored, None
+        return stored, _limited_claim(unwrap(claim_reply[0]), quota)
 
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
@@ -435,6 +447,53 @@ class RedisBroker:
         # under a blocked read would make redis-py raise in the waiter instead of waking it.
         with redis_errors("close"):
             self._waiter.close()
+
+
+def _limited_claim_args(
+    queue: str,
+    capacity: int,
+    limit: int,
+    lease_ttl: timedelta,
+    rps: float,
+    burst: int,
+    quota: QuotaSpec | None,
+    release: Sequence[str],
+    claimer: str,
+) -> builtins.list[Any]:
+    """The arguments of ``claim_limited`` after ``now`` (checked: bad input raises here)."""
+    check_identifier(queue, what="queue")
+    check_identifier(claimer, what="claimer", allow_empty=True)
+    released = check_tokens(release)
+    check_count(capacity, what="slot capacity", minimum=1)
+    check_count(limit, what="claim limit", minimum=1)
+    check_duration(lease_ttl, what="lease_ttl", positive=True)
+    rate, size = check_rate(rps, burst)
+    if quota is not None:
+        check_quota_request(quota.key, quota.limit, quota.period, 0)
+    quota_args = ["", 0, 0] if quota is None else [quota.key, quota.limit, ttl_us(quota.period)]
+    return [
+        queue,
+        capacity,
+        ttl_us(lease_ttl),
+        repr(rate),
+        size,
+        *quota_args,
+        claimer,
+        len(released),
+        *released,
+        *new_tokens(limit),
+    ]
+
+
+def _limited_claim(reply: Sequence[Any], quota: QuotaSpec | None) -> LimitedClaim:
+    """A ``claim_limited`` reply (after "ok") as a `LimitedClaim`."""
+    retry_after, start_us, left, *flats = reply
+    leases = [lease_from_flat(flat) for flat in flats]
+    return LimitedClaim(
+        leases=leases,
+        retry_after=float(retry_after),
+        quota=_quota_claim(quota, start_us, int(left), leases),
+    )
 
 
 def _quota_claim(

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from taskgate.errors import BrokerError
 
-__all__ = ["SCRIPT_NAMES", "ScriptBook", "redis_errors"]
+__all__ = ["CHAINED", "SCRIPT_NAMES", "ScriptBook", "chain", "redis_errors"]
 
 SCRIPT_NAMES = (
     "ack",
@@ -46,6 +46,10 @@ SCRIPT_NAMES = (
     "slots_acquire",
     "slots_renew",
 )
+
+# Scripts made of two: the first's body, then -- only when it answered "ok" -- the second's,
+# in one EVALSHA (see `chain`).
+CHAINED = {"enqueue_claim_limited": ("enqueue", "claim_limited")}
 
 Arg = str | bytes | int | float
 
@@ -73,12 +77,21 @@ def wrap(library: str, body: str) -> str:
     return f"{library}\nlocal function main()\n{body}\nend\n{_EPILOGUE}"
 
 
+def chain(library: str, first: str, second: str) -> str:
+    """One script running ``first``'s body, then ``second``'s if the first answered "ok"
+    (``lua/_chain.lua`` says how arguments are split and what it replies)."""
+    template = read_lua("_chain").replace("--[[FIRST]]", first).replace("--[[SECOND]]", second)
+    return f"{library}\n{template}\n{_EPILOGUE}"
+
+
 class ScriptBook:
     """Every taskgate script registered on one client; `run` calls one by name."""
 
     def __init__(self, client: Any) -> None:
         library = read_lua("_lib")
         self._scripts = {name: client.register_script(wrap(library, read_lua(name))) for name in SCRIPT_NAMES}
+        for name, (first, second) in CHAINED.items():
+            self._scripts[name] = client.register_script(chain(library, read_lua(first), read_lua(second)))
 
     def run(self, name: str, base: str, args: Sequence[Arg]) -> list[Any]:
         """Run script ``name`` with ``KEYS[1] = base`` and ``args``; return its reply list."""

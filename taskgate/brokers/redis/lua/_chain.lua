@@ -1,0 +1,46 @@
+-- _chain.lua: NOT a script on its own. The loader (scripts.py, `chain`) puts the bodies of
+-- two scripts in place of the two marker lines below and the library before it, making one
+-- script that runs the first and then, only when it answered "ok", the second -- one round
+-- trip where the two scripts take two (a submit's store and the claim that follows it).
+--
+-- ARGV[1]      "now" for both parts
+-- ARGV[2]      the number N of the first part's own arguments: ARGV[3..2+N]
+-- ARGV[3+N..]  the second part's own arguments
+-- Each part sees its arguments as ARGV[2..], as when it runs alone.
+-- Returns  {first_reply} when the first part failed its checks (nothing written), else
+--          {first_reply, second_reply}; a second part that raised answers {"failed", message}:
+--          the first part's writes stand, so the reply must say so rather than raise.
+--
+-- The first part's deferred writes are flushed before the second runs: the second reads
+-- what the first deferred (a claim reads the queue an enqueue added to). A second part that
+-- raised has its deferred writes dropped, as when a script alone raises.
+
+local function first_part(ARGV)
+--[[FIRST]]
+end
+
+local function second_part(ARGV)
+--[[SECOND]]
+end
+
+local function main()
+  local split = tonumber(ARGV[2])
+  local first_args, second_args = { ARGV[1] }, { ARGV[1] }
+  for i = 3, 2 + split do
+    first_args[#first_args + 1] = ARGV[i]
+  end
+  for i = 3 + split, #ARGV do
+    second_args[#second_args + 1] = ARGV[i]
+  end
+  local first = first_part(first_args)
+  if first[1] ~= 'ok' then
+    return { first }
+  end
+  flush_status()
+  local ran, second = pcall(second_part, second_args)
+  if not ran then
+    ZSET_CHANGES, STATUS_COUNTS = {}, {}
+    return { first, { 'failed', type(second) == 'table' and second.err or tostring(second) } }
+  end
+  return { first, second }
+end
