@@ -7,13 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from taskgate.brokers.base import Broker, NewTask, QuotaGrant
+from taskgate.brokers.base import Broker, FailureKind, NewTask, QuotaGrant
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.brokers.memory._quota import window_bounds
 from taskgate.clock import ManualClock
 from taskgate.errors import BrokerError
 from taskgate.ids import new_id
-from taskgate.task import Filter, Status
+from taskgate.task import TASK_FIELDS, Filter, Status
 
 TTL = timedelta(seconds=30)
 
@@ -145,3 +145,36 @@ def test_wrongly_typed_arguments_raise_type_error(call: object) -> None:
     with pytest.raises(TypeError):
         call(broker)  # type: ignore[operator]
     assert broker.list(Filter()) == []
+
+
+def test_snapshots_hold_exactly_the_task_fields_and_never_change_afterwards() -> None:
+    # A snapshot is a copy of the record's field dict: bookkeeping (token, lease end, heap
+    # sequence) must stay out of it, and later transitions must not reach earlier copies.
+    clock = ManualClock()
+    broker = MemoryBroker(clock=clock)
+    (parent,) = broker.enqueue([NewTask(id="p", type="t", queue="q", payload=b"x")])
+    (child,) = broker.enqueue([NewTask(id="c", type="t", queue="q", depends_on=("p",))])
+    (lease,) = broker.claim("q", 1, TTL)
+    broker.heartbeat("p", lease.token, TTL)
+    retried = broker.retry("p", lease.token, kind=FailureKind.BUSINESS, error="boom", delay=timedelta(0))
+    (again,) = broker.claim("q", 1, TTL)
+    done = broker.ack("p", again.token, b"r")
+    (child_lease,) = broker.claim("q", 1, TTL)
+    clock.advance(TTL)
+    (reaped,) = broker.reap(lease_lost_max=3)
+
+    snapshots = [parent, child, lease.task, retried, again.task, done, child_lease.task, reaped]
+    for task in snapshots:
+        assert set(vars(task)) == set(TASK_FIELDS)
+    assert [t.status for t in snapshots] == [
+        Status.PENDING,
+        Status.BLOCKED,
+        Status.RUNNING,
+        Status.RETRYING,
+        Status.RUNNING,
+        Status.COMPLETED,
+        Status.RUNNING,
+        Status.PENDING,
+    ]
+    assert (retried.attempts, retried.last_error, done.result, done.attempts) == (1, "boom", b"r", 1)
+    assert (reaped.id, reaped.lease_lost, child_lease.task.lease_lost) == ("c", 1, 0)
