@@ -602,6 +602,28 @@ def test_a_submit_chained_with_its_claim_leases_a_task_due_before_it(open_broker
     assert broker.queue_length("q") == 2
 
 
+def test_a_chained_submit_wakes_the_queue_only_when_a_task_stays_pending(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    signals = client.pubsub()
+    signals.subscribe(KeySpace(unique_prefix).signal("q"))
+    try:
+        confirmed = signals.get_message(timeout=5)  # read first, or a later read returns it
+        assert confirmed is not None and confirmed["type"] == "subscribe"
+        # Claimed by its own submit: nothing is left for any waiter, so none is woken.
+        _, claim = broker.enqueue_then_claim_with_limits(NewTask(id="a", type="t", queue="q"), 1, 1, TTL)
+        assert claim is not None and _ids(claim) == ["a"]
+        assert signals.get_message(timeout=0.2) is None
+        # No slot left: the task stays pending, and waiters (other processes) must hear of it.
+        _, claim = broker.enqueue_then_claim_with_limits(NewTask(id="b", type="t", queue="q"), 1, 1, TTL)
+        assert claim is not None and _ids(claim) == []
+        message = signals.get_message(timeout=5)
+        assert message is not None and message["type"] == "message"
+    finally:
+        signals.close()
+
+
 def test_a_chained_submit_the_enqueue_refuses_stores_and_claims_nothing(
     open_broker: Factory, client: redis.Redis, unique_prefix: str
 ) -> None:
@@ -650,9 +672,12 @@ def test_slots_given_back_and_left_to_a_waiter_wake_it_while_tasks_are_due(
 ) -> None:
     broker = open_broker(clock=ManualClock())
     _pending(broker, 2)
-    signals = client.pubsub(ignore_subscribe_messages=True)
+    signals = client.pubsub()
     signals.subscribe(KeySpace(unique_prefix).signal("q"))
     try:
+        # Read the confirmation first: the "no message" checks below must not pass on it.
+        confirmed = signals.get_message(timeout=5)
+        assert confirmed is not None and confirmed["type"] == "subscribe"
         (held,) = broker.claim_with_limits("q", 1, 1, TTL, claimer="a").leases
         assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="b")) == []  # b is owed
         assert signals.get_message(timeout=0.2) is None  # no slot was given back

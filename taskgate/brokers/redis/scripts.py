@@ -68,12 +68,13 @@ def read_lua(name: str) -> str:
     return (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
-_EPILOGUE = "local reply = main()\nflush_status()\nreturn reply\n"
+_EPILOGUE = "local reply = main()\nflush_status()\npublish_signals()\nreturn reply\n"
 
 
 def wrap(library: str, body: str) -> str:
     """One script: the library, then ``body`` as a function whose reply is returned after the
-    library's deferred status writes (`flush_status`) -- whichever ``return`` the body took."""
+    library's deferred status writes (`flush_status`) and wake-ups (`publish_signals`) --
+    whichever ``return`` the body took."""
     return f"{library}\nlocal function main()\n{body}\nend\n{_EPILOGUE}"
 
 

@@ -14,6 +14,10 @@
 -- The first part's deferred writes are flushed before the second runs: the second reads
 -- what the first deferred (a claim reads the queue an enqueue added to). A second part that
 -- raised has its deferred writes dropped, as when a script alone raises.
+--
+-- The first part's wake-ups (`signal`) are held back until the second has run, and sent only
+-- for queues that still hold a pending task then: when the claim took the task the enqueue
+-- stored, waking every waiter of its queue would only make them look and find nothing.
 
 local function first_part(ARGV)
 --[[FIRST]]
@@ -37,10 +41,18 @@ local function main()
     return { first }
   end
   flush_status()
+  local held = SIGNALED
+  SIGNALED = {}
   local ran, second = pcall(second_part, second_args)
   if not ran then
-    ZSET_CHANGES, STATUS_COUNTS = {}, {}
+    ZSET_CHANGES, STATUS_COUNTS, SIGNALED = {}, {}, held
     return { first, { 'failed', type(second) == 'table' and second.err or tostring(second) } }
+  end
+  flush_status()
+  for queue in pairs(held) do
+    if redis.call('ZCARD', B .. 'queue:' .. queue) > 0 then
+      SIGNALED[queue] = true
+    end
   end
   return { first, second }
 end

@@ -86,12 +86,19 @@ end
 
 -- Wake wait_for_work callers of this queue in every process (a Pub/Sub message, not a key).
 -- Once per queue per script: a batch making 1000 tasks ready wakes the same waiters as one.
+-- Sent when the script ends (`publish_signals`, called by the loader's wrapper): Redis sends
+-- nothing a script publishes before the script has ended, so no subscriber can tell, and a
+-- script made of two (`_chain.lua`) can hold back a wake-up the second part made pointless.
 local SIGNALED = {}
 local function signal(queue)
-  if not SIGNALED[queue] then
-    SIGNALED[queue] = true
+  SIGNALED[queue] = true
+end
+
+local function publish_signals()
+  for queue in pairs(SIGNALED) do
     redis.call('PUBLISH', B .. 'signal:' .. queue, '1')
   end
+  SIGNALED = {}
 end
 
 -- Take the task out of the structure its current status keeps it in.
