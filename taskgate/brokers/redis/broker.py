@@ -403,10 +403,13 @@ class RedisBroker:
         stored_reply, *claim_reply = self._scripts.run("enqueue_claim_limited", self._keys.base, with_now)
         created_at, *arrivals = unwrap(stored_reply)
         (stored,) = arrived_tasks([item], from_us(created_at), arrivals)
-        if claim_reply and claim_reply[0][0] == b"failed":
-            log.warning("the claim after storing task %s failed: %s", stored.id, claim_reply[0][1])
+        (claimed,) = claim_reply  # the store answered "ok": the claim ran
+        if claimed[0] != b"ok":
+            # The task is stored: report the claim's failure instead of failing the submit.
+            reason = " ".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in claimed)
+            log.warning("the claim after storing task %s failed: %s", stored.id, reason)
             return stored, None
-        return stored, _limited_claim(unwrap(claim_reply[0]), quota)
+        return stored, _limited_claim(unwrap(claimed), quota)
 
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
