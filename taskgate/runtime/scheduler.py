@@ -156,21 +156,19 @@ class QueueScheduler:
         return stored, lease
 
     def _enqueue_then_claim(self, task: NewTask, release: Sequence[str]) -> tuple[Task, Lease | None, bool]:
-        """In a broker thread: `enqueue`, then one claim; the third value says whether the claim
-        (and with it ``release``) went through. A failed claim leaves the submit standing."""
+        """In a broker thread: store ``task`` and claim one lease (global limits: one broker
+        call that also gives ``release`` back; else `enqueue`, then `claim`). The third value
+        says whether the claim went through; a failed claim leaves the submit standing."""
         combined_submit = self.limits.combined_submit_claim
         if combined_submit is not None:
             stored, claim = combined_submit(task, self.conf.workers, 1, self.conf.lease, release)
             if claim is None:
                 return stored, None, False  # the broker logged why; the scheduler claims next
             return stored, (claim.leases[0] if claim.leases else None), True
+        # Local limits: no slots to take or give back, a plain claim.
         (stored,) = self._broker.enqueue([task])
-        combined = self.limits.combined_claim
         try:
-            if combined is not None:
-                leases = combined(self.name, self.conf.workers, 1, self.conf.lease, None, release).leases
-            else:
-                leases = self._broker.claim(self.name, 1, self.conf.lease)
+            leases = self._broker.claim(self.name, 1, self.conf.lease)
         except TaskgateError as exc:
             log.warning(
                 "queue %r: the claim after a submit failed (the scheduler claims next): %s", self.name, exc
