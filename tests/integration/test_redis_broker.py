@@ -22,13 +22,13 @@ from redis.crc import key_slot
 
 from taskgate.brokers.base import DistributedLimiter, FailureKind, LimitedClaim, NewTask, QuotaSpec
 from taskgate.brokers.redis import RedisBroker
-from taskgate.brokers.redis.codec import enqueue_args, from_us
+from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS, enqueue_args, from_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import SCRIPT_NAMES
 from taskgate.brokers.redis.waiter import SLICE
 from taskgate.clock import ManualClock
-from taskgate.errors import BrokerError, ConfigError
-from taskgate.task import Status
+from taskgate.errors import BrokerError, ConfigError, LeaseLostError, TaskNotFoundError
+from taskgate.task import Status, Task
 
 TTL = timedelta(seconds=10)
 
@@ -709,3 +709,86 @@ def test_without_a_claimer_id_a_claim_takes_every_free_slot(open_broker: Factory
     (held,) = broker.claim_with_limits("q", 1, 1, TTL).leases
     assert _ids(broker.claim_with_limits("q", 1, 1, TTL, claimer="b")) == []
     assert _ids(broker.claim_with_limits("q", 1, 1, TTL, release=[held.token])) == ["t1"]
+
+
+# -- snapshots: scripts answer a task as its SNAPSHOT_FIELDS values, read once per task --------
+
+
+def _parent_and_child(broker: RedisBroker, clock: ManualClock) -> str:
+    """A child with every optional field set, run once and retried, then claimed again."""
+    broker.enqueue([NewTask(id="parent", type="t", queue="q")])
+    (parent_lease,) = broker.claim("q", 1, TTL)
+    broker.ack("parent", parent_lease.token, None)
+    child = NewTask(
+        id="child",
+        type="t",
+        queue="q",
+        payload=b"\x00in",
+        business_key="bk",
+        depends_on=("parent",),
+        max_retry=3,
+    )
+    broker.enqueue([child])
+    (lease,) = broker.claim("q", 1, TTL)
+    broker.retry("child", lease.token, kind=FailureKind.BUSINESS, error="boom", delay=timedelta(seconds=1))
+    clock.advance(2)
+    return "child"
+
+
+def test_every_field_a_task_hash_holds_is_in_the_snapshot(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    task_id = _parent_and_child(broker, clock)
+    (lease,) = broker.claim("q", 1, TTL)
+    broker.cancel(task_id)  # running: marked, still held
+    stored = {name.decode() for name in _stored(client, unique_prefix, task_id)}
+    assert stored <= set(SNAPSHOT_FIELDS)
+    broker.ack(task_id, lease.token, b"out")
+    stored |= {name.decode() for name in _stored(client, unique_prefix, task_id)}
+    assert stored <= set(SNAPSHOT_FIELDS)
+    assert {"payload", "result", "last_error", "business_key", "started_at", "finished_at"} <= stored
+
+
+def test_a_claim_answers_the_task_as_stored_after_it(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    task_id = _parent_and_child(broker, clock)
+    (lease,) = broker.claim("q", 1, TTL)
+    assert lease.task == broker.get(task_id)
+    assert (lease.task.claims, lease.task.attempts, lease.task.last_error) == (2, 1, "boom")
+    assert lease.task.started_at == clock.now()
+    stored = _stored(client, unique_prefix, task_id)
+    assert stored[b"token"].decode() == lease.token
+    assert from_us(stored[b"lease_until"]) == lease.expires_at == clock.now() + TTL
+
+
+@pytest.mark.parametrize("result", [None, b"", b"out"])
+def test_an_ack_answers_the_task_as_stored_after_it(open_broker: Factory, result: bytes | None) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    task_id = _parent_and_child(broker, clock)
+    (lease,) = broker.claim("q", 1, TTL)
+    broker.cancel(task_id)
+    clock.advance(1)
+    (done,) = broker.ack_many([(task_id, lease.token, result)])
+    assert done == broker.get(task_id)
+    assert isinstance(done, Task) and done.status is Status.COMPLETED and done.result == result
+    assert done.finished_at == clock.now()
+
+
+def test_a_batch_acking_one_task_twice_answers_the_second_item_as_lost(open_broker: Factory) -> None:
+    broker = open_broker()
+    broker.enqueue([NewTask(id="a", type="t", queue="q")])
+    (lease,) = broker.claim("q", 1, TTL)
+    first, second = broker.ack_many([("a", lease.token, b"1"), ("a", lease.token, b"2")])
+    assert first == broker.get("a") and isinstance(first, Task) and first.result == b"1"
+    assert isinstance(second, LeaseLostError) and "completed" in str(second)
+
+
+def test_get_of_an_unknown_task_is_not_found(open_broker: Factory) -> None:
+    with pytest.raises(TaskNotFoundError, match="'nope'"):
+        open_broker().get("nope")

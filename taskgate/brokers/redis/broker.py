@@ -38,11 +38,12 @@ from taskgate.brokers.checks import (
     check_timeout,
 )
 from taskgate.brokers.redis.codec import (
+    SNAPSHOT_FIELDS,
     arrived_tasks,
     enqueue_args,
     from_us,
-    lease_from_flat,
-    task_from_flat,
+    lease_from_values,
+    task_from_values,
     to_us,
     ttl_us,
 )
@@ -157,20 +158,20 @@ class RedisBroker:
         else:
             mode, body = ("none", b"") if payload is None else ("bytes", payload)
         args = [execution_id, new_id, 1 if allow_completed else 0, mode, body]
-        (flat,) = self._run("replay", args)
-        return task_from_flat(flat)
+        (snapshot,) = self._run("replay", args)
+        return task_from_values(snapshot)
 
     # -- tasks: read -----------------------------------------------------------------------
 
     def get(self, task_id: str) -> Task:
-        """The current snapshot of ``task_id`` (one ``HGETALL``)."""
+        """The current snapshot of ``task_id`` (one ``HMGET``)."""
         check_identifier(task_id, what="task id")
         self._check_open()
         with redis_errors("get"):
-            flat = self._client.execute_command("HGETALL", self._keys.task(task_id))
-        if not flat:
+            values = self._client.execute_command("HMGET", self._keys.task(task_id), *SNAPSHOT_FIELDS)
+        if values[0] is None:
             raise TaskNotFoundError(f"no task with id {task_id!r}")
-        return task_from_flat(_flat_list(flat))
+        return task_from_values(values)
 
     def list(self, filter: Filter) -> builtins.list[Task]:
         """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit.
@@ -185,12 +186,12 @@ class RedisBroker:
             value = getattr(filter, name)
             if value is not None:
                 args.extend([name, str(value)])
-        return [task_from_flat(flat) for flat in self._run("list", args)]
+        return [task_from_values(snapshot) for snapshot in self._run("list", args)]
 
     def history(self, business_key: str) -> builtins.list[Task]:
         """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
         check_identifier(business_key, what="business_key")
-        return [task_from_flat(flat) for flat in self._run("history", [business_key])]
+        return [task_from_values(snapshot) for snapshot in self._run("history", [business_key])]
 
     def counts(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status from the ``stats`` HASH; zero counts are absent."""
@@ -219,7 +220,8 @@ class RedisBroker:
         check_count(limit, what="claim limit", minimum=1)
         check_duration(lease_ttl, what="lease_ttl", positive=True)
         tokens = new_tokens(limit)
-        return [lease_from_flat(flat) for flat in self._run("claim", [queue, ttl_us(lease_ttl), *tokens])]
+        snapshots = self._run("claim", [queue, ttl_us(lease_ttl), *tokens])
+        return [lease_from_values(snapshot) for snapshot in snapshots]
 
     def claim_within_quota(
         self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
@@ -227,11 +229,11 @@ class RedisBroker:
         """`claim` and `reserve_quota` in one script: a unit of ``key`` per task claimed."""
         check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
         tokens = new_tokens(limit)
-        start_us, left, *flats = self._run(
+        start_us, left, *snapshots = self._run(
             "claim_quota", [queue, ttl_us(lease_ttl), key, quota_limit, ttl_us(period), *tokens]
         )
         start = from_us(start_us)
-        claimed = [lease_from_flat(flat) for flat in flats]
+        claimed = [lease_from_values(snapshot) for snapshot in snapshots]
         grant = QuotaGrant(
             key=key, window_start=start, window_end=start + period, granted=len(claimed), limit=quota_limit
         )
@@ -301,8 +303,8 @@ class RedisBroker:
         return self._transition("finish_canceled", [task_id, token])
 
     def _transition(self, name: str, args: Sequence[Any]) -> Task:
-        (flat,) = self._run(name, args)
-        return task_from_flat(flat)
+        (snapshot,) = self._run(name, args)
+        return task_from_values(snapshot)
 
     # -- tasks: anyone's transitions -------------------------------------------------------
 
@@ -324,7 +326,7 @@ class RedisBroker:
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
-        return [task_from_flat(flat) for flat in self._run("reap", [lease_lost_max, limit])]
+        return [task_from_values(snapshot) for snapshot in self._run("reap", [lease_lost_max, limit])]
 
     # -- quota and distributed limits (see limits.py) --------------------------------------
 
@@ -490,8 +492,8 @@ def _limited_claim_args(
 
 def _limited_claim(reply: Sequence[Any], quota: QuotaSpec | None) -> LimitedClaim:
     """A ``claim_limited`` reply (after "ok") as a `LimitedClaim`."""
-    retry_after, start_us, left, *flats = reply
-    leases = [lease_from_flat(flat) for flat in flats]
+    retry_after, start_us, left, *snapshots = reply
+    leases = [lease_from_values(snapshot) for snapshot in snapshots]
     return LimitedClaim(
         leases=leases,
         retry_after=float(retry_after),
@@ -525,10 +527,10 @@ def _check_lease(task_id: object, token: object) -> None:
 def _ack_answer(reply: Sequence[Any]) -> AckOutcome:
     """One item of an ack_many reply: the snapshot, or the error of that item alone."""
     try:
-        (flat,) = unwrap(reply)
+        (snapshot,) = unwrap(reply)
     except (LeaseLostError, TaskNotFoundError) as exc:
         return exc
-    return task_from_flat(flat)
+    return task_from_values(snapshot)
 
 
 def _flat_list(reply: Any) -> builtins.list[bytes]:

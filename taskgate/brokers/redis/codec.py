@@ -1,4 +1,4 @@
-"""Converting between Python values and what the scripts store: µs integers, flat hashes.
+"""Converting between Python values and what the scripts store and answer: µs integers, task hashes.
 
 Times are integer microseconds since the Unix epoch (UTC), exact in a Redis ZSET score (a
 double holds integers up to 2**53 µs, i.e. beyond the year 2200) and in a Lua number.
@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from taskgate.brokers.base import Lease, NewTask
 from taskgate.clock import utc
 from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 
 __all__ = [
+    "SNAPSHOT_FIELDS",
     "arrived_tasks",
     "enqueue_args",
     "from_us",
-    "lease_from_flat",
+    "lease_from_values",
     "new_task_args",
-    "task_from_flat",
+    "task_from_values",
     "to_us",
     "ttl_us",
 ]
@@ -53,51 +55,97 @@ def from_us(value: bytes | str | int) -> datetime:
     return _EPOCH + timedelta(microseconds=int(value))
 
 
-def _text(fields: Mapping[str, bytes], name: str) -> str | None:
-    raw = fields.get(name)
+# A task as the scripts reply it and `RedisBroker.get` reads it: the values of these hash
+# fields, in this order (``HMGET``; None where unset). The script loader writes the same list
+# into the Lua library (``SNAPSHOT_FIELDS``, ``AT``), so the two cannot drift apart.
+SNAPSHOT_FIELDS = (
+    "id",
+    "type",
+    "queue",
+    "payload",
+    "status",
+    "created_at",
+    "run_at",
+    "result",
+    "last_error",
+    "attempts",
+    "max_retry",
+    "throttled",
+    "lease_lost",
+    "claims",
+    "depends_on",
+    "ignore_parent_failure",
+    "business_key",
+    "replay_of",
+    "started_at",
+    "finished_at",
+    "cancel_requested",
+    "token",
+    "lease_until",
+)
+
+
+def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode()
 
 
-def _time(fields: Mapping[str, bytes], name: str) -> datetime | None:
-    raw = fields.get(name)
+def _time(raw: bytes | None) -> datetime | None:
     return None if raw is None else from_us(raw)
 
 
-def fields_of(flat: Sequence[bytes]) -> dict[str, bytes]:
-    """A ``HGETALL`` reply (flat list of name, value, …) as a dict with str names."""
-    return {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
-
-
-def task_from_flat(flat: Sequence[bytes]) -> Task:
-    """The `Task` snapshot stored in a task hash, given as a flat ``HGETALL`` reply."""
-    return task_from_hash(fields_of(flat))
-
-
-def task_from_hash(f: Mapping[str, bytes]) -> Task:
-    """The `Task` snapshot stored in a task hash, given as a dict of its fields."""
+def task_from_values(values: Sequence[Any]) -> Task:
+    """The `Task` snapshot of a task hash, given as its `SNAPSHOT_FIELDS` values in order
+    (bytes, None where unset: a script's or ``HMGET``'s reply)."""
+    (
+        task_id,
+        task_type,
+        queue,
+        payload,
+        status,
+        created_at,
+        run_at,
+        result,
+        last_error,
+        attempts,
+        max_retry,
+        throttled,
+        lease_lost,
+        claims,
+        depends_on,
+        ignore_parent_failure,
+        business_key,
+        replay_of,
+        started_at,
+        finished_at,
+        cancel_requested,
+        _token,
+        _lease_until,
+    ) = values
+    if task_id is None:
+        raise ValueError("no such task hash: every snapshot field is unset")
     return task_from_fields(
         {
-            "id": f["id"].decode(),
-            "type": f["type"].decode(),
-            "queue": f["queue"].decode(),
-            "payload": f.get("payload"),
-            "status": STATUS_BY_VALUE[f["status"].decode()],
-            "created_at": from_us(f["created_at"]),
-            "run_at": from_us(f["run_at"]),
-            "result": f.get("result"),
-            "last_error": _text(f, "last_error"),
-            "attempts": int(f["attempts"]),
-            "max_retry": int(f["max_retry"]),
-            "throttled": int(f["throttled"]),
-            "lease_lost": int(f["lease_lost"]),
-            "claims": int(f["claims"]),
-            "depends_on": _parents(f["depends_on"]),
-            "ignore_parent_failure": f["ignore_parent_failure"] == b"1",
-            "business_key": _text(f, "business_key"),
-            "replay_of": _text(f, "replay_of"),
-            "started_at": _time(f, "started_at"),
-            "finished_at": _time(f, "finished_at"),
-            "cancel_requested": f.get("cancel_requested") == b"1",
+            "id": task_id.decode(),
+            "type": task_type.decode(),
+            "queue": queue.decode(),
+            "payload": payload,
+            "status": STATUS_BY_VALUE[status.decode()],
+            "created_at": from_us(created_at),
+            "run_at": from_us(run_at),
+            "result": result,
+            "last_error": _text(last_error),
+            "attempts": int(attempts),
+            "max_retry": int(max_retry),
+            "throttled": int(throttled),
+            "lease_lost": int(lease_lost),
+            "claims": int(claims),
+            "depends_on": _parents(depends_on),
+            "ignore_parent_failure": ignore_parent_failure == b"1",
+            "business_key": _text(business_key),
+            "replay_of": _text(replay_of),
+            "started_at": _time(started_at),
+            "finished_at": _time(finished_at),
+            "cancel_requested": cancel_requested == b"1",
         }
     )
 
@@ -106,10 +154,10 @@ def _parents(stored: bytes) -> tuple[str, ...]:
     return () if stored == b"[]" else tuple(json.loads(stored))
 
 
-def lease_from_flat(flat: Sequence[bytes]) -> Lease:
-    """The `Lease` of a task hash just claimed (it carries ``token`` and ``lease_until``)."""
-    f = fields_of(flat)
-    return Lease(task=task_from_hash(f), token=f["token"].decode(), expires_at=from_us(f["lease_until"]))
+def lease_from_values(values: Sequence[Any]) -> Lease:
+    """The `Lease` of a task just claimed, given as its `SNAPSHOT_FIELDS` values (token and
+    ``lease_until`` set)."""
+    return Lease(task=task_from_values(values), token=values[-2].decode(), expires_at=from_us(values[-1]))
 
 
 def enqueue_args(tasks: Sequence[NewTask]) -> list[str | bytes | int]:

@@ -18,9 +18,10 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS
 from taskgate.errors import BrokerError
 
-__all__ = ["CHAINED", "SCRIPT_NAMES", "ScriptBook", "chain", "redis_errors"]
+__all__ = ["CHAINED", "SCRIPT_NAMES", "ScriptBook", "chain", "library", "redis_errors"]
 
 SCRIPT_NAMES = (
     "ack",
@@ -85,14 +86,22 @@ def chain(library: str, first: str, second: str) -> str:
     return f"{library}\n{template}\n{_EPILOGUE}"
 
 
+def library() -> str:
+    """``lua/_lib.lua`` with the codec's `SNAPSHOT_FIELDS` written above it, as the Lua list
+    ``SNAPSHOT_FIELDS`` and the table ``AT`` (field name -> position)."""
+    names = ", ".join(f"'{name}'" for name in SNAPSHOT_FIELDS)
+    positions = ", ".join(f"{name} = {n}" for n, name in enumerate(SNAPSHOT_FIELDS, 1))
+    return f"local SNAPSHOT_FIELDS = {{ {names} }}\nlocal AT = {{ {positions} }}\n{read_lua('_lib')}"
+
+
 class ScriptBook:
     """Every taskgate script registered on one client; `run` calls one by name."""
 
     def __init__(self, client: Any) -> None:
-        library = read_lua("_lib")
-        self._scripts = {name: client.register_script(wrap(library, read_lua(name))) for name in SCRIPT_NAMES}
+        lib = library()
+        self._scripts = {name: client.register_script(wrap(lib, read_lua(name))) for name in SCRIPT_NAMES}
         for name, (first, second) in CHAINED.items():
-            self._scripts[name] = client.register_script(chain(library, read_lua(first), read_lua(second)))
+            self._scripts[name] = client.register_script(chain(lib, read_lua(first), read_lua(second)))
 
     def run(self, name: str, base: str, args: Sequence[Arg]) -> list[Any]:
         """Run script ``name`` with ``KEYS[1] = base`` and ``args``; return its reply list."""

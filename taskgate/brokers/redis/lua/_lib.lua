@@ -65,23 +65,21 @@ local function load(id)
   return t
 end
 
--- The fields a status change and a lease check need, without reading the whole hash.
-local CORE_FIELDS = { 'id', 'type', 'queue', 'status', 'created_at', 'token', 'claims' }
-
-local function load_core(id)
-  local values = redis.call('HMGET', task_key(id), unpack(CORE_FIELDS))
-  if not values[1] then
-    return nil
-  end
-  local t = {}
-  for i, name in ipairs(CORE_FIELDS) do
-    t[name] = values[i] or nil
-  end
-  return t
+-- A task as every script replies it: the values of SNAPSHOT_FIELDS in that order, false where
+-- a field is unset (all false: no such task). The codec reads it by position, so a reply holds
+-- half the strings of an HGETALL. SNAPSHOT_FIELDS and AT (field -> position) are not defined
+-- here: the loader (scripts.py) writes them above this library from the codec's one list.
+local function snapshot(id)
+  return redis.call('HMGET', task_key(id), unpack(SNAPSHOT_FIELDS))
 end
 
-local function snapshot(id)
-  return redis.call('HGETALL', task_key(id))
+-- The fields a status change and a lease check need, from a snapshot (nil: no such task).
+local function core_of(v)
+  if not v[AT.id] then
+    return nil
+  end
+  return { id = v[AT.id], type = v[AT.type], queue = v[AT.queue], status = v[AT.status],
+    created_at = v[AT.created_at], token = v[AT.token], claims = v[AT.claims] }
 end
 
 -- Wake wait_for_work callers of this queue in every process (a Pub/Sub message, not a key).
@@ -196,14 +194,19 @@ end
 -- Returns its snapshot. Every claiming script leases through here.
 local function lease_task(id, token, lease_until)
   -- `set_status(t, 'running')` and the lease fields in one HSET; the move from the queue to
-  -- the leases set is deferred (see `zset_later`).
-  local t = load_core(id)
+  -- the leases set is deferred (see `zset_later`). The snapshot is read once, before the
+  -- write, and given the values the write stored.
+  local v = snapshot(id)
+  local t = core_of(v)
+  local claims = tostring(tonumber(t.claims) + 1)
   zset_later(B .. 'queue:' .. t.queue, id, false)
   recount(t, 'running')
   redis.call('HSET', task_key(id), 'status', 'running', 'token', token, 'lease_until', lease_until,
-    'started_at', NOW_S, 'claims', tostring(tonumber(t.claims) + 1))
+    'started_at', NOW_S, 'claims', claims)
   zset_later(B .. 'leases', id, lease_until)
-  return snapshot(id)
+  v[AT.status], v[AT.token], v[AT.lease_until], v[AT.started_at], v[AT.claims] =
+    'running', token, lease_until, NOW_S, claims
+  return v
 end
 
 local function make_ready(t, to, run_at)
@@ -293,9 +296,22 @@ local function load_leased(id, token)
   return held_by(load(id), id, token)
 end
 
--- `load_leased` reading only the fields of `load_core` (enough to finish the task).
-local function load_leased_core(id, token)
-  return held_by(load_core(id), id, token)
+-- Complete the task `id` held under `token` with `result` (nil: none) and settle its children:
+-- {"ok", snapshot}, or the error reply of a task not held. The snapshot is read once, before
+-- the writes, and given the values they stored that a task snapshot shows (the lease fields
+-- it drops are not among them; settling writes only the children).
+local function ack_held(id, token, result)
+  local v = snapshot(id)
+  local t, err = held_by(core_of(v), id, token)
+  if not t then
+    return err
+  end
+  complete_held(t, result and { 'result', result } or {})
+  v[AT.status], v[AT.finished_at] = 'completed', NOW_S
+  if result then
+    v[AT.result] = result
+  end
+  return { 'ok', v }
 end
 
 -- Count a failure by kind: business and skip move attempts, throttled moves throttled.

@@ -11,10 +11,4 @@
 -- Touches: task:<id> and task:<child> HASH, leases ZSET, children:<id> SET, stats HASH,
 --          idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> channel (PUBLISH) for woken children.
 
-local id, token = ARGV[2], ARGV[3]
-local t, err = load_leased_core(id, token)
-if not t then
-  return err
-end
-complete_held(t, ARGV[4] == '1' and { 'result', ARGV[5] } or {})
-return { 'ok', snapshot(id) }
+return ack_held(ARGV[2], ARGV[3], ARGV[4] == '1' and ARGV[5] or nil)

@@ -14,18 +14,9 @@
 
 local ITEM = 4
 
-local function ack_one(a)
-  local id, token = ARGV[a], ARGV[a + 1]
-  local t, err = load_leased_core(id, token)
-  if not t then
-    return err
-  end
-  complete_held(t, ARGV[a + 2] == '1' and { 'result', ARGV[a + 3] } or {})
-  return { 'ok', snapshot(id) }
-end
-
 local reply = { 'ok' }
 for i = 0, tonumber(ARGV[2]) - 1 do
-  reply[#reply + 1] = ack_one(3 + i * ITEM)
+  local a = 3 + i * ITEM
+  reply[#reply + 1] = ack_held(ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1' and ARGV[a + 3] or nil)
 end
 return reply

@@ -7,7 +7,7 @@
 -- ARGV[2]  queue
 -- ARGV[3]  lease ttl in µs
 -- ARGV[4..] one fresh lease token per task that may be claimed (their count is the limit)
--- Returns  {"ok", snapshot...}: one HGETALL array per claimed task (token and lease_until
+-- Returns  {"ok", snapshot...}: one snapshot per claimed task (token and lease_until
 --          included), oldest due first
 --
 -- Touches: queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET.

@@ -29,7 +29,7 @@
 -- to waiters while tasks are still due publishes signal:<q>, so a waiter claims now instead of
 -- at its next look (only then: a waiter that died must not make every claim publish).
 -- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
---          before the claim (-1 without a quota), snapshot...}: one HGETALL array per
+--          before the claim (-1 without a quota), snapshot...}: one snapshot per
 --          claimed task, oldest due first; retry_after > 0 when the rate held tasks back
 --
 -- Touches: slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH,

@@ -12,8 +12,8 @@
 -- ARGV[5]  quota limit (units per window)
 -- ARGV[6]  quota period in µs
 -- ARGV[7..] one fresh lease token per task that may be claimed (their count is the limit)
--- Returns  {"ok", window_start (µs), units left before the claim, snapshot...}: one HGETALL
---          array per claimed task, oldest due first
+-- Returns  {"ok", window_start (µs), units left before the claim, snapshot...}: one snapshot
+--          per claimed task, oldest due first
 --
 -- Touches: quota:<key> HASH, queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH,
 -- idx:status:<s> ZSET.
