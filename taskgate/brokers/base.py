@@ -46,6 +46,8 @@ __all__ = [
     "Lease",
     "LimitedClaim",
     "NewTask",
+    "QuietAckOutcome",
+    "QuietAcker",
     "QuotaClaim",
     "QuotaGrant",
     "QuotaSpec",
@@ -72,6 +74,8 @@ UNSET = Unset.UNSET
 # snapshot, or the error `Broker.ack` would have raised for that item alone.
 AckItem = tuple[str, str, bytes | None]
 AckOutcome = Task | LeaseLostError | TaskNotFoundError
+# The answer of `QuietAcker.ack_many_quiet` for one item: None when it completed the task.
+QuietAckOutcome = LeaseLostError | TaskNotFoundError | None
 
 
 class FailureKind(StrEnum):
@@ -235,6 +239,8 @@ class Capabilities:
     - ``claim_on_submit``: implements `SubmitClaimer`, so a submit that finds a worker of its
       queue idle in the same process claims in the same unit as it stores (one round trip
       where a submit and the claim that follows it take two).
+    - ``quiet_acks``: implements `QuietAcker`, so `Gate` completes tasks without reading
+      back their snapshots when nothing would look at them (no ``on_state_change`` hook).
     """
 
     shared_quota: bool = False
@@ -245,6 +251,7 @@ class Capabilities:
     nonblocking: bool = False
     inline_attempts: bool = False
     claim_on_submit: bool = False
+    quiet_acks: bool = False
 
 
 @runtime_checkable
@@ -439,6 +446,25 @@ class SubmitClaimer(Protocol):
         for a task that was leased) and its lease, or None when it was stored to wait for a
         claim: a delayed or blocked ``task``, or one that would overtake a due task (rows other
         claimers hold count as due). When `enqueue` would raise, nothing is stored or claimed.
+        """
+        ...
+
+
+@runtime_checkable
+class QuietAcker(Protocol):
+    """`Broker.ack_many` without the snapshots, for callers that do not look at them.
+
+    Only brokers declaring ``capabilities.quiet_acks`` implement it.
+    """
+
+    def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
+        """`Broker.ack_many` of ``items``, exactly -- the same unit, the same writes, the same
+        errors for the same items, the same children woken -- except that an item it completed
+        is answered None instead of its task's snapshot.
+
+        Reading a whole task back (payload and result included) is most of what an ack costs
+        where rows are parsed in Python or replies carry every field; the runtime's group acks
+        only need to know which tasks completed.
         """
         ...
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import cast
 
 import anyio
 import anyio.lowlevel
 
-from taskgate.brokers.base import AckItem, AckOutcome, Broker
+from taskgate.brokers.base import AckItem, AckOutcome, Broker, QuietAcker, QuietAckOutcome
 from taskgate.errors import BrokerError, LeaseLostError, TaskgateError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.outcome import describe
@@ -41,6 +42,8 @@ MAX_ACK_BATCH = 256
 WRITE_TRIES = 3
 
 Settled = Callable[[list[Task]], Awaitable[None]]
+Completed = Callable[[list[str]], None]
+Answer = AckOutcome | QuietAckOutcome | Exception
 
 
 class AckWriter:
@@ -53,11 +56,17 @@ class AckWriter:
         *,
         deadline: float,
         on_settled: Settled,
+        on_completed: Completed | None = None,
         on_written: Callable[[], None] = lambda: None,
         max_batch: int = MAX_ACK_BATCH,
     ) -> None:
+        """``on_settled`` gets the snapshots of the tasks a write completed. With
+        ``on_completed``, a broker that declares ``quiet_acks`` answers without snapshots
+        (`QuietAcker`): ``on_completed`` then gets the ids of the tasks completed that way."""
         self._broker, self._calls, self._deadline = broker, calls, deadline
         self._on_settled, self.on_written = on_settled, on_written
+        self._on_completed = on_completed
+        self._quiet = cast(QuietAcker, broker) if on_completed and broker.capabilities.quiet_acks else None
         self._max_batch = max_batch
         self._queued: deque[AckItem] = deque()
         self._arrived = Signal()
@@ -106,15 +115,18 @@ class AckWriter:
         self.in_flight = count
         try:
             with anyio.CancelScope(shield=True):
-                settled = await self._write(batch)
+                settled, completed = await self._write(batch)
+                if completed and self._on_completed is not None:
+                    self._on_completed(completed)
                 if settled:
                     await self._on_settled(settled)
         finally:
             self.in_flight = 0
             self.on_written()
 
-    async def _write(self, batch: list[AckItem]) -> list[Task]:
-        """Write ``batch`` (retrying a write that failed as a whole); the tasks it completed."""
+    async def _write(self, batch: list[AckItem]) -> tuple[list[Task], list[str]]:
+        """Write ``batch`` (retrying a write that failed as a whole); the tasks it completed:
+        their snapshots, and the ids of those completed without one (quiet acks)."""
         for attempt in range(1, WRITE_TRIES + 1):
             try:
                 answers = await self._ack_many(batch)
@@ -125,14 +137,17 @@ class AckWriter:
                 continue
             except Exception:
                 log.exception("writing %d ack(s) failed; the reaper will take the tasks back", len(batch))
-                return []
+                return [], []
             return _completed(batch, answers)
         log.error("%d ack(s) not written; the reaper will take the tasks back", len(batch))
-        return []
+        return [], []
 
-    async def _ack_many(self, items: list[AckItem]) -> Sequence[AckOutcome | Exception]:
+    async def _ack_many(self, items: list[AckItem]) -> Sequence[Answer]:
+        write: Callable[[list[AckItem]], Sequence[Answer]] = (
+            self._broker.ack_many if self._quiet is None else self._quiet.ack_many_quiet
+        )
         try:
-            return await self._calls(self._broker.ack_many, items, deadline=self._deadline)
+            return await self._calls(write, items, deadline=self._deadline)
         except (TypeError, ValueError):
             if len(items) == 1:
                 return [await self._ack_one(items[0])]
@@ -149,16 +164,20 @@ class AckWriter:
             return exc
 
 
-def _completed(batch: Sequence[AckItem], answers: Sequence[AckOutcome | Exception]) -> list[Task]:
-    """The tasks each answer completed; the rest are logged (their outcome is not written)."""
+def _completed(batch: Sequence[AckItem], answers: Sequence[Answer]) -> tuple[list[Task], list[str]]:
+    """The tasks the answers completed (snapshots, and ids answered None by a quiet ack); the
+    rest are logged (their outcome is not written)."""
     done: list[Task] = []
+    quietly: list[str] = []
     for (task_id, _, _), answer in zip(batch, answers, strict=True):
         if isinstance(answer, Task):
             done.append(answer)
+        elif answer is None:
+            quietly.append(task_id)
         elif isinstance(answer, LeaseLostError):
             log.info("task %s: lease was lost before its outcome was written; discarded", task_id)
         elif isinstance(answer, TaskgateError):
             log.warning("task %s: outcome not written: %s", task_id, describe(answer))
         else:
             log.warning("task %s: outcome not written: %r", task_id, answer)
-    return done
+    return done, quietly

@@ -10,7 +10,7 @@ timeout), then stops the background loops and lets the hook consumer deliver wha
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import cast
 
 import anyio
@@ -169,6 +169,14 @@ class Runtime:
             self.wake_all()  # children may have become pending in any queue
         await self.hooks.emit(tasks)
 
+    def completed_unseen(self, task_ids: Sequence[str]) -> None:
+        """`observe` for tasks this process completed without reading them back (no hook is
+        set, so only the waiters and the schedulers need to know)."""
+        for task_id in task_ids:
+            self.waiters.notify(task_id)
+        if task_ids:
+            self.wake_all()  # children may have become pending in any queue
+
     def wake_queue(self, queue: str) -> None:
         """Wake ``queue``'s scheduler, if this process runs it."""
         scheduler = self.schedulers.get(queue)
@@ -227,7 +235,14 @@ class Runtime:
     def _add_scheduler(self, work: anyio.abc.TaskGroup, executor: Executor, name: str) -> None:
         conf = self.config.queue_config(name)
         assert conf is not None, f"queue {name!r} has no configuration"
-        acks = AckWriter(self.broker, self.calls, deadline=worker_deadline(conf), on_settled=self.observe)
+        acks = AckWriter(
+            self.broker,
+            self.calls,
+            deadline=worker_deadline(conf),
+            on_settled=self.observe,
+            # Without a hook nothing reads a completed task's snapshot: the broker may skip it.
+            on_completed=self.completed_unseen if self.hooks.hook is None else None,
+        )
         scheduler = QueueScheduler(
             name,
             conf,

@@ -2,7 +2,8 @@
 
 A backend's test file subclasses `BrokerContract` and supplies a ``broker_factory`` fixture
 (see `taskgate.testing.contract`); every contract test then runs against that backend. A
-broker declaring ``capabilities.claim_on_submit`` adds `SubmitClaimContract` too.
+broker declaring ``capabilities.claim_on_submit`` adds `SubmitClaimContract` too, one declaring
+``capabilities.quiet_acks`` `QuietAckContract`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import pytest
 # must run before the contract modules are imported.
 pytest.register_assert_rewrite("taskgate.testing.contract")
 
-from taskgate.testing.contract import RACE_ROUNDS, BrokerContract, SubmitClaimContract  # noqa: E402
+from taskgate.testing.contract import (  # noqa: E402
+    RACE_ROUNDS,
+    BrokerContract,
+    QuietAckContract,
+    SubmitClaimContract,
+)
 
-__all__ = ["RACE_ROUNDS", "BrokerContract", "SubmitClaimContract"]
+__all__ = ["RACE_ROUNDS", "BrokerContract", "QuietAckContract", "SubmitClaimContract"]

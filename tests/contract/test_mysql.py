@@ -14,7 +14,7 @@ from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, requi
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory, SubmitClaimContract
+from taskgate.testing.contract import BrokerFactory, QuietAckContract, SubmitClaimContract
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestMySQLBroker(BrokerContract, SubmitClaimContract):
+class TestMySQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract):
     """Every contract test on MariaDB/MySQL; each broker object has its own pool."""
 
     @pytest.fixture

@@ -21,7 +21,7 @@ from helpers.sql_databases import (
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory, SubmitClaimContract
+from taskgate.testing.contract import BrokerFactory, QuietAckContract, SubmitClaimContract
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestPostgreSQLBroker(BrokerContract, SubmitClaimContract):
+class TestPostgreSQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract):
     """Every contract test on PostgreSQL; each broker object has its own pool (and listener)."""
 
     @pytest.fixture

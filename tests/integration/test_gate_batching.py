@@ -6,7 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -14,7 +14,7 @@ import pytest
 from gate_helpers import GUARD, eventually, make_gate, until
 
 from taskgate import QueueConfig, Status, Task, TaskExistsError
-from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease
+from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease, QuietAcker, QuietAckOutcome
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
@@ -25,13 +25,17 @@ pytestmark = pytest.mark.anyio
 
 
 class Recording:
-    """A broker wrapper recording ack batch sizes; ``ack_many`` can be held or made to fail."""
+    """A broker wrapper recording ack batch sizes, and which of ``ack_many`` / ``ack_many_quiet``
+    wrote them; either can be held or made to fail."""
 
-    def __init__(self, inner: Broker) -> None:
+    def __init__(self, inner: Broker, *, quiet_acks: bool = True) -> None:
         self._inner = inner
         # ack_many may block its thread (``hold``): never run it on the event loop.
-        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
+        self.capabilities = dataclasses.replace(
+            inner.capabilities, nonblocking=False, inline_attempts=False, quiet_acks=quiet_acks
+        )
         self.batches: list[int] = []
+        self.kinds: list[str] = []
         self.single_acks = 0
         self.hold: threading.Event | None = None
         self.entered = threading.Event()
@@ -45,13 +49,22 @@ class Recording:
         return self._inner.ack(task_id, token, result)
 
     def ack_many(self, items: Sequence[AckItem]) -> list[AckOutcome]:
+        self._enter("ack_many", items)
+        return self._inner.ack_many(items)
+
+    def ack_many_quiet(self, items: Sequence[AckItem]) -> list[QuietAckOutcome]:
+        assert self.capabilities.quiet_acks, "ack_many_quiet called on a broker not declaring it"
+        self._enter("ack_many_quiet", items)
+        return cast(QuietAcker, self._inner).ack_many_quiet(items)
+
+    def _enter(self, kind: str, items: Sequence[AckItem]) -> None:
         self.entered.set()
         if self.hold is not None:
-            assert self.hold.wait(GUARD), "test never released ack_many"
+            assert self.hold.wait(GUARD), f"test never released {kind}"
         if self.failures:
             raise self.failures.pop(0)
         self.batches.append(len(items))
-        return self._inner.ack_many(items)
+        self.kinds.append(kind)
 
 
 async def test_handlers_finishing_together_are_acked_in_one_batch(gate_broker):
@@ -79,6 +92,42 @@ async def test_handlers_finishing_together_are_acked_in_one_batch(gate_broker):
             assert done.result == f'"{task_id}"'.encode()
     assert sum(broker.batches) == 5 and len(broker.batches) <= 2, broker.batches
     assert broker.single_acks == 0
+
+
+@pytest.mark.parametrize("hook", [False, True])
+async def test_acks_are_quiet_unless_a_hook_reads_the_snapshots(gate_broker, hook):
+    broker = Recording(gate_broker)
+    seen: list[Task] = []
+    # A poll far beyond the guard: only the wake-up of the ack itself can answer the waits.
+    hook_option = {"on_state_change": seen.append} if hook else {}
+    gate = make_gate(broker, {"q": QueueConfig(workers=3)}, poll_interval=GUARD * 2, **hook_option)
+
+    @gate.handler("q")
+    async def echo(task: Task) -> str:
+        return task.id
+
+    async with gate:
+        ids = await gate.submit_many("q", [None] * 6)
+        with anyio.fail_after(GUARD):
+            results = [await gate.wait(task_id) for task_id in ids]  # woken by the ack, quiet or not
+    assert results == [f'"{task_id}"'.encode() for task_id in ids]
+    assert sum(broker.batches) == 6
+    assert set(broker.kinds) == {"ack_many" if hook else "ack_many_quiet"}
+    completed = [t for t in seen if t.status is Status.COMPLETED]
+    assert sorted(t.id for t in completed) == (sorted(ids) if hook else [])
+    assert all(t.result == f'"{t.id}"'.encode() for t in completed)
+
+
+async def test_a_broker_without_quiet_acks_is_acked_with_snapshots(gate_broker):
+    broker = Recording(gate_broker, quiet_acks=False)
+    gate = make_gate(broker, {"q": QueueConfig(workers=2)})
+    gate.handle("q", lambda task: None)
+    async with gate:
+        ids = await gate.submit_many("q", [None] * 3)
+        with anyio.fail_after(GUARD):
+            for task_id in ids:
+                await gate.wait(task_id)
+    assert set(broker.kinds) == {"ack_many"} and sum(broker.batches) == 3
 
 
 async def test_the_next_claim_overlaps_the_ack_write_without_exceeding_workers(gate_broker):

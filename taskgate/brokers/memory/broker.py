@@ -18,6 +18,7 @@ from taskgate.brokers.base import (
     FailureKind,
     Lease,
     NewTask,
+    QuietAckOutcome,
     QuotaClaim,
     QuotaGrant,
     Renewal,
@@ -72,7 +73,7 @@ class MemoryBroker:
     in-memory work, so the runtime calls them on its event loop (``nonblocking=True``).
     """
 
-    capabilities = Capabilities(shared_quota=True, nonblocking=True, claim_on_submit=True)
+    capabilities = Capabilities(shared_quota=True, nonblocking=True, claim_on_submit=True, quiet_acks=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -304,16 +305,33 @@ class MemoryBroker:
         checked = check_ack_items(items)
         with self._cond:
             now = self._now()
-            return [self._ack_one(task_id, token, result, now) for task_id, token, result in checked]
+            answers: builtins.list[AckOutcome] = []
+            for task_id, token, result in checked:
+                record = self._ack_one(task_id, token, result, now)
+                answers.append(record if isinstance(record, Exception) else record.snapshot())
+            return answers
 
-    def _ack_one(self, task_id: str, token: str, result: bytes | None, now: datetime) -> AckOutcome:
+    def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
+        """`ack_many`, answering None instead of the snapshot for each task it completed."""
+        checked = check_ack_items(items)
+        with self._cond:
+            now = self._now()
+            answers: builtins.list[QuietAckOutcome] = []
+            for task_id, token, result in checked:
+                record = self._ack_one(task_id, token, result, now)
+                answers.append(record if isinstance(record, Exception) else None)
+            return answers
+
+    def _ack_one(
+        self, task_id: str, token: str, result: bytes | None, now: datetime
+    ) -> Record | LeaseLostError | TaskNotFoundError:
         try:
             record = self._held(task_id, token)
         except (LeaseLostError, TaskNotFoundError) as exc:
             return exc
         record.result = result
         self._finish(record, Status.COMPLETED, now)
-        return record.snapshot()
+        return record
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.

@@ -18,6 +18,7 @@ from taskgate.brokers.base import (
     Lease,
     LimitedClaim,
     NewTask,
+    QuietAckOutcome,
     QuotaClaim,
     QuotaGrant,
     QuotaSpec,
@@ -79,7 +80,7 @@ class RedisBroker:
     """
 
     capabilities = Capabilities(
-        shared_quota=True, cross_process=True, distributed_limits=True, push_wakeups=True
+        shared_quota=True, cross_process=True, distributed_limits=True, push_wakeups=True, quiet_acks=True
     )
 
     def __init__(
@@ -264,13 +265,21 @@ class RedisBroker:
 
         A stale token or unknown id answers its own item with the error `ack` would raise.
         """
+        return [_ack_answer(reply) for reply in self._ack_many("snapshots", items)]
+
+    def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
+        """`ack_many`, answering None instead of the snapshot for each task it completed: the
+        script reads each task's status fields alone and its reply carries no task."""
+        return [_quiet_ack_answer(reply) for reply in self._ack_many("quiet", items)]
+
+    def _ack_many(self, mode: str, items: Sequence[AckItem]) -> builtins.list[Any]:
         checked = check_ack_items(items)
         if not checked:
             return []
-        args: builtins.list[Any] = [len(checked)]
+        args: builtins.list[Any] = [mode, len(checked)]
         for task_id, token, result in checked:
             args.extend([task_id, token, 0 if result is None else 1, result or b""])
-        return [_ack_answer(reply) for reply in self._run("ack_many", args)]
+        return self._run("ack_many", args)
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
@@ -531,6 +540,15 @@ def _ack_answer(reply: Sequence[Any]) -> AckOutcome:
     except (LeaseLostError, TaskNotFoundError) as exc:
         return exc
     return task_from_values(snapshot)
+
+
+def _quiet_ack_answer(reply: Sequence[Any]) -> QuietAckOutcome:
+    """One item of a quiet ack_many reply: None for a completed task, or that item's error."""
+    try:
+        unwrap(reply)
+    except (LeaseLostError, TaskNotFoundError) as exc:
+        return exc
+    return None
 
 
 def _flat_list(reply: Any) -> builtins.list[bytes]:

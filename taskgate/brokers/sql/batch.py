@@ -12,27 +12,39 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Delete, Select, Update, and_, bindparam, delete, select, update
 
-from taskgate.brokers.base import AckItem, AckOutcome
+from taskgate.brokers.base import AckItem, AckOutcome, QuietAckOutcome
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import chunks, snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.models import Models
-from taskgate.task import Status
+from taskgate.task import Status, Task
 
-__all__ = ["ack_many"]
+__all__ = ["ack_many", "ack_many_quiet"]
+
+AckError = LeaseLostError | TaskNotFoundError
 
 
 def ack_many(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
     """Complete every item whose token holds its task; answer the others with their error."""
+    return cast(list[AckOutcome], _ack_many(tx, items, snapshots=True))
+
+
+def ack_many_quiet(tx: Tx, items: Sequence[AckItem]) -> list[QuietAckOutcome]:
+    """`ack_many`, answering None instead of the snapshot for each task it completed: the
+    tasks are locked and written by their ids alone, no row is read back."""
+    return cast(list[QuietAckOutcome], _ack_many(tx, items, snapshots=False))
+
+
+def _ack_many(tx: Tx, items: Sequence[AckItem], *, snapshots: bool) -> list[Task | AckError | None]:
     if tx.traits.dml_ctes and len({task_id for task_id, _, _ in items}) == len(items):
-        return _ack_many_in_one_statement(tx, items)
-    held = _lock_held(tx, sorted({task_id for task_id, _, _ in items}))
+        return _ack_many_in_one_statement(tx, items, snapshots)
+    held = _lock_held(tx, sorted({task_id for task_id, _, _ in items}), snapshots)
     winners: dict[str, int] = {}  # task id -> index of the item that completes it
     for n, (task_id, token, _) in enumerate(items):
         row = held.get(task_id)
@@ -41,16 +53,20 @@ def ack_many(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
     final = {**status_values(Status.COMPLETED), "finished_at": tx.now}
     _complete(tx, [items[n] for n in winners.values()], final)
     losers = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in held])
-    answers: list[AckOutcome] = []
+    answers: list[Task | AckError | None] = []
     for n, (task_id, _, result) in enumerate(items):
-        if winners.get(task_id) == n:
+        if winners.get(task_id) != n:
+            answers.append(_lost(task_id, _status_now(task_id, winners, held, losers)))
+        elif snapshots:
             answers.append(snapshot(held[task_id], {**final, "result": result, "cancel_requested": False}))
         else:
-            answers.append(_lost(task_id, _status_now(task_id, winners, held, losers)))
+            answers.append(None)
     return answers
 
 
-def _ack_many_in_one_statement(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
+def _ack_many_in_one_statement(
+    tx: Tx, items: Sequence[AckItem], snapshots: bool
+) -> list[Task | AckError | None]:
     """`ack_many` of distinct tasks with the lock, the token check, the lease DELETE and the
     task UPDATE in ONE statement (data-modifying CTEs); the children are settled after it.
 
@@ -64,11 +80,15 @@ def _ack_many_in_one_statement(tx: Tx, items: Sequence[AckItem]) -> list[AckOutc
         "p_results": [result for _, _, result in items],
         "p_now": now,
     }
-    done = {row["id"]: row for row in tx.fetch(_complete_held(tx.models, tx.traits), params)}
+    done = {row["id"]: row for row in tx.fetch(_complete_held(tx.models, tx.traits, snapshots), params)}
     settle_children(tx, [(task_id, Status.COMPLETED) for task_id in sorted(done)])
     others = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in done])
     return [
-        snapshot(done[task_id]) if task_id in done else _lost(task_id, others.get(task_id))
+        _lost(task_id, others.get(task_id))
+        if task_id not in done
+        else snapshot(done[task_id])
+        if snapshots
+        else None
         for task_id, _, _ in items
     ]
 
@@ -83,9 +103,10 @@ def _status_now(
     return others.get(task_id)
 
 
-def _lock_held(tx: Tx, ids: list[str]) -> dict[str, Mapping[str, Any]]:
-    """Running tasks among ``ids`` with their lease token, locked in id order."""
-    stmt = _held(tx.models, tx.traits)
+def _lock_held(tx: Tx, ids: list[str], whole_rows: bool) -> dict[str, Mapping[str, Any]]:
+    """Running tasks among ``ids`` with their lease token, locked in id order (``whole_rows``:
+    every column of the task, for its snapshot; else its id alone)."""
+    stmt = _held(tx.models, tx.traits, whole_rows)
     found: dict[str, Mapping[str, Any]] = {}
     for part in chunks(ids):
         found.update((row["id"], row) for row in tx.fetch(stmt, {"p_ids": part}))
@@ -110,10 +131,11 @@ def _complete(tx: Tx, items: list[AckItem], final: dict[str, Any]) -> None:
 
 
 @functools.lru_cache(maxsize=32)
-def _held(models: Models, traits: Traits) -> Select[Any]:
+def _held(models: Models, traits: Traits, whole_rows: bool) -> Select[Any]:
     task, lease = models.task, models.lease
+    columns = (table_of(task),) if whole_rows else (task.id,)
     stmt = (
-        select(table_of(task), lease.token, lease.cancel_requested)
+        select(*columns, lease.token)
         .join(lease, lease.task_id == task.id)
         .where(traits.listed(task.id, "p_ids"))
         .order_by(task.id)
@@ -122,8 +144,9 @@ def _held(models: Models, traits: Traits) -> Select[Any]:
 
 
 @functools.lru_cache(maxsize=32)
-def _complete_held(models: Models, traits: Traits) -> Select[Any]:
-    """Lock the tasks the items' tokens hold (id order), delete their leases, complete them."""
+def _complete_held(models: Models, traits: Traits, whole_rows: bool) -> Select[Any]:
+    """Lock the tasks the items' tokens hold (id order), delete their leases, complete them;
+    RETURNING every column (``whole_rows``) or the ids alone."""
     task, lease = table_of(models.task), table_of(models.lease)
     items = traits.unnest(
         "items",
@@ -147,7 +170,7 @@ def _complete_held(models: Models, traits: Traits) -> Select[Any]:
         update(task)
         .where(task.c.id == items.c.id, task.c.id.in_(select(gone.c.task_id)))
         .values(values)
-        .returning(*task.c)
+        .returning(*(task.c if whole_rows else (task.c.id,)))
         .cte("done")
     )
     return select(done)

@@ -35,6 +35,7 @@ from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
+from taskgate.testing.contract.quiet_ack import QuietAckContract
 from taskgate.testing.contract.quota import QuotaClaimContract, QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
@@ -42,7 +43,7 @@ from taskgate.testing.contract.replay import ReplayContract
 from taskgate.testing.contract.submit_claim import SubmitClaimContract
 from taskgate.testing.contract.validation import ValidationContract
 
-__all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory", "SubmitClaimContract"]
+__all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory", "QuietAckContract", "SubmitClaimContract"]
 
 
 class BrokerContract(

@@ -17,6 +17,8 @@ __all__ = [
     "RACE_ROUNDS",
     "TTL",
     "Outcome",
+    "ack_item",
+    "claim_many",
     "claim_one",
     "new_task",
     "nonzero_counts",
@@ -49,6 +51,20 @@ def submit(broker: Broker, **fields: Any) -> Task:
     """Enqueue one task built by `new_task` and return its snapshot."""
     (task,) = broker.enqueue([new_task(**fields)])
     return task
+
+
+def claim_many(broker: Broker, n: int, queue: str = "q") -> list[Lease]:
+    """Submit ``n`` tasks to ``queue`` and claim exactly those ``n``."""
+    for _ in range(n):
+        submit(broker, queue=queue)
+    leases = broker.claim(queue, n, TTL)
+    assert len(leases) == n
+    return leases
+
+
+def ack_item(lease: Lease, result: bytes | None = None) -> tuple[str, str, bytes | None]:
+    """The `Broker.ack_many` item completing ``lease``'s task with ``result``."""
+    return (lease.task.id, lease.token, result)
 
 
 def claim_one(broker: Broker, queue: str = "q", ttl: timedelta = TTL) -> Lease:

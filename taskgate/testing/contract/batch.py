@@ -4,29 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from taskgate.brokers.base import Broker, Lease
+from taskgate.brokers.base import Broker
 from taskgate.clock import ManualClock
 from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.task import Status, Task
 from taskgate.testing.contract._fixtures import BrokerFactory
-from taskgate.testing.contract._support import RACE_ROUNDS, TTL, claim_one, nonzero_counts, race, submit
+from taskgate.testing.contract._support import (
+    RACE_ROUNDS,
+    TTL,
+    ack_item,
+    claim_many,
+    claim_one,
+    nonzero_counts,
+    race,
+    submit,
+)
 
 __all__ = ["BatchContract"]
 
 PARENTS = "parents"
-
-
-def _claimed(broker: Broker, n: int, queue: str = "q") -> list[Lease]:
-    for _ in range(n):
-        submit(broker, queue=queue)
-    leases = broker.claim(queue, n, TTL)
-    assert len(leases) == n
-    return leases
-
-
-def _item(lease: Lease, result: bytes | None = None) -> tuple[str, str, bytes | None]:
-    return (lease.task.id, lease.token, result)
 
 
 class BatchContract:
@@ -38,8 +35,8 @@ class BatchContract:
     def test_ack_many_completes_every_held_task_with_its_own_result(
         self, broker: Broker, clock: ManualClock
     ) -> None:
-        leases = _claimed(broker, 3)
-        answers = broker.ack_many([_item(lease, f"r{n}".encode()) for n, lease in enumerate(leases)])
+        leases = claim_many(broker, 3)
+        answers = broker.ack_many([ack_item(lease, f"r{n}".encode()) for n, lease in enumerate(leases)])
         assert [a.id for a in answers if isinstance(a, Task)] == [lease.task.id for lease in leases]
         for n, answer in enumerate(answers):
             assert isinstance(answer, Task)
@@ -52,16 +49,16 @@ class BatchContract:
         assert nonzero_counts(broker) == {"t": {Status.COMPLETED: 3}}
 
     def test_ack_many_mixes_results_and_none(self, broker: Broker) -> None:
-        first, second = _claimed(broker, 2)
-        broker.ack_many([_item(first, None), _item(second, b"\x00bytes")])
+        first, second = claim_many(broker, 2)
+        broker.ack_many([ack_item(first, None), ack_item(second, b"\x00bytes")])
         assert broker.get(first.task.id).result is None
         assert broker.get(second.task.id).result == b"\x00bytes"
 
     def test_ack_many_answers_stale_and_unknown_items_alone(self, broker: Broker) -> None:
-        good, stale, later = _claimed(broker, 3)
+        good, stale, later = claim_many(broker, 3)
         unknown = new_id()
         answers = broker.ack_many(
-            [_item(good), (stale.task.id, "not-the-token", b"x"), _item(later), (unknown, "t", None)]
+            [ack_item(good), (stale.task.id, "not-the-token", b"x"), ack_item(later), (unknown, "t", None)]
         )
         assert isinstance(answers[0], Task) and answers[0].status is Status.COMPLETED
         assert isinstance(answers[1], LeaseLostError)
@@ -74,18 +71,18 @@ class BatchContract:
     def test_ack_many_of_a_reaped_lease_answers_lease_lost_and_changes_nothing(
         self, broker: Broker, clock: ManualClock
     ) -> None:
-        (lease,) = _claimed(broker, 1)
+        (lease,) = claim_many(broker, 1)
         clock.advance(TTL)
         broker.reap(lease_lost_max=5)
         before = broker.get(lease.task.id)
-        (answer,) = broker.ack_many([_item(lease, b"late")])
+        (answer,) = broker.ack_many([ack_item(lease, b"late")])
         assert isinstance(answer, LeaseLostError)
         assert broker.get(lease.task.id) == before
         assert before.status is Status.PENDING
 
     def test_ack_many_of_one_id_twice_acks_it_once(self, broker: Broker) -> None:
-        (lease,) = _claimed(broker, 1)
-        first, second = broker.ack_many([_item(lease, b"one"), _item(lease, b"two")])
+        (lease,) = claim_many(broker, 1)
+        first, second = broker.ack_many([ack_item(lease, b"one"), ack_item(lease, b"two")])
         assert isinstance(first, Task) and first.result == b"one"
         assert isinstance(second, LeaseLostError)
         assert broker.get(lease.task.id).result == b"one"
@@ -94,26 +91,26 @@ class BatchContract:
     def test_ack_many_of_one_id_stale_then_held_completes_it_with_the_held_items_result(
         self, broker: Broker
     ) -> None:
-        (lease,) = _claimed(broker, 1)
-        stale, held = broker.ack_many([(lease.task.id, "stale", b"wrong"), _item(lease, b"right")])
+        (lease,) = claim_many(broker, 1)
+        stale, held = broker.ack_many([(lease.task.id, "stale", b"wrong"), ack_item(lease, b"right")])
         assert isinstance(stale, LeaseLostError)
         assert isinstance(held, Task) and held.result == b"right"
         assert broker.get(lease.task.id).result == b"right"
 
     def test_ack_many_completes_a_task_marked_for_cancel(self, broker: Broker) -> None:
-        (lease,) = _claimed(broker, 1)
+        (lease,) = claim_many(broker, 1)
         broker.cancel(lease.task.id)
-        (answer,) = broker.ack_many([_item(lease, b"done")])
+        (answer,) = broker.ack_many([ack_item(lease, b"done")])
         assert isinstance(answer, Task) and answer.status is Status.COMPLETED
         assert answer.result == b"done"
 
     def test_ack_many_wakes_the_children_of_every_parent(self, broker: Broker) -> None:
-        one, two, held = _claimed(broker, 3, queue=PARENTS)
+        one, two, held = claim_many(broker, 3, queue=PARENTS)
         only_one = submit(broker, depends_on=(one.task.id,))
         both = submit(broker, depends_on=(one.task.id, two.task.id))
         with_held = submit(broker, depends_on=(two.task.id, held.task.id))
         grandchild = submit(broker, depends_on=(both.id,))
-        broker.ack_many([_item(one), _item(two), (held.task.id, "stale", None)])
+        broker.ack_many([ack_item(one), ack_item(two), (held.task.id, "stale", None)])
         assert broker.get(only_one.id).status is Status.PENDING
         assert broker.get(both.id).status is Status.PENDING
         assert broker.get(with_held.id).status is Status.BLOCKED
@@ -123,9 +120,9 @@ class BatchContract:
         assert woken == {only_one.id, both.id}
 
     def test_ack_many_wakes_a_child_whose_parents_all_finish_in_the_batch(self, broker: Broker) -> None:
-        first, second = _claimed(broker, 2, queue=PARENTS)
+        first, second = claim_many(broker, 2, queue=PARENTS)
         child = submit(broker, depends_on=(first.task.id, second.task.id))
-        broker.ack_many([_item(second), _item(first)])
+        broker.ack_many([ack_item(second), ack_item(first)])
         assert broker.get(child.id).status is Status.PENDING
         assert [lease.task.id for lease in broker.claim("q", 10, TTL)] == [child.id]
 
@@ -133,7 +130,7 @@ class BatchContract:
         submit(broker, queue="q")
         submit(broker, queue="other")
         here, there = claim_one(broker, "q"), claim_one(broker, "other")
-        answers = broker.ack_many([_item(here), _item(there)])
+        answers = broker.ack_many([ack_item(here), ack_item(there)])
         assert [a.status for a in answers if isinstance(a, Task)] == [Status.COMPLETED] * 2
 
     @pytest.mark.parametrize(
@@ -149,8 +146,8 @@ class BatchContract:
     def test_ack_many_refuses_bad_items_before_changing_anything(
         self, broker: Broker, bad: object, error: type[Exception]
     ) -> None:
-        (lease,) = _claimed(broker, 1)
-        items = [_item(lease), *bad] if isinstance(bad, list) else bad
+        (lease,) = claim_many(broker, 1)
+        items = [ack_item(lease), *bad] if isinstance(bad, list) else bad
         with pytest.raises(error):
             broker.ack_many(items)  # type: ignore[arg-type]
         assert broker.get(lease.task.id).status is Status.RUNNING
@@ -160,8 +157,8 @@ class BatchContract:
     ) -> None:
         first, second = broker_factory(), broker_factory()
         for _ in range(RACE_ROUNDS):
-            leases = _claimed(first, 4)
-            _race_opposite_orders(first, second, [_item(lease) for lease in leases])
+            leases = claim_many(first, 4)
+            _race_opposite_orders(first, second, [ack_item(lease) for lease in leases])
             assert nonzero_counts(first)["t"].get(Status.RUNNING, 0) == 0
 
 

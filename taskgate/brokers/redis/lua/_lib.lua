@@ -73,7 +73,16 @@ local function snapshot(id)
   return redis.call('HMGET', task_key(id), unpack(SNAPSHOT_FIELDS))
 end
 
--- The fields a status change and a lease check need, from a snapshot (nil: no such task).
+-- The fields a status change and a lease check need, read alone (nil: no such task).
+local function load_core(id)
+  local v = redis.call('HMGET', task_key(id), 'id', 'type', 'queue', 'status', 'created_at', 'token', 'claims')
+  if not v[1] then
+    return nil
+  end
+  return { id = v[1], type = v[2], queue = v[3], status = v[4], created_at = v[5], token = v[6], claims = v[7] }
+end
+
+-- The same fields, from a snapshot (nil: no such task).
 local function core_of(v)
   if not v[AT.id] then
     return nil
@@ -297,16 +306,24 @@ local function load_leased(id, token)
 end
 
 -- Complete the task `id` held under `token` with `result` (nil: none) and settle its children:
--- {"ok", snapshot}, or the error reply of a task not held. The snapshot is read once, before
--- the writes, and given the values they stored that a task snapshot shows (the lease fields
--- it drops are not among them; settling writes only the children).
-local function ack_held(id, token, result)
-  local v = snapshot(id)
-  local t, err = held_by(core_of(v), id, token)
+-- {"ok", snapshot} (`quiet`: {"ok"}), or the error reply of a task not held. The snapshot is
+-- read once, before the writes, and given the values they stored that a task snapshot shows
+-- (the lease fields it drops are not among them; settling writes only the children).
+local function ack_held(id, token, result, quiet)
+  local v, t, err
+  if quiet then
+    t, err = held_by(load_core(id), id, token)
+  else
+    v = snapshot(id)
+    t, err = held_by(core_of(v), id, token)
+  end
   if not t then
     return err
   end
   complete_held(t, result and { 'result', result } or {})
+  if quiet then
+    return { 'ok' }
+  end
   v[AT.status], v[AT.finished_at] = 'completed', NOW_S
   if result then
     v[AT.result] = result

@@ -11,4 +11,4 @@
 -- Touches: task:<id> and task:<child> HASH, leases ZSET, children:<id> SET, stats HASH,
 --          idx:status:<s> ZSET, queue:<q> ZSET and signal:<q> channel (PUBLISH) for woken children.
 
-return ack_held(ARGV[2], ARGV[3], ARGV[4] == '1' and ARGV[5] or nil)
+return ack_held(ARGV[2], ARGV[3], ARGV[4] == '1' and ARGV[5] or nil, false)
