@@ -59,7 +59,8 @@ def _hook_redis() -> None:
 class _BrokerTimer:
     """Wraps a broker class's protocol methods to count and time their calls."""
 
-    METHODS = ("enqueue", "claim", "ack", "ack_many", "ack_many_quiet", "heartbeat", "reap", "counts", "wait_for_work")
+    METHODS = ("enqueue", "claim", "ack", "ack_many", "ack_many_quiet", "heartbeat", "reap", "counts")
+    METHODS += ("wait_for_work",)
     METHODS += ("acquire_slots", "release_slots", "renew_slots", "take_rate", "reserve_quota")
     METHODS += ("claim_with_slots", "claim_with_limits", "claim_within_quota")
 

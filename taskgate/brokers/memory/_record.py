@@ -15,6 +15,9 @@ class Record:
     The task's own fields live in the instance ``__dict__`` -- exactly `taskgate.task.TASK_FIELDS`
     -- and the broker's bookkeeping in slots, so a snapshot is one copy of that dict (a
     snapshot is made per task per transition: claims and acks are the memory broker's hot path).
+    The fields are set one by one, always in the same order, and never added or deleted later:
+    CPython then keeps every record's dict as a key-sharing dict (PEP 412), values only --
+    about 260 bytes a task less than a dict of its own (`memory.rss` in benchmarks/README.md).
     """
 
     __slots__ = ("__dict__", "lease_expires_at", "ready_seq", "token")
@@ -64,29 +67,27 @@ class Record:
         last_error: str | None = None,
         finished_at: datetime | None = None,
     ) -> None:
-        self.__dict__ = {
-            "id": id,
-            "type": type,
-            "queue": queue,
-            "payload": payload,
-            "status": status,
-            "created_at": created_at,
-            "run_at": run_at,
-            "result": None,
-            "last_error": last_error,
-            "attempts": 0,
-            "max_retry": max_retry,
-            "throttled": 0,
-            "lease_lost": 0,
-            "claims": 0,
-            "depends_on": depends_on,
-            "ignore_parent_failure": ignore_parent_failure,
-            "business_key": business_key,
-            "replay_of": replay_of,
-            "started_at": None,
-            "finished_at": finished_at,
-            "cancel_requested": False,
-        }
+        self.id = id
+        self.type = type
+        self.queue = queue
+        self.payload = payload
+        self.status = status
+        self.created_at = created_at
+        self.run_at = run_at
+        self.result = None
+        self.last_error = last_error
+        self.attempts = 0
+        self.max_retry = max_retry
+        self.throttled = 0
+        self.lease_lost = 0
+        self.claims = 0
+        self.depends_on = depends_on
+        self.ignore_parent_failure = ignore_parent_failure
+        self.business_key = business_key
+        self.replay_of = replay_of
+        self.started_at = None
+        self.finished_at = finished_at
+        self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None
         self.ready_seq = 0
