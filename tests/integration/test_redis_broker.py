@@ -20,7 +20,7 @@ import redis
 from helpers.redis_servers import free_port, purge_keys
 from redis.crc import key_slot
 
-from taskgate.brokers.base import DistributedLimiter, FailureKind, LimitedClaim, NewTask, QuotaSpec
+from taskgate.brokers.base import DistributedLimiter, FailureKind, Lease, LimitedClaim, NewTask, QuotaSpec
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS, enqueue_args, from_us
 from taskgate.brokers.redis.keys import KeySpace
@@ -714,8 +714,10 @@ def test_without_a_claimer_id_a_claim_takes_every_free_slot(open_broker: Factory
 # -- snapshots: scripts answer a task as its SNAPSHOT_FIELDS values, read once per task --------
 
 
-def _parent_and_child(broker: RedisBroker, clock: ManualClock) -> str:
+def _child_claimed_again(open_broker: Factory) -> tuple[RedisBroker, ManualClock, Lease]:
     """A child with every optional field set, run once and retried, then claimed again."""
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
     broker.enqueue([NewTask(id="parent", type="t", queue="q")])
     (parent_lease,) = broker.claim("q", 1, TTL)
     broker.ack("parent", parent_lease.token, None)
@@ -732,16 +734,15 @@ def _parent_and_child(broker: RedisBroker, clock: ManualClock) -> str:
     (lease,) = broker.claim("q", 1, TTL)
     broker.retry("child", lease.token, kind=FailureKind.BUSINESS, error="boom", delay=timedelta(seconds=1))
     clock.advance(2)
-    return "child"
+    (lease,) = broker.claim("q", 1, TTL)
+    return broker, clock, lease
 
 
 def test_every_field_a_task_hash_holds_is_in_the_snapshot(
     open_broker: Factory, client: redis.Redis, unique_prefix: str
 ) -> None:
-    clock = ManualClock()
-    broker = open_broker(clock=clock)
-    task_id = _parent_and_child(broker, clock)
-    (lease,) = broker.claim("q", 1, TTL)
+    broker, _, lease = _child_claimed_again(open_broker)
+    task_id = lease.task.id
     broker.cancel(task_id)  # running: marked, still held
     stored = {name.decode() for name in _stored(client, unique_prefix, task_id)}
     assert stored <= set(SNAPSHOT_FIELDS)
@@ -754,28 +755,22 @@ def test_every_field_a_task_hash_holds_is_in_the_snapshot(
 def test_a_claim_answers_the_task_as_stored_after_it(
     open_broker: Factory, client: redis.Redis, unique_prefix: str
 ) -> None:
-    clock = ManualClock()
-    broker = open_broker(clock=clock)
-    task_id = _parent_and_child(broker, clock)
-    (lease,) = broker.claim("q", 1, TTL)
-    assert lease.task == broker.get(task_id)
+    broker, clock, lease = _child_claimed_again(open_broker)
+    assert lease.task == broker.get(lease.task.id)
     assert (lease.task.claims, lease.task.attempts, lease.task.last_error) == (2, 1, "boom")
     assert lease.task.started_at == clock.now()
-    stored = _stored(client, unique_prefix, task_id)
+    stored = _stored(client, unique_prefix, lease.task.id)
     assert stored[b"token"].decode() == lease.token
     assert from_us(stored[b"lease_until"]) == lease.expires_at == clock.now() + TTL
 
 
 @pytest.mark.parametrize("result", [None, b"", b"out"])
 def test_an_ack_answers_the_task_as_stored_after_it(open_broker: Factory, result: bytes | None) -> None:
-    clock = ManualClock()
-    broker = open_broker(clock=clock)
-    task_id = _parent_and_child(broker, clock)
-    (lease,) = broker.claim("q", 1, TTL)
-    broker.cancel(task_id)
+    broker, clock, lease = _child_claimed_again(open_broker)
+    broker.cancel(lease.task.id)
     clock.advance(1)
-    (done,) = broker.ack_many([(task_id, lease.token, result)])
-    assert done == broker.get(task_id)
+    (done,) = broker.ack_many([(lease.task.id, lease.token, result)])
+    assert done == broker.get(lease.task.id)
     assert isinstance(done, Task) and done.status is Status.COMPLETED and done.result == result
     assert done.finished_at == clock.now()
 

@@ -7,8 +7,9 @@ import secrets
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from taskgate.brokers.base import (
     UNSET,
@@ -58,6 +59,8 @@ from taskgate.ids import new_tokens
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["MemoryBroker"]
+
+_A = TypeVar("_A")
 
 _CANCELED_ERROR = "canceled"
 
@@ -302,24 +305,24 @@ class MemoryBroker:
 
         A stale token or unknown id answers its own item with the error `ack` would raise.
         """
-        checked = check_ack_items(items)
-        with self._cond:
-            now = self._now()
-            answers: builtins.list[AckOutcome] = []
-            for task_id, token, result in checked:
-                record = self._ack_one(task_id, token, result, now)
-                answers.append(record if isinstance(record, Exception) else record.snapshot())
-            return answers
+        return self._ack_each(items, Record.snapshot)
 
     def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
         """`ack_many`, answering None instead of the snapshot for each task it completed."""
+        return self._ack_each(items, lambda record: None)
+
+    def _ack_each(
+        self, items: Sequence[AckItem], answer: Callable[[Record], _A]
+    ) -> builtins.list[_A | LeaseLostError | TaskNotFoundError]:
+        """Ack the items in one lock hold: ``answer(record)`` for each task completed (taken
+        inside the lock, before anything else can change the record), the error otherwise."""
         checked = check_ack_items(items)
         with self._cond:
             now = self._now()
-            answers: builtins.list[QuietAckOutcome] = []
+            answers: builtins.list[_A | LeaseLostError | TaskNotFoundError] = []
             for task_id, token, result in checked:
                 record = self._ack_one(task_id, token, result, now)
-                answers.append(record if isinstance(record, Exception) else None)
+                answers.append(record if isinstance(record, Exception) else answer(record))
             return answers
 
     def _ack_one(

@@ -336,28 +336,22 @@ class SQLBroker:
 
         A stale token or unknown id answers its own item with the error `ack` would raise.
         """
-        checked = self._checked_acks(items)
-        if not checked:
-            return []
-        return self._run(
-            "ack_many", lambda tx: batch.ack_many(tx, checked), inline=len(checked) <= INLINE_MAX_ROWS
-        )
+        return self._ack_each(items, batch.ack_many)
 
     def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
         """`ack_many`, answering None instead of the snapshot for each task it completed: no
         task row is read back (on MySQL through PyMySQL, parsing the rows was most of an ack)."""
-        checked = self._checked_acks(items)
-        if not checked:
-            return []
-        return self._run(
-            "ack_many", lambda tx: batch.ack_many_quiet(tx, checked), inline=len(checked) <= INLINE_MAX_ROWS
-        )
+        return self._ack_each(items, batch.ack_many_quiet)
 
-    def _checked_acks(self, items: Sequence[AckItem]) -> builtins.list[AckItem]:
+    def _ack_each(
+        self, items: Sequence[AckItem], write: Callable[[Tx, builtins.list[AckItem]], builtins.list[_T]]
+    ) -> builtins.list[_T]:
         checked = check_ack_items(items)
         for task_id, _, result in checked:
             create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
-        return checked
+        if not checked:
+            return []
+        return self._run("ack_many", lambda tx: write(tx, checked), inline=len(checked) <= INLINE_MAX_ROWS)
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.

@@ -13,6 +13,7 @@ from taskgate.ids import new_id
 from taskgate.task import Status, Task
 
 __all__ = [
+    "BAD_ACK_ITEMS",
     "JOIN_TIMEOUT",
     "RACE_ROUNDS",
     "TTL",
@@ -51,6 +52,17 @@ def submit(broker: Broker, **fields: Any) -> Task:
     """Enqueue one task built by `new_task` and return its snapshot."""
     (task,) = broker.enqueue([new_task(**fields)])
     return task
+
+
+# Malformed `Broker.ack_many` arguments and the error each must raise before anything changes
+# (a list is appended to a good item; anything else is passed as the whole argument).
+BAD_ACK_ITEMS: list[tuple[object, type[Exception]]] = [
+    ("not a list", TypeError),
+    ([("id", "token")], TypeError),
+    ([("", "token", None)], ValueError),
+    ([("id", 5, None)], TypeError),
+    ([("id", "token", "text")], TypeError),
+]
 
 
 def claim_many(broker: Broker, n: int, queue: str = "q") -> list[Lease]:

@@ -11,6 +11,7 @@ from taskgate.ids import new_id
 from taskgate.task import Status, Task
 from taskgate.testing.contract._fixtures import BrokerFactory
 from taskgate.testing.contract._support import (
+    BAD_ACK_ITEMS,
     RACE_ROUNDS,
     TTL,
     ack_item,
@@ -133,16 +134,7 @@ class BatchContract:
         answers = broker.ack_many([ack_item(here), ack_item(there)])
         assert [a.status for a in answers if isinstance(a, Task)] == [Status.COMPLETED] * 2
 
-    @pytest.mark.parametrize(
-        ("bad", "error"),
-        [
-            ("not a list", TypeError),
-            ([("id", "token")], TypeError),
-            ([("", "token", None)], ValueError),
-            ([("id", 5, None)], TypeError),
-            ([("id", "token", "text")], TypeError),
-        ],
-    )
+    @pytest.mark.parametrize(("bad", "error"), BAD_ACK_ITEMS)
     def test_ack_many_refuses_bad_items_before_changing_anything(
         self, broker: Broker, bad: object, error: type[Exception]
     ) -> None:

@@ -20,6 +20,7 @@ from taskgate.ids import new_id
 from taskgate.task import Status, Task
 from taskgate.testing.contract._fixtures import BrokerFactory
 from taskgate.testing.contract._support import (
+    BAD_ACK_ITEMS,
     RACE_ROUNDS,
     TTL,
     ack_item,
@@ -94,15 +95,7 @@ class QuietAckContract:
         assert {broker.get(child.id).status, broker.get(waiting.id).status} == {Status.PENDING}
         assert {lease.task.id for lease in broker.claim("q", 10, TTL)} == {child.id, waiting.id}
 
-    @pytest.mark.parametrize(
-        ("bad", "error"),
-        [
-            ("not a list", TypeError),
-            ([("id", "token")], TypeError),
-            ([("", "token", None)], ValueError),
-            ([("id", "token", "text")], TypeError),
-        ],
-    )
+    @pytest.mark.parametrize(("bad", "error"), BAD_ACK_ITEMS)
     def test_a_quiet_ack_refuses_bad_items_before_changing_anything(
         self, broker: Broker, bad: object, error: type[Exception]
     ) -> None:
