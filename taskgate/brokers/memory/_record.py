@@ -17,7 +17,7 @@ class Record:
     snapshot is made per task per transition: claims and acks are the memory broker's hot path).
     The fields are set one by one, always in the same order, and never added or deleted later:
     CPython then keeps every record's dict as a key-sharing dict (PEP 412), values only --
-    about 260 bytes a task less than a dict of its own (`memory.rss` in benchmarks/README.md).
+    about 200 bytes a task less than a dict of its own (`memory.rss` in benchmarks/README.md).
     """
 
     __slots__ = ("__dict__", "lease_expires_at", "ready_seq", "token")

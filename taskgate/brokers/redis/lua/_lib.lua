@@ -73,22 +73,24 @@ local function snapshot(id)
   return redis.call('HMGET', task_key(id), unpack(SNAPSHOT_FIELDS))
 end
 
--- The fields a status change and a lease check need, read alone (nil: no such task).
-local function load_core(id)
-  local v = redis.call('HMGET', task_key(id), 'id', 'type', 'queue', 'status', 'created_at', 'token', 'claims')
-  if not v[1] then
+-- The fields a status change and a lease check need, in this order (nil: no such task).
+local function core(id, type, queue, status, created_at, token, claims)
+  if not id then
     return nil
   end
-  return { id = v[1], type = v[2], queue = v[3], status = v[4], created_at = v[5], token = v[6], claims = v[7] }
+  return { id = id, type = type, queue = queue, status = status, created_at = created_at, token = token,
+    claims = claims }
 end
 
--- The same fields, from a snapshot (nil: no such task).
+-- `core`, read alone.
+local function load_core(id)
+  return core(unpack(redis.call('HMGET', task_key(id), 'id', 'type', 'queue', 'status', 'created_at', 'token',
+    'claims')))
+end
+
+-- `core`, from a snapshot.
 local function core_of(v)
-  if not v[AT.id] then
-    return nil
-  end
-  return { id = v[AT.id], type = v[AT.type], queue = v[AT.queue], status = v[AT.status],
-    created_at = v[AT.created_at], token = v[AT.token], claims = v[AT.claims] }
+  return core(v[AT.id], v[AT.type], v[AT.queue], v[AT.status], v[AT.created_at], v[AT.token], v[AT.claims])
 end
 
 -- Wake wait_for_work callers of this queue in every process (a Pub/Sub message, not a key).
