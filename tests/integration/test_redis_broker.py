@@ -21,10 +21,10 @@ from helpers.redis_servers import free_port, purge_keys
 from redis.crc import key_slot
 
 from taskgate.brokers.base import DistributedLimiter, FailureKind, Lease, LimitedClaim, NewTask, QuotaSpec
-from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis import RedisBroker, scripts
 from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS, enqueue_args, from_us
 from taskgate.brokers.redis.keys import KeySpace
-from taskgate.brokers.redis.scripts import SCRIPT_NAMES
+from taskgate.brokers.redis.scripts import CHAINED, SCRIPT_NAMES, ScriptBook, function_library
 from taskgate.brokers.redis.waiter import SLICE
 from taskgate.clock import ManualClock
 from taskgate.errors import BrokerError, ConfigError, LeaseLostError, TaskNotFoundError
@@ -151,11 +151,85 @@ def test_no_python_module_of_the_broker_embeds_lua() -> None:
         assert not re.search(r"redis\.p?call\(|\blocal function\b", module.read_text()), module.name
 
 
-def test_scripts_survive_a_script_flush(open_broker: Factory, client: redis.Redis) -> None:
+def _library_loaded(client: redis.Redis) -> bool:
+    return bool(client.function_list(library=function_library().name))
+
+
+def test_the_scripts_survive_their_library_being_deleted(open_broker: Factory, client: redis.Redis) -> None:
     broker = open_broker(clock=ManualClock())
     broker.enqueue([NewTask(id="a", type="t", queue="q")])
-    client.script_flush()  # as after a server restart: the next EVALSHA gets NOSCRIPT
+    # As after a restart of a server without persistence: the next FCALL finds no function.
+    client.function_delete(function_library().name)
     assert [lease.task.id for lease in broker.claim("q", 1, TTL)] == ["a"]
+
+
+def test_a_library_another_process_loaded_is_used_as_it_is(open_broker: Factory, client: redis.Redis) -> None:
+    if _library_loaded(client):
+        client.function_delete(function_library().name)
+    ScriptBook(client).load()
+    ScriptBook(client).load()  # a second process loading it at the same time
+    broker = open_broker(clock=ManualClock())
+    assert broker.enqueue([NewTask(id="a", type="t", queue="q")])[0].status is Status.PENDING
+    assert _library_loaded(client)
+
+
+def test_the_library_registers_every_script_under_its_own_name(client: redis.Redis) -> None:
+    library = function_library()
+    ScriptBook(client).load()
+    (listed,) = client.function_list(library=library.name)
+    listed = {key.decode(): value for key, value in zip(listed[::2], listed[1::2], strict=True)}
+    functions = {
+        {key.decode(): value for key, value in zip(f[::2], f[1::2], strict=True)}["name"].decode()
+        for f in listed["functions"]
+    }
+    # Names carry the library's version: two taskgate versions on one server never clash.
+    assert functions == {library.function(name) for name in (*SCRIPT_NAMES, *CHAINED)}
+    assert library.name.startswith("taskgate_") and library.name != "taskgate_"
+
+
+def test_a_call_that_raised_leaves_none_of_its_deferred_writes_to_the_next(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    broker.enqueue([NewTask(id="a", type="t", queue="q")])
+    (lease,) = broker.claim("q", 1, TTL)
+    # The ack defers its counter and index moves, then raises reading a's children.
+    client.set(KeySpace(unique_prefix).base + "children:a", "not a set")
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        broker.ack("a", lease.token, None)
+    before = broker.counts()
+    broker.enqueue([NewTask(id="b", type="t", queue="other")])
+    assert broker.counts() == {"t": {**before["t"], Status.PENDING: before["t"].get(Status.PENDING, 0) + 1}}
+
+
+def test_a_change_of_any_script_makes_another_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = function_library()
+    original = scripts.read_lua
+    monkeypatch.setattr(scripts, "read_lua", lambda name: original(name) + ("\n" if name == "reap" else ""))
+    after = function_library()
+    assert after.name != before.name
+    assert after.function("claim") != before.function("claim")
+
+
+def test_what_one_call_sets_is_not_seen_by_the_next(
+    open_broker: Factory, redis_url: str, unique_prefix: str, client: redis.Redis
+) -> None:
+    # The library outlives its calls: base key, clock and deferred writes are set by each call.
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    manual = open_broker(clock=ManualClock(start))
+    other = RedisBroker(redis_url, key_prefix=unique_prefix + "o")
+    try:
+        for n in range(3):
+            (mine,) = manual.enqueue([NewTask(id=f"m{n}", type="t", queue="q")])
+            (theirs,) = other.enqueue([NewTask(id=f"o{n}", type="t", queue="q")])
+            assert mine.created_at == start
+            assert abs(theirs.created_at - datetime.now(UTC)) < timedelta(minutes=5)
+        assert [lease.task.id for lease in manual.claim("q", 10, TTL)] == ["m0", "m1", "m2"]
+        assert manual.counts() == {"t": {Status.RUNNING: 3}}
+        assert other.counts() == {"t": {Status.PENDING: 3}}
+    finally:
+        other.close()
+        purge_keys(client, KeySpace(unique_prefix + "o").pattern())
 
 
 # -- time: the server's clock unless one is injected ---------------------------------------

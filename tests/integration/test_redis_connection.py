@@ -2,7 +2,7 @@
 
 The shared Redis is never touched. Every broker call during an outage raises `BrokerError`
 (chained to the redis-py error) within ``socket_timeout``; once the server is back the same
-broker object works again: the pool reconnects and scripts are re-sent after ``NOSCRIPT``.
+broker object works again: the pool reconnects (the AOF kept the function library).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def _from_url(url: str, socket_timeout: float, read_slack: float = 0.0) -> Any:
 
 def _check_client(client: Any) -> Any:
     get_encoder = getattr(client, "get_encoder", None)
-    if get_encoder is None or not hasattr(client, "register_script"):
+    if get_encoder is None or not hasattr(client, "fcall"):
         raise ConfigError(
             f"RedisBroker needs a redis URL or a redis-py Redis/RedisCluster client, got {client!r}"
         )

@@ -1,7 +1,7 @@
--- _chain.lua: NOT a script on its own. The loader (scripts.py, `chain`) puts the bodies of
--- two scripts in place of the two marker lines below and the library before it, making one
--- script that runs the first and then, only when it answered "ok", the second -- one round
--- trip where the two scripts take two (a submit's store and the claim that follows it).
+-- _chain.lua: NOT a script on its own. The loader (scripts.py, `chained`) puts the bodies of
+-- two scripts in place of the two marker lines below and registers `main` as one more function
+-- of the library: it runs the first and then, only when it answered "ok", the second -- one
+-- round trip where the two scripts take two (a submit's store and the claim that follows it).
 --
 -- ARGV[1]      "now" for both parts
 -- ARGV[2]      the number N of the first part's own arguments: ARGV[3..2+N]

@@ -1,5 +1,8 @@
 -- _lib.lua: helpers shared by every taskgate script. NOT a script on its own: the loader
--- (scripts.py) prepends this file to each script, so every script runs with these locals.
+-- (scripts.py) makes one Redis function library of this file followed by every script's body,
+-- each registered (`register`) as a function. The server runs this file once, when the library
+-- is loaded, so its locals outlive a call: what belongs to one call (KEYS, ARGV, B, NOW, the
+-- deferred writes and wake-ups) is set afresh by `begin` at the start of every call.
 --
 -- Conventions every script follows:
 --   KEYS[1]  the broker's hash-tagged base, e.g. "tg:{tg}:". Every key a script touches is
@@ -28,7 +31,10 @@
 --   signal:<queue>     Pub/Sub CHANNEL (not a key): PUBLISHed when a task of <queue> becomes
 --                             ready; wait_for_work subscribes to it
 
-local B = KEYS[1]
+-- This call's keys and arguments, its base key and its "now" (µs, and as a string): set by
+-- `begin`. Scripts read KEYS and ARGV as when they ran by EVAL.
+local KEYS, ARGV, B, NOW, NOW_S
+
 local READY = { pending = true, retrying = true }
 local FINAL = { completed = true, failed = true, canceled = true }
 local CANCELED_ERROR = { 'last_error', 'canceled' }
@@ -45,9 +51,6 @@ local function clock_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-
-local NOW = clock_now()
-local NOW_S = int_str(NOW)
 
 local function task_key(id)
   return B .. 'task:' .. id
@@ -95,10 +98,10 @@ end
 
 -- Wake wait_for_work callers of this queue in every process (a Pub/Sub message, not a key).
 -- Once per queue per script: a batch making 1000 tasks ready wakes the same waiters as one.
--- Sent when the script ends (`publish_signals`, called by the loader's wrapper): Redis sends
+-- Sent when the script ends (`publish_signals`, called by `register`'s wrapper): Redis sends
 -- nothing a script publishes before the script has ended, so no subscriber can tell, and a
 -- script made of two (`_chain.lua`) can hold back a wake-up the second part made pointless.
-local SIGNALED = {}
+local SIGNALED
 local function signal(queue)
   SIGNALED[queue] = true
 end
@@ -122,12 +125,12 @@ end
 
 -- Deferred writes: status counters, status indexes, and the queue/lease sets a claim moves
 -- tasks between. A script that moves many tasks writes each such key once when it ends
--- (`flush_status`, called by the loader's wrapper after every script) instead of several calls
+-- (`flush_status`, called by `register`'s wrapper after every call) instead of several calls
 -- per task. Only writes no later read of the same script depends on are deferred: the status
 -- sets and counters (read only by `list`/`counts`), and the claim's own queue/lease moves
 -- (claim scripts read the queue before leasing and never after).
-local STATUS_COUNTS = {}  -- "<status>:<type>" -> change
-local ZSET_CHANGES = {}   -- zset key -> { member -> score (add) or false (remove) }; last write wins
+local STATUS_COUNTS  -- "<status>:<type>" -> change
+local ZSET_CHANGES   -- zset key -> { member -> score (add) or false (remove) }; last write wins
 
 local function count_status(field, delta)
   STATUS_COUNTS[field] = (STATUS_COUNTS[field] or 0) + delta
@@ -176,6 +179,28 @@ local function flush_status()
     end
   end
   ZSET_CHANGES, STATUS_COUNTS = {}, {}
+end
+
+-- Start a call from a clean state: a call that raised may have left deferred writes behind.
+local function begin(keys, args)
+  KEYS, ARGV, B = keys, args, keys[1]
+  NOW = clock_now()
+  NOW_S = int_str(NOW)
+  SIGNALED, STATUS_COUNTS, ZSET_CHANGES = {}, {}, {}
+end
+
+-- Register a script's body (`main`) as the function FUNCTION_PREFIX .. name: its reply is
+-- returned after the deferred status writes (`flush_status`) and wake-ups (`publish_signals`),
+-- whichever `return` the body took. FUNCTION_PREFIX, like SNAPSHOT_FIELDS, is written above
+-- this library by the loader.
+local function register(name, main)
+  redis.register_function(FUNCTION_PREFIX .. name, function(keys, args)
+    begin(keys, args)
+    local reply = main()
+    flush_status()
+    publish_signals()
+    return reply
+  end)
 end
 
 -- Move `t` from its status (nil for a task being created) to `to` in the counters and the
