@@ -156,7 +156,7 @@ class Gate:
         tasks = build_tasks(self.config, task_type, payloads, **options)
         if not tasks:
             return []
-        return [t.id for t in await self._runtime.submit(tasks)]
+        return await self._runtime.submit(tasks)
 
     # -- reading ---------------------------------------------------------------------------------
 

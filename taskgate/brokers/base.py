@@ -48,6 +48,7 @@ __all__ = [
     "NewTask",
     "QuietAckOutcome",
     "QuietAcker",
+    "QuietEnqueuer",
     "QuotaClaim",
     "QuotaGrant",
     "QuotaSpec",
@@ -241,6 +242,8 @@ class Capabilities:
       where a submit and the claim that follows it take two).
     - ``quiet_acks``: implements `QuietAcker`, so `Gate` completes tasks without reading
       back their snapshots when nothing would look at them (no ``on_state_change`` hook).
+    - ``quiet_enqueue``: implements `QuietEnqueuer`, so `Gate` stores submitted tasks without
+      building their snapshots when nothing would look at them (no ``on_state_change`` hook).
     """
 
     shared_quota: bool = False
@@ -252,6 +255,7 @@ class Capabilities:
     inline_attempts: bool = False
     claim_on_submit: bool = False
     quiet_acks: bool = False
+    quiet_enqueue: bool = False
 
 
 @runtime_checkable
@@ -465,6 +469,25 @@ class QuietAcker(Protocol):
         Reading a whole task back (payload and result included) is most of what an ack costs
         where rows are parsed in Python or replies carry every field; the runtime's group acks
         only need to know which tasks completed.
+        """
+        ...
+
+
+@runtime_checkable
+class QuietEnqueuer(Protocol):
+    """`Broker.enqueue` without the snapshots, for callers that do not look at them.
+
+    Only brokers declaring ``capabilities.quiet_enqueue`` implement it.
+    """
+
+    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
+        """`Broker.enqueue` of ``tasks``, exactly -- the same unit, the same writes, the same
+        errors, the same wake-ups -- except that each task is answered by its status on
+        arrival (pending, blocked, or canceled by a failed parent) instead of its snapshot.
+
+        Building a snapshot per task is a third or more of a batch submit's cost in Python;
+        `Gate.submit_many` returns only ids, and without a hook only the statuses matter
+        (which queues to wake, which waiters to answer).
         """
         ...
 

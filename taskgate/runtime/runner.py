@@ -16,7 +16,7 @@ from typing import cast
 import anyio
 from anyio.abc import TaskStatus
 
-from taskgate.brokers.base import DistributedLimiter, Lease, NewTask
+from taskgate.brokers.base import DistributedLimiter, Lease, NewTask, QuietEnqueuer
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
 from taskgate.runtime.acks import AckWriter
@@ -61,6 +61,12 @@ class Runtime:
         self._reap_interval = reap_interval
         self.waiters = TaskWaiters()
         self.hooks = HookDispatcher(config.on_state_change)
+        # Fixed here, as the hook is: without one, nothing reads a submitted task's snapshot.
+        self._quiet_enqueue = (
+            cast(QuietEnqueuer, self.broker)
+            if self.hooks.hook is None and self.broker.capabilities.quiet_enqueue
+            else None
+        )
         self.schedulers: dict[str, QueueScheduler] = {}
         self.queue_idle = Signal()  # a scheduler's claim came back short, or a queue was added
         # Running contexts by (task id, claims): a reaped claim may still be running here when
@@ -108,20 +114,23 @@ class Runtime:
 
     # -- submitting -----------------------------------------------------------------------------
 
-    async def submit(self, tasks: list[NewTask]) -> list[Task]:
-        """Store ``tasks`` and react to their snapshots (`observe`); the snapshots, in order.
+    async def submit(self, tasks: list[NewTask]) -> list[str]:
+        """Store ``tasks`` and react to what they became (`observe`); their ids, in order.
 
         A single task due at once whose queue has an idle worker here is claimed in the same
         broker call (`QueueScheduler.submit_claiming`): with a `SubmitClaimer`, one round trip
-        and one commit instead of a submit, a wake-up and a claim.
+        and one commit instead of a submit, a wake-up and a claim. Without a hook, a broker
+        with ``quiet_enqueue`` answers statuses instead of snapshots (`arrived_unseen`).
         """
         if len(tasks) == 1:
             stored = await self._submit_claiming(tasks[0])
             if stored is not None:
-                return [stored]
-        snapshots = await self.calls(self.broker.enqueue, tasks)
-        await self.observe(snapshots)
-        return snapshots
+                return [stored.id]
+        if self._quiet_enqueue is not None:
+            self.arrived_unseen(tasks, await self.calls(self._quiet_enqueue.enqueue_quiet, tasks))
+        else:
+            await self.observe(await self.calls(self.broker.enqueue, tasks))
+        return [task.id for task in tasks]
 
     async def _submit_claiming(self, task: NewTask) -> Task | None:
         """`QueueScheduler.submit_claiming` on a worker reserved for it; None when not tried."""
@@ -168,6 +177,21 @@ class Runtime:
         if any(t.status.is_final for t in tasks):
             self.wake_all()  # children may have become pending in any queue
         await self.hooks.emit(tasks)
+
+    def arrived_unseen(self, tasks: Sequence[NewTask], statuses: Sequence[Status]) -> None:
+        """`observe` for tasks this process stored without reading them back (no hook is set,
+        so only the schedulers of their queues and the waiters of tasks canceled on arrival
+        need to know)."""
+        woken: set[str] = set()
+        for task, status in zip(tasks, statuses, strict=True):
+            if status in (Status.PENDING, Status.RETRYING):
+                if task.queue not in woken:
+                    woken.add(task.queue)
+                    self.wake_queue(task.queue)
+            elif status.is_final:
+                # Canceled on arrival (a parent failed): its own status is all there is to
+                # tell; a new task has no descendants outside its batch to cascade to.
+                self.waiters.notify(task.id)
 
     def completed_unseen(self, task_ids: Sequence[str]) -> None:
         """`observe` for tasks this process completed without reading them back (no hook is

@@ -3,7 +3,8 @@
 A backend's test file subclasses `BrokerContract` and supplies a ``broker_factory`` fixture
 (see `taskgate.testing.contract`); every contract test then runs against that backend. A
 broker declaring ``capabilities.claim_on_submit`` adds `SubmitClaimContract` too, one declaring
-``capabilities.quiet_acks`` `QuietAckContract`.
+``capabilities.quiet_acks`` `QuietAckContract`, one declaring ``capabilities.quiet_enqueue``
+`QuietEnqueueContract`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from taskgate.testing.contract import (  # noqa: E402
     RACE_ROUNDS,
     BrokerContract,
     QuietAckContract,
+    QuietEnqueueContract,
     SubmitClaimContract,
 )
 
-__all__ = ["RACE_ROUNDS", "BrokerContract", "QuietAckContract", "SubmitClaimContract"]
+__all__ = ["RACE_ROUNDS", "BrokerContract", "QuietAckContract", "QuietEnqueueContract", "SubmitClaimContract"]

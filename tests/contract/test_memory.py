@@ -10,10 +10,15 @@ from taskgate.brokers.base import Broker
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory, QuietAckContract, SubmitClaimContract
+from taskgate.testing.contract import (
+    BrokerFactory,
+    QuietAckContract,
+    QuietEnqueueContract,
+    SubmitClaimContract,
+)
 
 
-class TestMemoryBroker(BrokerContract, SubmitClaimContract, QuietAckContract):
+class TestMemoryBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
     @pytest.fixture
     def broker_factory(self, clock: ManualClock) -> Iterator[BrokerFactory]:
         # A memory broker IS its store, so every "connection" is the same object.

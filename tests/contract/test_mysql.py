@@ -14,7 +14,12 @@ from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, requi
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory, QuietAckContract, SubmitClaimContract
+from taskgate.testing.contract import (
+    BrokerFactory,
+    QuietAckContract,
+    QuietEnqueueContract,
+    SubmitClaimContract,
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +31,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestMySQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract):
+class TestMySQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
     """Every contract test on MariaDB/MySQL; each broker object has its own pool."""
 
     @pytest.fixture

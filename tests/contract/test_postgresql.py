@@ -21,7 +21,12 @@ from helpers.sql_databases import (
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory, QuietAckContract, SubmitClaimContract
+from taskgate.testing.contract import (
+    BrokerFactory,
+    QuietAckContract,
+    QuietEnqueueContract,
+    SubmitClaimContract,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestPostgreSQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract):
+class TestPostgreSQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
     """Every contract test on PostgreSQL; each broker object has its own pool (and listener)."""
 
     @pytest.fixture

@@ -17,11 +17,16 @@ from helpers.sql_databases import sql_brokers
 
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory, QuietAckContract, SubmitClaimContract
+from taskgate.testing.contract import (
+    BrokerFactory,
+    QuietAckContract,
+    QuietEnqueueContract,
+    SubmitClaimContract,
+)
 from taskgate.testing.contract._support import TTL, new_task
 
 
-class TestSQLiteBroker(BrokerContract, SubmitClaimContract, QuietAckContract):
+class TestSQLiteBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
     """Every contract test on a SQLite file; each broker object opens its own engine."""
 
     @pytest.fixture
@@ -30,7 +35,9 @@ class TestSQLiteBroker(BrokerContract, SubmitClaimContract, QuietAckContract):
             yield open_broker
 
 
-class TestSQLiteBrokerAttemptedInline(BrokerContract, SubmitClaimContract, QuietAckContract):
+class TestSQLiteBrokerAttemptedInline(
+    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract
+):
     """Every contract test again, each call attempted without waiting first."""
 
     @pytest.fixture

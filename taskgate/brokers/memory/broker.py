@@ -76,7 +76,9 @@ class MemoryBroker:
     in-memory work, so the runtime calls them on its event loop (``nonblocking=True``).
     """
 
-    capabilities = Capabilities(shared_quota=True, nonblocking=True, claim_on_submit=True, quiet_acks=True)
+    capabilities = Capabilities(
+        shared_quota=True, nonblocking=True, claim_on_submit=True, quiet_acks=True, quiet_enqueue=True
+    )
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -99,14 +101,23 @@ class MemoryBroker:
         Besides the protocol's errors: an id already in use, or two tasks of the batch with
         one id or one business key, raise `ValueError`.
         """
-        items = check_new_tasks(tasks)
         with self._cond:
-            now = self._now()
-            records = self._build_batch(items, now)
-            for record in records:
-                self._table.add(record)
-            self._signal(r.queue for r in records if r.status in READY_STATUSES)
-            return [r.snapshot() for r in records]
+            return [r.snapshot() for r in self._store_new(tasks)]
+
+    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
+        """`enqueue`, answering each task's status on arrival instead of its snapshot."""
+        with self._cond:
+            return [r.status for r in self._store_new(tasks)]
+
+    def _store_new(self, tasks: Sequence[NewTask]) -> builtins.list[Record]:
+        """`enqueue`'s checks and writes; the caller holds the lock and reads the records in it."""
+        items = check_new_tasks(tasks)
+        now = self._now()
+        records = self._build_batch(items, now)
+        for record in records:
+            self._table.add(record)
+        self._signal(r.queue for r in records if r.status in READY_STATUSES)
+        return records
 
     def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
         """`enqueue` of ``task``, leased at once when it is due and no other task of its queue is,

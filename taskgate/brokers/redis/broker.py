@@ -40,6 +40,7 @@ from taskgate.brokers.checks import (
 )
 from taskgate.brokers.redis.codec import (
     SNAPSHOT_FIELDS,
+    arrival_statuses,
     arrived_tasks,
     enqueue_args,
     from_us,
@@ -80,7 +81,12 @@ class RedisBroker:
     """
 
     capabilities = Capabilities(
-        shared_quota=True, cross_process=True, distributed_limits=True, push_wakeups=True, quiet_acks=True
+        shared_quota=True,
+        cross_process=True,
+        distributed_limits=True,
+        push_wakeups=True,
+        quiet_acks=True,
+        quiet_enqueue=True,
     )
 
     def __init__(
@@ -137,6 +143,14 @@ class RedisBroker:
             return []
         created_at, *arrivals = self._run("enqueue", enqueue_args(items))
         return arrived_tasks(items, from_us(created_at), arrivals)
+
+    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
+        """`enqueue`, answering each task's status on arrival instead of its snapshot."""
+        items = check_new_tasks(tasks)
+        if not items:
+            return []
+        _, *arrivals = self._run("enqueue", enqueue_args(items))
+        return arrival_statuses(arrivals)
 
     def replay(
         self,

@@ -18,6 +18,7 @@ from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 
 __all__ = [
     "SNAPSHOT_FIELDS",
+    "arrival_statuses",
     "arrived_tasks",
     "enqueue_args",
     "from_us",
@@ -229,6 +230,11 @@ def arrived_tasks(
             known = decoded[key] = _decode_arrival(arrival, created_at)
         tasks.append(_arrived_task(item, created_at, known))
     return tasks
+
+
+def arrival_statuses(arrivals: Sequence[Sequence[bytes]]) -> list[Status]:
+    """The statuses of enqueue.lua's arrivals, in order."""
+    return [STATUS_BY_VALUE[arrival[0].decode()] for arrival in arrivals]
 
 
 # An arrival as enqueue.lua answers it, decoded: (status, run_at, last_error, finished_at).

@@ -12,10 +12,10 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.pool import QueuePool
@@ -55,6 +55,7 @@ from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
 from taskgate.brokers.sql.prepared import PreparedCache
 from taskgate.brokers.sql.retry import Conflict, run_with_retries
+from taskgate.brokers.sql.rows import snapshot
 from taskgate.brokers.sql.schema import prepare_schema
 from taskgate.brokers.sql.serverclock import SampledServerClock
 from taskgate.brokers.sql.tx import Tx
@@ -63,7 +64,7 @@ from taskgate.brokers.within_quota import claim_within_grant
 from taskgate.clock import Clock, utc
 from taskgate.errors import BrokerError, ConfigError
 from taskgate.models import DEFAULT_PREFIX, check_prefix, models_for
-from taskgate.task import Filter, Status, Task
+from taskgate.task import STATUS_BY_VALUE, Filter, Status, Task
 
 __all__ = ["INLINE_MAX_ROWS", "SQLBroker"]
 
@@ -126,6 +127,7 @@ class SQLBroker:
             inline_attempts=self._traits.name == "sqlite",
             claim_on_submit=True,
             quiet_acks=True,
+            quiet_enqueue=True,
         )
         try:
             self._value_limit = self._setup(create_tables)
@@ -154,6 +156,16 @@ class SQLBroker:
         Besides the protocol's errors: an id already in use, two tasks of the batch with one
         id or one business key, or a payload larger than the server accepts raise `ValueError`.
         """
+        return self._store_new(tasks, snapshot)
+
+    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
+        """`enqueue`, answering each task's status on arrival instead of its snapshot."""
+        return self._store_new(tasks, _arrival_status)
+
+    def _store_new(
+        self, tasks: Sequence[NewTask], answer: Callable[[dict[str, Any]], _T]
+    ) -> builtins.list[_T]:
+        """`enqueue`'s checks and writes; each stored row answered by ``answer``."""
         items = check_new_tasks(tasks)
         for item in items:
             create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
@@ -167,14 +179,14 @@ class SQLBroker:
                 one_statement=True,
             )
             if stored is not None:
-                return [stored]
+                return [answer(stored)]
         attempts = 0
 
-        def step(tx: Tx) -> builtins.list[Task]:
+        def step(tx: Tx) -> builtins.list[_T]:
             # The first attempt leaves taken ids to the primary key; a re-run checks them.
             nonlocal attempts
             attempts += 1
-            return create.enqueue(tx, items, check_ids=attempts > 1)
+            return [answer(row) for row in create.store_new(tx, items, check_ids=attempts > 1)]
 
         return self._run("enqueue", step, inline=len(items) <= INLINE_MAX_ROWS)
 
@@ -584,6 +596,10 @@ def _pool_is_full(engine: Engine) -> bool:
     """True when a checkout could wait: every connection a `QueuePool` keeps is in use."""
     pool = engine.pool
     return isinstance(pool, QueuePool) and pool.checkedout() >= pool.size()
+
+
+def _arrival_status(row: Mapping[str, Any]) -> Status:
+    return STATUS_BY_VALUE[row["status"]]
 
 
 def _plain(item: NewTask) -> bool:

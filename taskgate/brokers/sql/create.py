@@ -41,6 +41,7 @@ __all__ = [
     "insert_keys",
     "new_row",
     "replay",
+    "store_new",
 ]
 
 
@@ -54,7 +55,13 @@ def check_value_size(value: bytes | None, limit: int | None, *, what: str) -> No
 
 
 def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list[Task]:
-    """Insert ``items`` (already validated in themselves) after checking them against the store.
+    """`store_new`, answering the stored tasks' snapshots."""
+    return [snapshot(row) for row in store_new(tx, items, check_ids=check_ids)]
+
+
+def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list[dict[str, Any]]:
+    """Insert ``items`` (already validated in themselves) after checking them against the store;
+    the rows inserted, in order.
 
     ``check_ids=False`` skips the look-up of ids in use: fresh ULIDs almost never are, and the
     primary key still refuses one that is (`Conflict`); the caller then runs the transaction
@@ -69,7 +76,7 @@ def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list
         parents[item.id] = status
         rows.append(new_row(item, tx.now, status, error))
     _insert(tx, rows, items)
-    return [snapshot(row) for row in rows]
+    return rows
 
 
 def check_free(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> None:
@@ -91,12 +98,13 @@ def insert_keys(tx: Tx, items: Sequence[NewTask]) -> None:
             raise Conflict(f"a business key was taken concurrently: {exc.orig}") from exc
 
 
-def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> Task | None:
-    """`enqueue` of ONE task without parents or business key as one statement (``traits.dml_ctes``).
+def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[str, Any] | None:
+    """`store_new` of ONE task without parents or business key as one statement
+    (``traits.dml_ctes``); the row inserted.
 
     The INSERT and the ``pg_notify`` of its queue are one statement, run in autocommit: one
     round trip where the transaction takes four. None when the id is taken (the statement
-    changed nothing): the caller then runs `enqueue`, whose checks name the id.
+    changed nothing): the caller then runs `store_new`, whose checks name the id.
     """
     row = new_row(item, tx.now, Status.PENDING, None)
     params = {f"p_{name}": value for name, value in row.items()}
@@ -106,7 +114,7 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> Task | 
     except IntegrityError:
         return None
     tx.woken.add(item.queue)
-    return snapshot(row)
+    return row
 
 
 @functools.lru_cache(maxsize=32)

@@ -90,8 +90,8 @@ def enqueue_and_claim_in_one_statement(
     """
     now = tx.now
     if not _due_on_arrival(item, now):
-        stored = create.enqueue_one_in_one_statement(tx, item, channel)
-        return None if stored is None else (stored, None)
+        inserted = create.enqueue_one_in_one_statement(tx, item, channel)
+        return None if inserted is None else (snapshot(inserted), None)
     pending = create.new_row(item, now, Status.PENDING, None)
     params: dict[str, Any] = {f"p_{name}": value for name, value in pending.items() if name not in _DECIDED}
     params.update(_due_params(item, now), p_expires_at=now + lease_ttl, p_channel=channel)

@@ -36,6 +36,7 @@ from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
 from taskgate.testing.contract.quiet_ack import QuietAckContract
+from taskgate.testing.contract.quiet_enqueue import QuietEnqueueContract
 from taskgate.testing.contract.quota import QuotaClaimContract, QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
@@ -43,7 +44,14 @@ from taskgate.testing.contract.replay import ReplayContract
 from taskgate.testing.contract.submit_claim import SubmitClaimContract
 from taskgate.testing.contract.validation import ValidationContract
 
-__all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory", "QuietAckContract", "SubmitClaimContract"]
+__all__ = [
+    "RACE_ROUNDS",
+    "BrokerContract",
+    "BrokerFactory",
+    "QuietAckContract",
+    "QuietEnqueueContract",
+    "SubmitClaimContract",
+]
 
 
 class BrokerContract(
