@@ -41,6 +41,7 @@ from taskgate.brokers.checks import (
 from taskgate.brokers.redis.codec import (
     SNAPSHOT_FIELDS,
     arrival_statuses,
+    arrivals_of,
     arrived_tasks,
     enqueue_args,
     from_us,
@@ -142,7 +143,7 @@ class RedisBroker:
         if not items:
             return []
         created_at, *arrivals = self._run("enqueue", enqueue_args(items))
-        return arrived_tasks(items, from_us(created_at), arrivals)
+        return arrived_tasks(items, from_us(created_at), arrivals_of(arrivals))
 
     def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
         """`enqueue`, answering each task's status on arrival instead of its snapshot."""
@@ -150,7 +151,7 @@ class RedisBroker:
         if not items:
             return []
         _, *arrivals = self._run("enqueue", enqueue_args(items))
-        return arrival_statuses(arrivals)
+        return arrival_statuses(arrivals_of(arrivals))
 
     def replay(
         self,
@@ -427,7 +428,7 @@ class RedisBroker:
         with_now = [self._now_arg(), len(stored_args), *stored_args, *claim_args]
         stored_reply, *claim_reply = self._scripts.run("enqueue_claim_limited", self._keys.base, with_now)
         created_at, *arrivals = unwrap(stored_reply)
-        (stored,) = arrived_tasks([item], from_us(created_at), arrivals)
+        (stored,) = arrived_tasks([item], from_us(created_at), arrivals_of(arrivals))
         (claimed,) = claim_reply  # the store answered "ok": the claim ran
         if claimed[0] != b"ok":
             # The task is stored: report the claim's failure instead of failing the submit.

@@ -19,6 +19,7 @@ from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 __all__ = [
     "SNAPSHOT_FIELDS",
     "arrival_statuses",
+    "arrivals_of",
     "arrived_tasks",
     "enqueue_args",
     "from_us",
@@ -230,6 +231,14 @@ def arrived_tasks(
             known = decoded[key] = _decode_arrival(arrival, created_at)
         tasks.append(_arrived_task(item, created_at, known))
     return tasks
+
+
+def arrivals_of(reply: Sequence[Any]) -> Sequence[Sequence[bytes]]:
+    """The arrivals in enqueue.lua's reply after its created_at: one per task, or -- after
+    ``"alike"`` -- a count and the one arrival every task shares."""
+    if reply and reply[0] == b"alike":
+        return [reply[2]] * int(reply[1])
+    return reply
 
 
 def arrival_statuses(arrivals: Sequence[Sequence[bytes]]) -> list[Status]:
