@@ -62,6 +62,24 @@ class LargeBatchContract:
             expected = Status.BLOCKED if item.depends_on else Status.PENDING
             assert task.status is expected
 
+    def test_a_large_batch_of_tasks_alike_stores_each_ones_own_id_payload_and_key(
+        self, broker: Broker
+    ) -> None:
+        # What `Gate.submit_many` sends: fields shared but for these three, which brokers may
+        # copy from one task's row to the next.
+        items = [
+            new_task(
+                payload=None if n % 4 == 0 else bytes([n, 0, 10]),
+                business_key=f"alike-{n}" if n % 3 == 0 else None,
+            )
+            for n in range(BATCH)
+        ]
+        broker.enqueue(items)
+        for item in items:
+            task = broker.get(item.id)
+            assert (task.id, task.payload, task.business_key) == (item.id, item.payload, item.business_key)
+        assert [t.id for t in broker.history("alike-3")] == [items[3].id]
+
     def test_a_large_batch_is_indexed_for_lists_counts_and_claims(
         self, broker: Broker, clock: ManualClock
     ) -> None:
