@@ -326,3 +326,15 @@ def test_a_column_of_a_type_psycopg_does_not_know_by_name_is_copied_as_text(post
             assert conn.execute(text("SELECT count(*), min(name) FROM labelled")).one() == (20, "n0")
     finally:
         engine.dispose()
+
+
+def test_rows_of_one_column_are_copied(postgresql_url: str) -> None:
+    engine = create_engine(normalize_url(postgresql_url))
+    table = Table("single", MetaData(), Column("id", Integer, primary_key=True))
+    try:
+        with engine.begin() as conn:
+            table.create(conn)
+            copy_rows(conn, table, [{"id": n} for n in range(20)])
+            assert conn.execute(text("SELECT count(*), sum(id) FROM single")).one() == (20, 190)
+    finally:
+        engine.dispose()
