@@ -101,17 +101,19 @@ class MemoryBroker:
         Besides the protocol's errors: an id already in use, or two tasks of the batch with
         one id or one business key, raise `ValueError`.
         """
+        items = check_new_tasks(tasks)
         with self._cond:
-            return [r.snapshot() for r in self._store_new(tasks)]
+            return [r.snapshot() for r in self._store_new(items)]
 
     def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
         """`enqueue`, answering each task's status on arrival instead of its snapshot."""
-        with self._cond:
-            return [r.status for r in self._store_new(tasks)]
-
-    def _store_new(self, tasks: Sequence[NewTask]) -> builtins.list[Record]:
-        """`enqueue`'s checks and writes; the caller holds the lock and reads the records in it."""
         items = check_new_tasks(tasks)
+        with self._cond:
+            return [r.status for r in self._store_new(items)]
+
+    def _store_new(self, items: builtins.list[NewTask]) -> builtins.list[Record]:
+        """`enqueue`'s writes of checked ``items``; the caller holds the lock and reads the
+        records in it."""
         now = self._now()
         records = self._build_batch(items, now)
         for record in records:
