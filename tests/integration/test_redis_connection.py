@@ -139,3 +139,20 @@ def test_a_waiter_gets_broker_error_when_the_server_dies(server: RedisServer, br
     waiter.join(SOCKET_TIMEOUT + SLACK + 1.0)
     assert not waiter.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], BrokerError)
+
+
+def test_a_full_server_still_answers_the_reading_scripts(server: RedisServer, broker: RedisBroker) -> None:
+    broker.enqueue([NewTask(id="a", type="t", queue="q", business_key="k")])
+    admin = redis.Redis.from_url(server.url)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)  # used memory is above it now: Redis refuses writes
+    try:
+        # Reading scripts are registered 'no-writes', so Redis runs them as it ran such EVALs.
+        assert [t.id for t in broker.list(Filter())] == ["a"]
+        assert [t.id for t in broker.history("k")] == ["a"]
+        with pytest.raises(BrokerError, match="maxmemory"):
+            broker.enqueue([NewTask(id="b", type="t", queue="q")])
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+    assert [t.id for t in broker.list(Filter())] == ["a"]

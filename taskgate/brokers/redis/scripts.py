@@ -28,7 +28,15 @@ from redis.exceptions import RedisError, ResponseError
 from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS
 from taskgate.errors import BrokerError
 
-__all__ = ["CHAINED", "SCRIPT_NAMES", "FunctionLibrary", "ScriptBook", "function_library", "redis_errors"]
+__all__ = [
+    "CHAINED",
+    "READ_ONLY",
+    "SCRIPT_NAMES",
+    "FunctionLibrary",
+    "ScriptBook",
+    "function_library",
+    "redis_errors",
+]
 
 SCRIPT_NAMES = (
     "ack",
@@ -54,6 +62,9 @@ SCRIPT_NAMES = (
     "slots_acquire",
     "slots_renew",
 )
+
+# Scripts that only read: registered 'no-writes', so Redis runs them when its memory is full.
+READ_ONLY = frozenset({"history", "list", "next_due"})
 
 # Scripts made of two: the first's body, then -- only when it answered "ok" -- the second's,
 # in one FCALL (see ``lua/_chain.lua``).
@@ -81,7 +92,8 @@ def read_lua(name: str) -> str:
 def _registered(name: str, main: str) -> str:
     """Lua defining ``main`` (a function) and registering it as script ``name``, in a block of
     its own so no script's locals reach another's."""
-    return f"do\n{main}\nregister('{name}', main)\nend\n"
+    flags = ", { 'no-writes' }" if name in READ_ONLY else ""
+    return f"do\n{main}\nregister('{name}', main{flags})\nend\n"
 
 
 def _script(body: str) -> str:

@@ -192,15 +192,20 @@ end
 -- Register a script's body (`main`) as the function FUNCTION_PREFIX .. name: its reply is
 -- returned after the deferred status writes (`flush_status`) and wake-ups (`publish_signals`),
 -- whichever `return` the body took. FUNCTION_PREFIX, like SNAPSHOT_FIELDS, is written above
--- this library by the loader.
-local function register(name, main)
-  redis.register_function(FUNCTION_PREFIX .. name, function(keys, args)
-    begin(keys, args)
-    local reply = main()
-    flush_status()
-    publish_signals()
-    return reply
-  end)
+-- this library by the loader. `flags`: {'no-writes'} for a script that only reads, which Redis
+-- then runs when its memory is full (as it ran such an EVAL script) and on replicas.
+local function register(name, main, flags)
+  redis.register_function {
+    function_name = FUNCTION_PREFIX .. name,
+    callback = function(keys, args)
+      begin(keys, args)
+      local reply = main()
+      flush_status()
+      publish_signals()
+      return reply
+    end,
+    flags = flags or {},
+  }
 end
 
 -- Move `t` from its status (nil for a task being created) to `to` in the counters and the
