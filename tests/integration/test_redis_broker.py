@@ -591,33 +591,6 @@ def test_close_wakes_every_waiter_with_false(
     assert time.monotonic() - closed_at < SLICE + 1.0
 
 
-def _subscribers(client: redis.Redis, channel: str) -> int:
-    return int(client.pubsub_numsub(channel)[0][1])
-
-
-def test_waits_reuse_one_subscribed_connection_and_follow_a_change_of_queues(
-    open_broker: Factory, client: redis.Redis, unique_prefix: str
-) -> None:
-    broker = open_broker()
-    keys = KeySpace(unique_prefix)
-    assert broker.wait_for_work(["q"], 0.01) is False
-    connected = int(client.info("stats")["total_connections_received"])
-    for _ in range(5):
-        assert broker.wait_for_work(["q"], 0.01) is False
-    assert int(client.info("stats")["total_connections_received"]) == connected
-    assert _subscribers(client, keys.signal("q")) == 1  # still subscribed between waits
-    broker.enqueue([NewTask(id="other-work", type="t", queue="other")])
-    assert broker.wait_for_work(["other"], 0.01) is True  # the due check of the new queue
-    assert (_subscribers(client, keys.signal("q")), _subscribers(client, keys.signal("other"))) == (0, 1)
-    broker.close()
-    # The server drops the subscription when it processes the closed connection, which another
-    # client's PUBSUB NUMSUB may ask about first: wait for it, with a guard.
-    gone_by = time.monotonic() + 5.0
-    while _subscribers(client, keys.signal("other")) != 0:
-        assert time.monotonic() < gone_by, "the closed broker's subscription never went away"
-        time.sleep(0.005)
-
-
 def _ids(taken: LimitedClaim) -> list[str]:
     return [lease.task.id for lease in taken.leases]
 
