@@ -22,6 +22,21 @@ def make_gate(broker: Broker, queues: dict[str, QueueConfig] | None = None, **op
     return Gate(config, **gate_options)
 
 
+def echo_gate(broker: Broker, workers: int, hook_into: list[Task] | None) -> Gate:
+    """A gate whose queue "q" answers each task's id, hooked into ``hook_into`` unless None.
+
+    Its poll is far beyond `GUARD`: only a wake-up of this process's own making can start a
+    task it did not find on its first look."""
+    hook = {"on_state_change": hook_into.append} if hook_into is not None else {}
+    gate = make_gate(broker, {"q": QueueConfig(workers=workers)}, poll_interval=GUARD * 2, **hook)
+
+    @gate.handler("q")
+    async def echo(task: Task) -> str:
+        return task.id
+
+    return gate
+
+
 async def eventually(gate: Gate, task_id: str, check: Callable[[Task], bool], within: float = GUARD) -> Task:
     """Re-read ``task_id`` until ``check`` holds (a condition wait with a generous guard)."""
     with anyio.fail_after(within):

@@ -11,7 +11,7 @@ from typing import Any, cast
 import anyio
 import anyio.lowlevel
 import pytest
-from gate_helpers import GUARD, eventually, make_gate, until
+from gate_helpers import GUARD, echo_gate, eventually, make_gate, until
 
 from taskgate import QueueConfig, Status, Task, TaskExistsError
 from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease, QuietAcker, QuietAckOutcome
@@ -98,14 +98,8 @@ async def test_handlers_finishing_together_are_acked_in_one_batch(gate_broker):
 async def test_acks_are_quiet_unless_a_hook_reads_the_snapshots(gate_broker, hook):
     broker = Recording(gate_broker)
     seen: list[Task] = []
-    # A poll far beyond the guard: only the wake-up of the ack itself can answer the waits.
-    hook_option = {"on_state_change": seen.append} if hook else {}
-    gate = make_gate(broker, {"q": QueueConfig(workers=3)}, poll_interval=GUARD * 2, **hook_option)
-
-    @gate.handler("q")
-    async def echo(task: Task) -> str:
-        return task.id
-
+    # Only the wake-up of the ack itself can answer the waits (the gate's poll is beyond GUARD).
+    gate = echo_gate(broker, 3, seen if hook else None)
     async with gate:
         ids = await gate.submit_many("q", [None] * 6)
         with anyio.fail_after(GUARD):

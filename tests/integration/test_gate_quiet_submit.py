@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import anyio
 import pytest
-from gate_helpers import GUARD, make_gate, until
+from gate_helpers import GUARD, echo_gate, make_gate, until
 
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers.base import Broker, Lease, NewTask, QuietEnqueuer
@@ -62,14 +62,8 @@ def _is_set(event: threading.Event) -> Callable[[], Awaitable[bool]]:
 async def test_submits_are_quiet_unless_a_hook_reads_the_snapshots(gate_broker, hook):
     broker = Recording(gate_broker)
     seen: list[Task] = []
-    hook_option = {"on_state_change": seen.append} if hook else {}
-    # A poll far beyond the guard: only the wake-up of the submit itself can start the tasks.
-    gate = make_gate(broker, {"q": QueueConfig(workers=2)}, poll_interval=GUARD * 2, **hook_option)
-
-    @gate.handler("q")
-    async def echo(task: Task) -> str:
-        return task.id
-
+    # Only the wake-up of the submit itself can start the tasks (the gate's poll is beyond GUARD).
+    gate = echo_gate(broker, 2, seen if hook else None)
     async with gate:
         await until(_is_set(broker.claimed_nothing))  # the scheduler found nothing: it sleeps
         ids = await gate.submit_many("q", [None] * 4)
