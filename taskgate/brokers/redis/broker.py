@@ -41,9 +41,9 @@ from taskgate.brokers.checks import (
 from taskgate.brokers.redis.codec import (
     SNAPSHOT_FIELDS,
     arrival_statuses,
-    arrivals_of,
     arrived_tasks,
     enqueue_args,
+    enqueued,
     from_us,
     lease_from_values,
     task_from_values,
@@ -142,16 +142,16 @@ class RedisBroker:
         items = check_new_tasks(tasks)
         if not items:
             return []
-        created_at, *arrivals = self._run("enqueue", enqueue_args(items))
-        return arrived_tasks(items, from_us(created_at), arrivals_of(arrivals))
+        created_at, arrivals = enqueued(self._run("enqueue", enqueue_args(items)))
+        return arrived_tasks(items, created_at, arrivals)
 
     def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
         """`enqueue`, answering each task's status on arrival instead of its snapshot."""
         items = check_new_tasks(tasks)
         if not items:
             return []
-        _, *arrivals = self._run("enqueue", enqueue_args(items))
-        return arrival_statuses(arrivals_of(arrivals))
+        _, arrivals = enqueued(self._run("enqueue", enqueue_args(items)))
+        return arrival_statuses(arrivals)
 
     def replay(
         self,
@@ -427,8 +427,8 @@ class RedisBroker:
         self._check_open()
         with_now = [self._now_arg(), len(stored_args), *stored_args, *claim_args]
         stored_reply, *claim_reply = self._scripts.run("enqueue_claim_limited", self._keys.base, with_now)
-        created_at, *arrivals = unwrap(stored_reply)
-        (stored,) = arrived_tasks([item], from_us(created_at), arrivals_of(arrivals))
+        created_at, arrivals = enqueued(unwrap(stored_reply))
+        (stored,) = arrived_tasks([item], created_at, arrivals)
         (claimed,) = claim_reply  # the store answered "ok": the claim ran
         if claimed[0] != b"ok":
             # The task is stored: report the claim's failure instead of failing the submit.

@@ -19,9 +19,9 @@ from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 __all__ = [
     "SNAPSHOT_FIELDS",
     "arrival_statuses",
-    "arrivals_of",
     "arrived_tasks",
     "enqueue_args",
+    "enqueued",
     "from_us",
     "lease_from_values",
     "new_task_args",
@@ -233,12 +233,13 @@ def arrived_tasks(
     return tasks
 
 
-def arrivals_of(reply: Sequence[Any]) -> Sequence[Sequence[bytes]]:
-    """The arrivals in enqueue.lua's reply after its created_at: one per task, or -- after
-    ``"alike"`` -- a count and the one arrival every task shares."""
-    if reply and reply[0] == b"alike":
-        return [reply[2]] * int(reply[1])
-    return reply
+def enqueued(values: Sequence[Any]) -> tuple[datetime, Sequence[Sequence[bytes]]]:
+    """enqueue.lua's reply after "ok": the tasks' created_at and one arrival per task (sent
+    one per task, or -- after ``"alike"`` -- as a count and the arrival every task shares)."""
+    created_at, *arrivals = values
+    if arrivals and arrivals[0] == b"alike":
+        arrivals = [arrivals[2]] * int(arrivals[1])
+    return from_us(created_at), arrivals
 
 
 def arrival_statuses(arrivals: Sequence[Sequence[bytes]]) -> list[Status]:
