@@ -37,6 +37,7 @@ from taskgate.task import Filter, Status, Task
 __all__ = [
     "MAX_DELAY",
     "UNSET",
+    "AckCarrier",
     "AckItem",
     "AckOutcome",
     "Broker",
@@ -44,6 +45,7 @@ __all__ = [
     "DistributedLimiter",
     "FailureKind",
     "Lease",
+    "LimitedAckCarrier",
     "LimitedClaim",
     "NewTask",
     "QuietAckOutcome",
@@ -244,6 +246,9 @@ class Capabilities:
       back their snapshots when nothing would look at them (no ``on_state_change`` hook).
     - ``quiet_enqueue``: implements `QuietEnqueuer`, so `Gate` stores submitted tasks without
       building their snapshots when nothing would look at them (no ``on_state_change`` hook).
+    - ``acks_in_claims``: implements `AckCarrier` (and `LimitedAckCarrier` when it declares
+      ``distributed_limits`` too), so the quiet acks waiting to be written ride on the next
+      claim of their queue: one broker call where an ack write and a claim take two.
     """
 
     shared_quota: bool = False
@@ -256,6 +261,7 @@ class Capabilities:
     claim_on_submit: bool = False
     quiet_acks: bool = False
     quiet_enqueue: bool = False
+    acks_in_claims: bool = False
 
 
 @runtime_checkable
@@ -489,6 +495,59 @@ class QuietEnqueuer(Protocol):
         `Gate.submit_many` returns only ids, and without a hook only the statuses matter
         (which queues to wake, which waiters to answer).
         """
+        ...
+
+
+@runtime_checkable
+class AckCarrier(Protocol):
+    """Quiet acks and the claim that follows them as one step.
+
+    Only brokers declaring ``capabilities.acks_in_claims`` implement it.
+    """
+
+    def claim_after_acks(
+        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
+    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]:
+        """`QuietAcker.ack_many_quiet` of ``items``, then `Broker.claim` of ``queue`` -- ONE
+        broker call: the acks' answers in item order, and the leases.
+
+        The claim sees what the acks wrote: a child they made ready is leased by it, due order
+        permitting.
+        Items or arguments `ack_many_quiet` or `claim` would refuse raise before anything is
+        written or claimed. A claim that fails once the acks are written is answered with
+        None for the leases (the acks stand); a broker whose call is one transaction raises
+        instead, having written nothing.
+
+        Under load a queue's finished handlers and its next claim come together: a worker
+        cycle then takes one round trip (one commit, one thread hop) instead of two.
+        """
+        ...
+
+
+@runtime_checkable
+class LimitedAckCarrier(Protocol):
+    """`AckCarrier` for a broker's limited claims (`DistributedLimiter.claim_with_limits`).
+
+    Only brokers declaring both ``capabilities.acks_in_claims`` and ``distributed_limits``
+    implement it.
+    """
+
+    def claim_with_limits_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> tuple[builtins.list[QuietAckOutcome], LimitedClaim | None]:
+        """`QuietAcker.ack_many_quiet` of ``items``, then `DistributedLimiter.claim_with_limits`
+        -- ONE broker call, answered and failing as `AckCarrier.claim_after_acks` is."""
         ...
 
 

@@ -15,7 +15,15 @@ from typing import Protocol
 
 import anyio
 
-from taskgate.brokers.base import DistributedLimiter, LimitedClaim, NewTask, QuotaSpec
+from taskgate.brokers.base import (
+    AckItem,
+    DistributedLimiter,
+    LimitedAckCarrier,
+    LimitedClaim,
+    NewTask,
+    QuietAckOutcome,
+    QuotaSpec,
+)
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.bucket import TokenBucket
@@ -29,6 +37,12 @@ log = logging.getLogger("taskgate")
 Slot = str | None
 # ``(queue, capacity, n, lease_ttl, quota, release) -> LimitedClaim``: see `Limits.combined_claim`.
 CombinedClaim = Callable[[str, int, int, timedelta, QuotaSpec | None, Sequence[str]], LimitedClaim]
+# ``(acks, queue, capacity, n, lease_ttl, quota, release) -> (answers, claim or None)``: see
+# `Limits.combined_ack_claim`.
+CombinedAckClaim = Callable[
+    [Sequence[AckItem], str, int, int, timedelta, QuotaSpec | None, Sequence[str]],
+    tuple[list[QuietAckOutcome], LimitedClaim | None],
+]
 # ``(task, capacity, n, lease_ttl, release) -> (stored, claim or None)``: see
 # `Limits.combined_submit_claim`.
 CombinedSubmitClaim = Callable[
@@ -47,6 +61,16 @@ class Limits(Protocol):
         rate and the quota (when given) in the claim itself, after giving back the slots of
         ``release`` (`take_releases`); each lease's token is then its slot. None: take slots
         and rate first, then claim.
+        """
+        ...
+
+    @property
+    def combined_ack_claim(self) -> CombinedAckClaim | None:
+        """`combined_claim` with quiet acks written before it, in one broker step.
+
+        Called as ``combined_ack_claim(acks, queue, capacity, n, lease_ttl, quota, release)``;
+        returns the acks' answers and the claim, or None for a claim that failed after the
+        acks were written (`LimitedAckCarrier`). None: the acks are written on their own.
         """
         ...
 
@@ -114,6 +138,11 @@ class LocalLimits:
         """Local slots cost no call: nothing to combine."""
         return None
 
+    @property
+    def combined_ack_claim(self) -> CombinedAckClaim | None:
+        """No combined claim: the acks ride on the broker's plain claim, if anywhere."""
+        return None
+
     def give_back(self, slots: Sequence[Slot]) -> None:
         """Local slots are the scheduler's running count: nothing to note."""
 
@@ -156,9 +185,18 @@ class DistributedLimits:
     """Global limits through the broker's `DistributedLimiter`; slots expire with the lease."""
 
     def __init__(
-        self, limiter: DistributedLimiter, calls: BrokerCalls, queue: str, conf: QueueConfig, deadline: float
+        self,
+        limiter: DistributedLimiter,
+        calls: BrokerCalls,
+        queue: str,
+        conf: QueueConfig,
+        deadline: float,
+        *,
+        carrier: LimitedAckCarrier | None = None,
     ) -> None:
+        """``carrier``: the same broker when its limited claims can carry acks."""
         self._limiter, self._calls, self._queue, self._conf = limiter, calls, queue, conf
+        self._carrier = carrier
         self._deadline = deadline
         # Slots of finished handlers, given back by the next claim's own script (no round trip
         # of their own) or by `flush` when no claim comes first. Held a little longer, a slot
@@ -186,6 +224,36 @@ class DistributedLimits:
     ) -> LimitedClaim:
         conf = self._conf
         return self._limiter.claim_with_limits(
+            queue,
+            capacity,
+            n,
+            lease_ttl,
+            rps=conf.rps,
+            burst=conf.effective_burst,
+            quota=quota,
+            release=release,
+            claimer=self._claimer,
+        )
+
+    @property
+    def combined_ack_claim(self) -> CombinedAckClaim | None:
+        """Quiet acks, slots, the global rate and the claim in one script, when the broker can."""
+        return None if self._carrier is None else self._ack_claim
+
+    def _ack_claim(
+        self,
+        acks: Sequence[AckItem],
+        queue: str,
+        capacity: int,
+        n: int,
+        lease_ttl: timedelta,
+        quota: QuotaSpec | None,
+        release: Sequence[str],
+    ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
+        assert self._carrier is not None  # only handed out with a carrier
+        conf = self._conf
+        return self._carrier.claim_with_limits_after_acks(
+            acks,
             queue,
             capacity,
             n,

@@ -16,7 +16,7 @@ from typing import cast
 import anyio
 from anyio.abc import TaskStatus
 
-from taskgate.brokers.base import DistributedLimiter, Lease, NewTask, QuietEnqueuer
+from taskgate.brokers.base import DistributedLimiter, Lease, LimitedAckCarrier, NewTask, QuietEnqueuer
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
 from taskgate.runtime.acks import AckWriter
@@ -272,7 +272,7 @@ class Runtime:
             conf,
             broker=self.broker,
             calls=self.calls,
-            limits=self._limits(name, conf),
+            limits=self._limits(name, conf, acks_ride=acks.rides_on_claims),
             quota=self._quota(name, conf),
             poll_interval=self.poll_interval,
             deadline=worker_deadline(conf),
@@ -340,10 +340,11 @@ class Runtime:
             keeper=self.keeper,
         )
 
-    def _limits(self, name: str, conf: QueueConfig) -> Limits:
+    def _limits(self, name: str, conf: QueueConfig, *, acks_ride: bool) -> Limits:
         if self.broker.capabilities.distributed_limits:
             limiter = cast(DistributedLimiter, self.broker)
-            return DistributedLimits(limiter, self.calls, name, conf, worker_deadline(conf))
+            carrier = cast(LimitedAckCarrier, self.broker) if acks_ride else None
+            return DistributedLimits(limiter, self.calls, name, conf, worker_deadline(conf), carrier=carrier)
         return LocalLimits(conf)
 
     def _quota(self, name: str, conf: QueueConfig) -> QuotaGate | None:

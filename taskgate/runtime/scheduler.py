@@ -20,7 +20,17 @@ from typing import Any, cast
 import anyio
 import anyio.lowlevel
 
-from taskgate.brokers.base import Broker, Lease, NewTask, QuotaClaim, SubmitClaimer
+from taskgate.brokers.base import (
+    AckCarrier,
+    AckItem,
+    Broker,
+    Lease,
+    LimitedClaim,
+    NewTask,
+    QuietAckOutcome,
+    QuotaClaim,
+    SubmitClaimer,
+)
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError, TaskgateError
 from taskgate.runtime.acks import AckWriter
@@ -28,7 +38,7 @@ from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane
 from taskgate.runtime.feed import Feed
-from taskgate.runtime.limits import CombinedClaim, Limits, Slot
+from taskgate.runtime.limits import CombinedAckClaim, CombinedClaim, Limits, Slot
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
 from taskgate.task import Task
@@ -309,14 +319,7 @@ class QueueScheduler:
                 elif self.quota is not None:
                     leases = self.quota.took(await self._claim_within_quota(self.quota, n))
                 else:
-                    leases = await self._calls(
-                        self._broker.claim,
-                        self.name,
-                        n,
-                        self.conf.lease,
-                        deadline=self.deadline,
-                        on_abandoned=self._put_back,
-                    )
+                    leases = await self._plain_claim(n)
             await _requeue_if_cancelled(leases, requeue)
         except BrokerError as exc:
             if self.quota is not None:
@@ -332,6 +335,30 @@ class QueueScheduler:
             return None
         return leases
 
+    async def _plain_claim(self, n: int) -> list[Lease]:
+        async def alone() -> list[Lease]:
+            return await self._calls(
+                self._broker.claim,
+                self.name,
+                n,
+                self.conf.lease,
+                deadline=self.deadline,
+                on_abandoned=self._put_back,
+            )
+
+        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], list[Lease] | None]:
+            return await self._calls(
+                cast(AckCarrier, self._broker).claim_after_acks,
+                acks,
+                self.name,
+                n,
+                self.conf.lease,
+                deadline=self.deadline,
+                on_abandoned=lambda answered: self._put_back(answered[1] or []),
+            )
+
+        return await self.acks.with_claim(alone, after_acks)
+
     def _put_back(self, leases: list[Lease]) -> None:
         """Requeue leases of a claim that answered after its deadline (in the claim's thread):
         nobody will run them, and waiting for them to expire would cost them a lease_lost."""
@@ -345,17 +372,25 @@ class QueueScheduler:
         quota = None if self.quota is None else self.quota.spec
         # Slots of finished handlers go back in the claim's own call, counted free by it.
         release = self.limits.take_releases()
-        try:
-            taken = await self._calls(
-                combined,
-                self.name,
-                self.conf.workers,
-                n,
-                self.conf.lease,
-                quota,
-                release,
-                deadline=self.deadline,
+        combined_after_acks = self.limits.combined_ack_claim
+        workers, lease = self.conf.workers, self.conf.lease
+
+        async def alone() -> LimitedClaim:
+            return await self._calls(
+                combined, self.name, workers, n, lease, quota, release, deadline=self.deadline
             )
+
+        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
+            call = cast(CombinedAckClaim, combined_after_acks)  # not None: see below
+            return await self._calls(
+                call, acks, self.name, workers, n, lease, quota, release, deadline=self.deadline
+            )
+
+        try:
+            if combined_after_acks is None:
+                taken = await alone()
+            else:
+                taken = await self.acks.with_claim(alone, after_acks)
         except BrokerError:
             self.limits.restore_releases(release)
             raise

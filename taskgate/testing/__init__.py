@@ -4,7 +4,8 @@ A backend's test file subclasses `BrokerContract` and supplies a ``broker_factor
 (see `taskgate.testing.contract`); every contract test then runs against that backend. A
 broker declaring ``capabilities.claim_on_submit`` adds `SubmitClaimContract` too, one declaring
 ``capabilities.quiet_acks`` `QuietAckContract`, one declaring ``capabilities.quiet_enqueue``
-`QuietEnqueueContract`.
+`QuietEnqueueContract`, one implementing `taskgate.brokers.base.AckCarrier`
+`AckCarrierContract`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,18 @@ pytest.register_assert_rewrite("taskgate.testing.contract")
 
 from taskgate.testing.contract import (  # noqa: E402
     RACE_ROUNDS,
+    AckCarrierContract,
     BrokerContract,
     QuietAckContract,
     QuietEnqueueContract,
     SubmitClaimContract,
 )
 
-__all__ = ["RACE_ROUNDS", "BrokerContract", "QuietAckContract", "QuietEnqueueContract", "SubmitClaimContract"]
+__all__ = [
+    "RACE_ROUNDS",
+    "AckCarrierContract",
+    "BrokerContract",
+    "QuietAckContract",
+    "QuietEnqueueContract",
+    "SubmitClaimContract",
+]

@@ -15,6 +15,7 @@ from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
 from taskgate.testing.contract import (
+    AckCarrierContract,
     BrokerFactory,
     QuietAckContract,
     QuietEnqueueContract,
@@ -31,7 +32,9 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestMySQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
+class TestMySQLBroker(
+    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
+):
     """Every contract test on MariaDB/MySQL; each broker object has its own pool."""
 
     @pytest.fixture

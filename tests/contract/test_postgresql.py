@@ -22,6 +22,7 @@ from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
 from taskgate.testing.contract import (
+    AckCarrierContract,
     BrokerFactory,
     QuietAckContract,
     QuietEnqueueContract,
@@ -38,7 +39,9 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestPostgreSQLBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
+class TestPostgreSQLBroker(
+    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
+):
     """Every contract test on PostgreSQL; each broker object has its own pool (and listener)."""
 
     @pytest.fixture

@@ -12,10 +12,15 @@ from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
-from taskgate.testing.contract import BrokerFactory, QuietAckContract, QuietEnqueueContract
+from taskgate.testing.contract import (
+    AckCarrierContract,
+    BrokerFactory,
+    QuietAckContract,
+    QuietEnqueueContract,
+)
 
 
-class TestRedisBroker(BrokerContract, QuietAckContract, QuietEnqueueContract):
+class TestRedisBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
     """Every contract test against a real Redis; each test's keys are deleted afterwards."""
 
     @pytest.fixture

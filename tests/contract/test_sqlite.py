@@ -18,6 +18,7 @@ from helpers.sql_databases import sql_brokers
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract
 from taskgate.testing.contract import (
+    AckCarrierContract,
     BrokerFactory,
     QuietAckContract,
     QuietEnqueueContract,
@@ -26,7 +27,9 @@ from taskgate.testing.contract import (
 from taskgate.testing.contract._support import TTL, new_task
 
 
-class TestSQLiteBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
+class TestSQLiteBroker(
+    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
+):
     """Every contract test on a SQLite file; each broker object opens its own engine."""
 
     @pytest.fixture
@@ -36,7 +39,7 @@ class TestSQLiteBroker(BrokerContract, SubmitClaimContract, QuietAckContract, Qu
 
 
 class TestSQLiteBrokerAttemptedInline(
-    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract
+    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
 ):
     """Every contract test again, each call attempted without waiting first."""
 

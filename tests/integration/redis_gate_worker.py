@@ -23,7 +23,7 @@ import anyio
 import redis
 
 from taskgate import Config, Gate, QueueConfig, Status, Task
-from taskgate.brokers.base import Lease, LimitedClaim, QuotaSpec
+from taskgate.brokers.base import AckItem, Lease, LimitedClaim, QuietAckOutcome, QuotaSpec
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 
@@ -185,6 +185,41 @@ class CountingRedisBroker(RedisBroker):
             release=release,
             claimer=claimer,
         )
+        self._count_claim(queue, limit, rps, taken)
+        return taken
+
+    def claim_with_limits_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
+        """`RedisBroker.claim_with_limits_after_acks`, its claim counted as `claim_with_limits`'s."""
+        answers, taken = super().claim_with_limits_after_acks(
+            items,
+            queue,
+            capacity,
+            limit,
+            lease_ttl,
+            rps=rps,
+            burst=burst,
+            quota=quota,
+            release=release,
+            claimer=claimer,
+        )
+        if taken is not None:
+            self._count_claim(queue, limit, rps, taken)
+        return answers, taken
+
+    def _count_claim(self, queue: str, limit: int, rps: float, taken: LimitedClaim) -> None:
         got = len(taken.leases)
         held_by_rate = taken.retry_after > 0
         short_of_slots = got < limit and not held_by_rate and self.queue_length(queue) > 0
@@ -192,7 +227,6 @@ class CountingRedisBroker(RedisBroker):
         if rps > 0:
             self._count("rate", got + (1 if held_by_rate else 0), got)
         self._count("claim", limit, got)
-        return taken
 
     def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
         """`RedisBroker.take_rate`, counted."""

@@ -30,9 +30,14 @@ class Recording:
 
     def __init__(self, inner: Broker, *, quiet_acks: bool = True) -> None:
         self._inner = inner
-        # ack_many may block its thread (``hold``): never run it on the event loop.
+        # ack_many may block its thread (``hold``): never run it on the event loop. These tests
+        # are about the writer's own writes: no ack rides on a claim (test_gate_acks_ride.py).
         self.capabilities = dataclasses.replace(
-            inner.capabilities, nonblocking=False, inline_attempts=False, quiet_acks=quiet_acks
+            inner.capabilities,
+            nonblocking=False,
+            inline_attempts=False,
+            quiet_acks=quiet_acks,
+            acks_in_claims=False,
         )
         self.batches: list[int] = []
         self.kinds: list[str] = []
@@ -332,7 +337,7 @@ class _Threads:
     def __init__(self, inner: Broker, nonblocking: bool) -> None:
         self._inner = inner
         self.capabilities = dataclasses.replace(
-            inner.capabilities, nonblocking=nonblocking, inline_attempts=False
+            inner.capabilities, nonblocking=nonblocking, inline_attempts=False, acks_in_claims=False
         )
         self.claim_threads: set[int] = set()
 
@@ -363,7 +368,8 @@ class _ClaimOrder:
 
     def __init__(self, inner: Broker) -> None:
         self._inner = inner
-        self.capabilities = inner.capabilities
+        # Every later claim must come through `claim` to be recorded: no ack rides on one.
+        self.capabilities = dataclasses.replace(inner.capabilities, acks_in_claims=False)
         self.gate: Any = None
         self.started = 0
         self.found_work = False

@@ -247,7 +247,10 @@ class LateFirstClaim(Faulty):
 
     def __init__(self, inner: Any) -> None:
         super().__init__(
-            inner, dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
+            inner,
+            dataclasses.replace(
+                inner.capabilities, nonblocking=False, inline_attempts=False, acks_in_claims=False
+            ),
         )
         self.release, self.claimed_again = threading.Event(), threading.Event()
         self.claims = 0

@@ -27,7 +27,11 @@ class Recording:
     def __init__(self, inner: Broker, *, quiet_enqueue: bool = True) -> None:
         self._inner = inner
         self.capabilities = dataclasses.replace(
-            inner.capabilities, cross_process=False, claim_on_submit=False, quiet_enqueue=quiet_enqueue
+            inner.capabilities,
+            cross_process=False,
+            claim_on_submit=False,
+            quiet_enqueue=quiet_enqueue,
+            acks_in_claims=False,
         )
         self.kinds: list[str] = []
         self.claimed_nothing = threading.Event()

@@ -107,7 +107,9 @@ class _ClaimHeldOpen:
     def __init__(self, inner):
         self._inner = inner
         # `claim` blocks its thread, so this wrapper is not nonblocking whatever it wraps.
-        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
+        self.capabilities = dataclasses.replace(
+            inner.capabilities, nonblocking=False, inline_attempts=False, acks_in_claims=False
+        )
         self.entered, self.proceed, self.done = threading.Event(), threading.Event(), threading.Event()
 
     def __getattr__(self, name):

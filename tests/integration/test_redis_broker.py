@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -697,6 +698,89 @@ def test_a_claim_that_fails_after_the_chained_submit_stored_its_task_leaves_it_p
     assert broker.get("a") == stored and broker.counts() == {"t": {Status.PENDING: 1}}
     client.delete(slots)
     assert _ids(broker.claim_with_limits("q", 2, 1, TTL)) == ["a"]  # stored whole: claimable
+
+
+# -- acks and the next claim in one script (claim_with_limits_after_acks) -----------------------
+
+
+def test_acks_chained_with_a_limited_claim_give_slots_back_and_claim_in_one_script(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 4)
+    first = broker.claim_with_limits("q", 2, 2, TTL)
+    items = [(lease.task.id, lease.token, b"r") for lease in first.leases]
+    released = [lease.token for lease in first.leases]
+    ran = _script_runs(broker, monkeypatch)
+    answers, claim = broker.claim_with_limits_after_acks(items, "q", 2, 2, TTL, release=released)
+    assert ran == ["ack_claim_limited"]
+    assert answers == [None, None] and claim is not None and _ids(claim) == ["t2", "t3"]
+    assert [broker.get(task_id).result for task_id in ("t0", "t1")] == [b"r", b"r"]
+    held = {token.decode() for token in client.zrange(KeySpace(unique_prefix).slots("q"), 0, -1)}
+    assert held == {lease.token for lease in claim.leases}
+    assert broker.counts() == {"t": {Status.COMPLETED: 2, Status.RUNNING: 2}}
+
+
+def test_a_limited_claim_after_acks_leases_the_child_they_made_ready(open_broker: Factory) -> None:
+    broker = open_broker(clock=ManualClock())
+    broker.enqueue([NewTask(id="parent", type="t", queue="parents")])
+    (parent,) = broker.claim("parents", 1, TTL)
+    broker.enqueue([NewTask(id="child", type="t", queue="q", depends_on=("parent",))])
+    answers, claim = broker.claim_with_limits_after_acks([("parent", parent.token, None)], "q", 5, 5, TTL)
+    assert answers == [None] and claim is not None and _ids(claim) == ["child"]
+
+
+def test_a_limited_claim_after_acks_answers_a_stale_ack_alone(open_broker: Factory) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 2)
+    (lease,) = broker.claim("q", 1, TTL)
+    answers, claim = broker.claim_with_limits_after_acks([(lease.task.id, "stale", None)], "q", 5, 5, TTL)
+    assert isinstance(answers[0], LeaseLostError) and claim is not None and _ids(claim) == ["t1"]
+    assert broker.get(lease.task.id).status is Status.RUNNING
+
+
+def test_a_limited_claim_refused_after_acks_writes_nothing(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 2)
+    (lease,) = broker.claim("q", 1, TTL)
+    with pytest.raises(ValueError, match="slot capacity"):
+        broker.claim_with_limits_after_acks([(lease.task.id, lease.token, None)], "q", 0, 1, TTL)
+    assert broker.counts() == {"t": {Status.RUNNING: 1, Status.PENDING: 1}}
+    assert client.zcard(KeySpace(unique_prefix).slots("q")) == 0
+
+
+def test_a_claim_that_fails_after_the_chained_acks_leaves_them_written(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    _pending(broker, 2)
+    (lease,) = broker.claim("q", 1, TTL)
+    slots = KeySpace(unique_prefix).slots("q")
+    client.set(slots, "not a sorted set")  # the claim part's first slot command fails
+    answers, claim = broker.claim_with_limits_after_acks([(lease.task.id, lease.token, b"r")], "q", 2, 1, TTL)
+
+    assert answers == [None] and claim is None
+    assert "the claim after 1 ack(s) failed" in caplog.text and "WRONGTYPE" in caplog.text
+    assert broker.get(lease.task.id).result == b"r"
+    assert broker.counts() == {"t": {Status.COMPLETED: 1, Status.PENDING: 1}}
+    client.delete(slots)
+    assert _ids(broker.claim_with_limits("q", 2, 1, TTL)) == ["t1"]
+
+
+def _script_runs(broker: RedisBroker, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the scripts ``broker`` runs from now on, one per FCALL, in order."""
+    book = broker._scripts
+    ran: list[str] = []
+    run = book.run
+
+    def counted(name: str, *args: Any) -> Any:
+        ran.append(name)
+        return run(name, *args)
+
+    monkeypatch.setattr(book, "run", counted)
+    return ran
 
 
 def test_claimers_take_turns_at_slots_given_back(open_broker: Factory) -> None:

@@ -88,6 +88,7 @@ class RedisBroker:
         push_wakeups=True,
         quiet_acks=True,
         quiet_enqueue=True,
+        acks_in_claims=True,
     )
 
     def __init__(
@@ -288,13 +289,62 @@ class RedisBroker:
         return [_quiet_ack_answer(reply) for reply in self._ack_many("quiet", items)]
 
     def _ack_many(self, mode: str, items: Sequence[AckItem]) -> builtins.list[Any]:
-        checked = check_ack_items(items)
-        if not checked:
-            return []
-        args: builtins.list[Any] = [mode, len(checked)]
-        for task_id, token, result in checked:
-            args.extend([task_id, token, 0 if result is None else 1, result or b""])
-        return self._run("ack_many", args)
+        args = _ack_many_args(mode, items)
+        return self._run("ack_many", args) if args[1] else []
+
+    def claim_after_acks(
+        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
+    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]:
+        """`ack_many_quiet` of ``items``, then `claim` of ``queue``: one script, one round trip.
+
+        A claim that fails once the acks are written is logged and answered with None.
+        """
+        acks = _ack_many_args("quiet", items)
+        check_identifier(queue, what="queue")
+        check_count(limit, what="claim limit", minimum=1)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        claim = [queue, ttl_us(lease_ttl), *new_tokens(limit)]
+        answers, claimed = self._after_acks("ack_claim", acks, claim)
+        return answers, None if claimed is None else [lease_from_values(values) for values in claimed]
+
+    def claim_with_limits_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> tuple[builtins.list[QuietAckOutcome], LimitedClaim | None]:
+        """`ack_many_quiet` of ``items``, then `claim_with_limits`: one script, one round trip.
+
+        A claim that fails once the acks are written is logged and answered with None (the
+        slots of ``release`` may not be back).
+        """
+        acks = _ack_many_args("quiet", items)
+        claim = _limited_claim_args(queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer)
+        answers, claimed = self._after_acks("ack_claim_limited", acks, claim)
+        return answers, None if claimed is None else _limited_claim(claimed, quota)
+
+    def _after_acks(
+        self, chain: str, acks: Sequence[Any], claim: Sequence[Any]
+    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Any] | None]:
+        """Run ``chain`` (quiet ``ack_many``, then a claim): the acks' answers and the claim's
+        values, None when the claim failed after the acks were written."""
+        self._check_open()
+        with_now = [self._now_arg(), len(acks), *acks, *claim]
+        acked, *claim_reply = self._scripts.run(chain, self._keys.base, with_now)
+        answers = [_quiet_ack_answer(reply) for reply in unwrap(acked)]
+        (claimed,) = claim_reply  # the acks answered "ok": the claim ran
+        if claimed[0] != b"ok":
+            log.warning("the claim after %d ack(s) failed: %s", len(answers), _failure_text(claimed))
+            return answers, None
+        return answers, unwrap(claimed)
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
@@ -432,8 +482,7 @@ class RedisBroker:
         (claimed,) = claim_reply  # the store answered "ok": the claim ran
         if claimed[0] != b"ok":
             # The task is stored: report the claim's failure instead of failing the submit.
-            reason = " ".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in claimed)
-            log.warning("the claim after storing task %s failed: %s", stored.id, reason)
+            log.warning("the claim after storing task %s failed: %s", stored.id, _failure_text(claimed))
             return stored, None
         return stored, _limited_claim(unwrap(claimed), quota)
 
@@ -555,6 +604,20 @@ def _ack_answer(reply: Sequence[Any]) -> AckOutcome:
     except (LeaseLostError, TaskNotFoundError) as exc:
         return exc
     return task_from_values(snapshot)
+
+
+def _ack_many_args(mode: str, items: Sequence[AckItem]) -> builtins.list[Any]:
+    """The arguments of ``ack_many`` after ``now`` (checked: bad items raise here)."""
+    checked = check_ack_items(items)
+    args: builtins.list[Any] = [mode, len(checked)]
+    for task_id, token, result in checked:
+        args.extend([task_id, token, 0 if result is None else 1, result or b""])
+    return args
+
+
+def _failure_text(reply: Sequence[Any]) -> str:
+    """The second part of a chained script that raised: ``{"failed", message}`` as text."""
+    return " ".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in reply)
 
 
 def _quiet_ack_answer(reply: Sequence[Any]) -> QuietAckOutcome:

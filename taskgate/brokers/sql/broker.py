@@ -128,6 +128,11 @@ class SQLBroker:
             claim_on_submit=True,
             quiet_acks=True,
             quiet_enqueue=True,
+            # One writer at a time on SQLite: an ack write and a claim cannot overlap there, so
+            # one transaction for both costs less. A server runs them side by side on two
+            # connections, which beat one after the other (PostgreSQL -23 %, MariaDB -10 %
+            # `process.w10` when they were joined).
+            acks_in_claims=self._traits.name == "sqlite",
         )
         try:
             self._value_limit = self._setup(create_tables)
@@ -355,12 +360,35 @@ class SQLBroker:
         task row is read back (on MySQL through PyMySQL, parsing the rows was most of an ack)."""
         return self._ack_each(items, batch.ack_many_quiet)
 
-    def _ack_each(
-        self, items: Sequence[AckItem], write: Callable[[Tx, builtins.list[AckItem]], builtins.list[_T]]
-    ) -> builtins.list[_T]:
+    def claim_after_acks(
+        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
+    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]:
+        """`ack_many_quiet` of ``items``, then `claim` of ``queue``, in ONE transaction (one
+        commit where the two take two); a failure of either rolls back both and raises."""
+        checked = self._checked_acks(items)
+        check_identifier(queue, what="queue")
+        check_count(limit, what="claim limit", minimum=1)
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        if not checked:
+            return [], self.claim(queue, limit, lease_ttl)
+        claim = leases.claim_in_one_statement if self._traits.dml_ctes else leases.claim
+
+        def step(tx: Tx) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease]]:
+            return batch.ack_many_quiet(tx, checked), claim(tx, queue, limit, lease_ttl)
+
+        small = len(checked) + limit <= INLINE_MAX_ROWS
+        return self._run("claim_after_acks", step, inline=small)
+
+    def _checked_acks(self, items: Sequence[AckItem]) -> builtins.list[AckItem]:
         checked = check_ack_items(items)
         for task_id, _, result in checked:
             create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
+        return checked
+
+    def _ack_each(
+        self, items: Sequence[AckItem], write: Callable[[Tx, builtins.list[AckItem]], builtins.list[_T]]
+    ) -> builtins.list[_T]:
+        checked = self._checked_acks(items)
         if not checked:
             return []
         return self._run("ack_many", lambda tx: write(tx, checked), inline=len(checked) <= INLINE_MAX_ROWS)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from taskgate.testing.contract._fixtures import BrokerFactory, ContractFixtures
 from taskgate.testing.contract._support import RACE_ROUNDS
+from taskgate.testing.contract.ack_carrier import AckCarrierContract
 from taskgate.testing.contract.batch import BatchContract
 from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
@@ -46,6 +47,7 @@ from taskgate.testing.contract.validation import ValidationContract
 
 __all__ = [
     "RACE_ROUNDS",
+    "AckCarrierContract",
     "BrokerContract",
     "BrokerFactory",
     "QuietAckContract",
