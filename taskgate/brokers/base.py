@@ -523,6 +523,21 @@ class AckCarrier(Protocol):
         """
         ...
 
+    def claim_within_quota_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        key: str,
+        quota_limit: int,
+        period: timedelta,
+    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]:
+        """`QuietAcker.ack_many_quiet` of ``items``, then `Broker.claim_within_quota` -- ONE
+        broker call, answered and failing as `claim_after_acks` is."""
+        ...
+
 
 @runtime_checkable
 class LimitedAckCarrier(Protocol):

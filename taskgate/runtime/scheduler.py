@@ -402,16 +402,34 @@ class QueueScheduler:
         return taken.leases
 
     async def _claim_within_quota(self, quota: QuotaGate, n: int) -> QuotaClaim:
-        return await self._calls(
-            self._broker.claim_within_quota,
-            self.name,
-            n,
-            self.conf.lease,
-            key=quota.spec.key,
-            quota_limit=quota.spec.limit,
-            period=quota.spec.period,
-            deadline=self.deadline,
-        )
+        spec = quota.spec
+
+        async def alone() -> QuotaClaim:
+            return await self._calls(
+                self._broker.claim_within_quota,
+                self.name,
+                n,
+                self.conf.lease,
+                key=spec.key,
+                quota_limit=spec.limit,
+                period=spec.period,
+                deadline=self.deadline,
+            )
+
+        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], QuotaClaim | None]:
+            return await self._calls(
+                cast(AckCarrier, self._broker).claim_within_quota_after_acks,
+                acks,
+                self.name,
+                n,
+                self.conf.lease,
+                key=spec.key,
+                quota_limit=spec.limit,
+                period=spec.period,
+                deadline=self.deadline,
+            )
+
+        return await self.acks.with_claim(alone, after_acks)
 
     async def _work_due(self) -> bool:
         """Whether a task of this queue is due now (a zero-timeout `wait_for_work`)."""

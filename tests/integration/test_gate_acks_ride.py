@@ -77,6 +77,12 @@ class Riding:
         answers, taken = inner.claim_with_limits_after_acks(items, *args, **kwargs)
         return self._after_carrying("claim_with_limits_after_acks", items, answers, taken)
 
+    def claim_within_quota_after_acks(self, items: Sequence[AckItem], *args: Any, **kwargs: Any) -> Any:
+        if self._before_carrying():
+            return self._acks_alone("claim_within_quota_after_acks", items)
+        answers, taken = _carrier(self._inner).claim_within_quota_after_acks(items, *args, **kwargs)
+        return self._after_carrying("claim_within_quota_after_acks", items, answers, taken)
+
     def _note_claim(self) -> None:
         if self.late_leased:
             self.claimed_meanwhile.set()
@@ -185,6 +191,21 @@ async def test_acks_of_finished_handlers_ride_on_the_next_claim(carrying_broker)
     assert carried, broker.writes  # at least one claim took acks along
     assert sorted(carried + broker.written("ack_many_quiet")) == sorted(ids)  # each written once
     assert sorted(ran) == sorted(ids)
+
+
+async def test_acks_ride_on_claims_within_a_quota_which_counts_each_start_once(sqlite_broker):
+    broker = Riding(sqlite_broker)
+    quota = QueueConfig(workers=2, quota_limit=100, quota_period="1h")
+    gate = make_gate(broker, {"q": quota})
+    gate.handle("q", lambda task: None)
+    async with gate:
+        ids = await gate.submit_many("q", [None] * 8)
+        with anyio.fail_after(GUARD):
+            for task_id in ids:
+                await gate.wait(task_id)
+    carried = broker.written("claim_within_quota_after_acks")
+    assert carried and sorted(carried + broker.written("ack_many_quiet")) == sorted(ids)
+    assert sqlite_broker.reserve_quota("q", 100, timedelta(hours=1), 100).granted == 92
 
 
 async def test_acks_do_not_ride_when_a_hook_reads_their_snapshots(carrying_broker):

@@ -244,17 +244,8 @@ class RedisBroker:
         self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
     ) -> QuotaClaim:
         """`claim` and `reserve_quota` in one script: a unit of ``key`` per task claimed."""
-        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-        tokens = new_tokens(limit)
-        start_us, left, *snapshots = self._run(
-            "claim_quota", [queue, ttl_us(lease_ttl), key, quota_limit, ttl_us(period), *tokens]
-        )
-        start = from_us(start_us)
-        claimed = [lease_from_values(snapshot) for snapshot in snapshots]
-        grant = QuotaGrant(
-            key=key, window_start=start, window_end=start + period, granted=len(claimed), limit=quota_limit
-        )
-        return QuotaClaim(leases=claimed, grant=grant, exhausted=int(left) <= 0)
+        args = _quota_claim_args(queue, limit, lease_ttl, key, quota_limit, period)
+        return _quota_claimed(self._run("claim_quota", args), key, quota_limit, period)
 
     def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
@@ -306,6 +297,26 @@ class RedisBroker:
         claim = [queue, ttl_us(lease_ttl), *new_tokens(limit)]
         answers, claimed = self._after_acks("ack_claim", acks, claim)
         return answers, None if claimed is None else [lease_from_values(values) for values in claimed]
+
+    def claim_within_quota_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        key: str,
+        quota_limit: int,
+        period: timedelta,
+    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]:
+        """`ack_many_quiet` of ``items``, then `claim_within_quota`: one script, one round trip.
+
+        A claim that fails once the acks are written is logged and answered with None.
+        """
+        acks = _ack_many_args("quiet", items)
+        claim = _quota_claim_args(queue, limit, lease_ttl, key, quota_limit, period)
+        answers, claimed = self._after_acks("ack_claim_quota", acks, claim)
+        return answers, None if claimed is None else _quota_claimed(claimed, key, quota_limit, period)
 
     def claim_with_limits_after_acks(
         self,
@@ -604,6 +615,25 @@ def _ack_answer(reply: Sequence[Any]) -> AckOutcome:
     except (LeaseLostError, TaskNotFoundError) as exc:
         return exc
     return task_from_values(snapshot)
+
+
+def _quota_claim_args(
+    queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
+) -> builtins.list[Any]:
+    """The arguments of ``claim_quota`` after ``now`` (checked: bad input raises here)."""
+    check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+    return [queue, ttl_us(lease_ttl), key, quota_limit, ttl_us(period), *new_tokens(limit)]
+
+
+def _quota_claimed(reply: Sequence[Any], key: str, quota_limit: int, period: timedelta) -> QuotaClaim:
+    """A ``claim_quota`` reply (after "ok") as a `QuotaClaim`."""
+    start_us, left, *snapshots = reply
+    start = from_us(start_us)
+    claimed = [lease_from_values(snapshot) for snapshot in snapshots]
+    grant = QuotaGrant(
+        key=key, window_start=start, window_end=start + period, granted=len(claimed), limit=quota_limit
+    )
+    return QuotaClaim(leases=claimed, grant=grant, exhausted=int(left) <= 0)
 
 
 def _ack_many_args(mode: str, items: Sequence[AckItem]) -> builtins.list[Any]:

@@ -71,6 +71,7 @@ READ_ONLY = frozenset({"history", "list", "next_due"})
 CHAINED = {
     "enqueue_claim_limited": ("enqueue", "claim_limited"),
     "ack_claim": ("ack_many", "claim"),
+    "ack_claim_quota": ("ack_many", "claim_quota"),
     "ack_claim_limited": ("ack_many", "claim_limited"),
 }
 

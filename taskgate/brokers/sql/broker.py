@@ -295,8 +295,43 @@ class SQLBroker:
     ) -> QuotaClaim:
         """`claim` and `reserve_quota` in one transaction: a unit of ``key`` per task claimed."""
         check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-        small = limit <= INLINE_MAX_ROWS
-        if self._traits.dml_ctes:
+        return self._claim_within_quota([], queue, limit, lease_ttl, key, quota_limit, period)[1]
+
+    def claim_within_quota_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        key: str,
+        quota_limit: int,
+        period: timedelta,
+    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]:
+        """`ack_many_quiet` of ``items``, then `claim_within_quota`, in ONE transaction; a
+        failure of either rolls back both and raises."""
+        checked = self._checked_acks(items)
+        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+        return self._claim_within_quota(checked, queue, limit, lease_ttl, key, quota_limit, period)
+
+    def _claim_within_quota(
+        self,
+        acks: builtins.list[AckItem],
+        queue: str,
+        limit: int,
+        lease_ttl: timedelta,
+        key: str,
+        quota_limit: int,
+        period: timedelta,
+    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim]:
+        """``acks`` (quietly), then the claim within the quota, in one transaction: the acks'
+        answers and the claim. Without acks, PostgreSQL claims in one statement."""
+        small = len(acks) + limit <= INLINE_MAX_ROWS
+
+        def acked(tx: Tx) -> builtins.list[QuietAckOutcome]:
+            return batch.ack_many_quiet(tx, acks) if acks else []
+
+        if self._traits.dml_ctes and not acks:
             taken = self._run(
                 "claim_within_quota",
                 lambda tx: quota_claim.claim_within_quota_in_one_statement(
@@ -306,22 +341,24 @@ class SQLBroker:
                 inline=small,
             )
             if taken is not None:
-                return taken  # else the window has no row yet: the transaction opens it
-        else:
+                return [], taken  # else the window has no row yet: the transaction opens it
+        elif not self._traits.dml_ctes:
             try:
                 return self._run(
                     "claim_within_quota",
-                    lambda tx: quota_claim.claim_then_count(
-                        tx, queue, limit, lease_ttl, key, quota_limit, period
+                    lambda tx: (
+                        acked(tx),
+                        quota_claim.claim_then_count(tx, queue, limit, lease_ttl, key, quota_limit, period),
                     ),
                     inline=small,
                 )
             except quota_claim.ShortWindow:
-                pass  # rolled back: the window is short or has no row yet
+                pass  # rolled back (the acks too): the window is short or has no row yet
 
-        def step(tx: Tx) -> QuotaClaim:
+        def step(tx: Tx) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim]:
+            answers = acked(tx)
             grant = quotas.reserve_quota(tx, key, quota_limit, period, limit)
-            return claim_within_grant(
+            return answers, claim_within_grant(
                 grant,
                 lambda n: leases.claim(tx, queue, n, lease_ttl),
                 lambda unused_of, n: quotas.release_quota(tx, unused_of, n),

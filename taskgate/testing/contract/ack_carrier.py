@@ -32,6 +32,8 @@ from taskgate.testing.contract._support import (
 
 __all__ = ["AckCarrierContract"]
 
+MINUTE = timedelta(minutes=1)
+
 # Claim arguments `Broker.claim` refuses, each with its error: (queue, limit, lease_ttl).
 BAD_CLAIMS: list[tuple[tuple[Any, Any, Any], type[Exception]]] = [
     (("", 1, TTL), ValueError),
@@ -113,6 +115,32 @@ class AckCarrierContract:
         with pytest.raises(error):
             _carrier(broker).claim_after_acks([ack_item(lease)], *claim)
         assert broker.get(lease.task.id).status is Status.RUNNING
+
+    def test_acks_and_a_claim_within_a_quota_spend_a_unit_per_task_claimed(self, broker: Broker) -> None:
+        first, second = claim_many(broker, 2)
+        waiting = [submit(broker).id for _ in range(3)]
+        assert broker.reserve_quota("api", 4, MINUTE, 1).granted == 1
+        answers, taken = _carrier(broker).claim_within_quota_after_acks(
+            [ack_item(first, b"r")], "q", 5, TTL, key="api", quota_limit=4, period=MINUTE
+        )
+        assert answers == [None] and taken is not None
+        assert ([lease.task.id for lease in taken.leases], taken.grant.granted) == (waiting, 3)
+        assert not taken.exhausted and broker.get(first.task.id).result == b"r"
+        answers, empty = _carrier(broker).claim_within_quota_after_acks(
+            [ack_item(second)], "q", 5, TTL, key="api", quota_limit=4, period=MINUTE
+        )
+        assert answers == [None] and empty is not None
+        assert (empty.leases, empty.grant.granted, empty.exhausted) == ([], 0, True)
+        assert nonzero_counts(broker) == {"t": {Status.COMPLETED: 2, Status.RUNNING: 3}}
+
+    def test_a_claim_within_a_quota_the_broker_refuses_writes_no_ack(self, broker: Broker) -> None:
+        (lease,) = claim_many(broker, 1)
+        with pytest.raises(ValueError, match="quota limit must be >= 1"):
+            _carrier(broker).claim_within_quota_after_acks(
+                [ack_item(lease)], "q", 5, TTL, key="api", quota_limit=0, period=MINUTE
+            )
+        assert broker.get(lease.task.id).status is Status.RUNNING
+        assert broker.reserve_quota("api", 4, MINUTE, 4).granted == 4
 
     def test_racing_a_plain_claim_leases_each_task_once(self, broker_factory: BrokerFactory) -> None:
         first, second = broker_factory(), broker_factory()
