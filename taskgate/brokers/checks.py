@@ -109,13 +109,18 @@ def check_quota_request(key: object, limit: object, period: object, n: object) -
     check_count(n, what="quota units n", minimum=0)
 
 
+def check_claim(queue: object, limit: object, lease_ttl: object) -> None:
+    """Arguments of `claim`: a queue name, ``limit`` >= 1, ``lease_ttl`` > 0."""
+    check_identifier(queue, what="queue")
+    check_count(limit, what="claim limit", minimum=1)
+    check_duration(lease_ttl, what="lease_ttl", positive=True)
+
+
 def check_quota_claim(
     queue: object, limit: object, lease_ttl: object, key: object, quota_limit: object, period: object
 ) -> None:
     """Arguments of `claim_within_quota`: those of `claim` and of `reserve_quota`."""
-    check_identifier(queue, what="queue")
-    check_count(limit, what="claim limit", minimum=1)
-    check_duration(lease_ttl, what="lease_ttl", positive=True)
+    check_claim(queue, limit, lease_ttl)
     check_quota_request(key, quota_limit, period, 0)
 
 

@@ -29,6 +29,7 @@ from taskgate.brokers.base import (
 from taskgate.brokers.checks import (
     check_ack_items,
     check_bytes,
+    check_claim,
     check_count,
     check_duration,
     check_failure,
@@ -253,9 +254,7 @@ class MemoryBroker:
 
     def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
         """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
-        check_identifier(queue, what="queue")
-        check_count(limit, what="claim limit", minimum=1)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        check_claim(queue, limit, lease_ttl)
         with self._cond:
             now = self._now()
             return self._lease_all(self._table.pop_due(queue, now, limit), now, lease_ttl)

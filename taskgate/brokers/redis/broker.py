@@ -29,6 +29,7 @@ from taskgate.brokers.base import (
 from taskgate.brokers.checks import (
     check_ack_items,
     check_bytes,
+    check_claim,
     check_count,
     check_duration,
     check_failure,
@@ -233,9 +234,7 @@ class RedisBroker:
 
     def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
         """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
-        check_identifier(queue, what="queue")
-        check_count(limit, what="claim limit", minimum=1)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        check_claim(queue, limit, lease_ttl)
         tokens = new_tokens(limit)
         snapshots = self._run("claim", [queue, ttl_us(lease_ttl), *tokens])
         return [lease_from_values(snapshot) for snapshot in snapshots]
@@ -291,9 +290,7 @@ class RedisBroker:
         A claim that fails once the acks are written is logged and answered with None.
         """
         acks = _ack_many_args("quiet", items)
-        check_identifier(queue, what="queue")
-        check_count(limit, what="claim limit", minimum=1)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        check_claim(queue, limit, lease_ttl)
         claim = [queue, ttl_us(lease_ttl), *new_tokens(limit)]
         answers, claimed = self._after_acks("ack_claim", acks, claim)
         return answers, None if claimed is None else [lease_from_values(values) for values in claimed]

@@ -39,6 +39,7 @@ from taskgate.brokers.base import (
 from taskgate.brokers.checks import (
     check_ack_items,
     check_bytes,
+    check_claim,
     check_count,
     check_duration,
     check_failure,
@@ -280,9 +281,7 @@ class SQLBroker:
 
     def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
         """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
-        check_identifier(queue, what="queue")
-        check_count(limit, what="claim limit", minimum=1)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        check_claim(queue, limit, lease_ttl)
         if self._traits.dml_ctes:
             step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
             return self._run("claim", step, one_statement=True)
@@ -403,9 +402,7 @@ class SQLBroker:
         """`ack_many_quiet` of ``items``, then `claim` of ``queue``, in ONE transaction (one
         commit where the two take two); a failure of either rolls back both and raises."""
         checked = self._checked_acks(items)
-        check_identifier(queue, what="queue")
-        check_count(limit, what="claim limit", minimum=1)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        check_claim(queue, limit, lease_ttl)
         if not checked:
             return [], self.claim(queue, limit, lease_ttl)
         claim = leases.claim_in_one_statement if self._traits.dml_ctes else leases.claim
