@@ -238,32 +238,34 @@ class DistributedLimits:
     @property
     def combined_ack_claim(self) -> CombinedAckClaim | None:
         """Quiet acks, slots, the global rate and the claim in one script, when the broker can."""
-        return None if self._carrier is None else self._ack_claim
+        carrier = self._carrier
+        if carrier is None:
+            return None
 
-    def _ack_claim(
-        self,
-        acks: Sequence[AckItem],
-        queue: str,
-        capacity: int,
-        n: int,
-        lease_ttl: timedelta,
-        quota: QuotaSpec | None,
-        release: Sequence[str],
-    ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
-        assert self._carrier is not None  # only handed out with a carrier
-        conf = self._conf
-        return self._carrier.claim_with_limits_after_acks(
-            acks,
-            queue,
-            capacity,
-            n,
-            lease_ttl,
-            rps=conf.rps,
-            burst=conf.effective_burst,
-            quota=quota,
-            release=release,
-            claimer=self._claimer,
-        )
+        def claim(
+            acks: Sequence[AckItem],
+            queue: str,
+            capacity: int,
+            n: int,
+            lease_ttl: timedelta,
+            quota: QuotaSpec | None,
+            release: Sequence[str],
+        ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
+            conf = self._conf
+            return carrier.claim_with_limits_after_acks(
+                acks,
+                queue,
+                capacity,
+                n,
+                lease_ttl,
+                rps=conf.rps,
+                burst=conf.effective_burst,
+                quota=quota,
+                release=release,
+                claimer=self._claimer,
+            )
+
+        return claim
 
     @property
     def combined_submit_claim(self) -> CombinedSubmitClaim | None:

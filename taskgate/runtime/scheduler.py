@@ -38,7 +38,7 @@ from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane
 from taskgate.runtime.feed import Feed
-from taskgate.runtime.limits import CombinedAckClaim, CombinedClaim, Limits, Slot
+from taskgate.runtime.limits import CombinedClaim, Limits, Slot
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
 from taskgate.task import Task
@@ -380,16 +380,19 @@ class QueueScheduler:
                 combined, self.name, workers, n, lease, quota, release, deadline=self.deadline
             )
 
-        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
-            call = cast(CombinedAckClaim, combined_after_acks)  # not None: see below
-            return await self._calls(
-                call, acks, self.name, workers, n, lease, quota, release, deadline=self.deadline
-            )
-
         try:
             if combined_after_acks is None:
                 taken = await alone()
             else:
+                ride = combined_after_acks
+
+                async def after_acks(
+                    acks: list[AckItem],
+                ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
+                    return await self._calls(
+                        ride, acks, self.name, workers, n, lease, quota, release, deadline=self.deadline
+                    )
+
                 taken = await self.acks.with_claim(alone, after_acks)
         except BrokerError:
             self.limits.restore_releases(release)

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis
 from gate_helpers import GUARD, eventually, make_gate
 from helpers.redis_servers import purge_keys
 
@@ -140,8 +141,6 @@ def redis_broker(redis_url: str, unique_prefix: str) -> Iterator[Broker]:
     broker = RedisBroker(redis_url, key_prefix=unique_prefix, clock=ManualClock())
     yield broker
     broker.close()
-    import redis
-
     client = redis.Redis.from_url(redis_url)
     try:
         purge_keys(client, KeySpace(unique_prefix).pattern())
