@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -118,15 +118,15 @@ class Riding:
 
 
 def _quiet(broker: Broker) -> QuietAcker:
-    return broker  # type: ignore[return-value]
+    return cast(QuietAcker, broker)
 
 
 def _carrier(broker: Broker) -> AckCarrier:
-    return broker  # type: ignore[return-value]
+    return cast(AckCarrier, broker)
 
 
 def _limited_carrier(broker: Broker) -> LimitedAckCarrier:
-    return broker  # type: ignore[return-value]
+    return cast(LimitedAckCarrier, broker)
 
 
 @pytest.fixture
