@@ -196,7 +196,7 @@ class DistributedLimits:
     ) -> None:
         """``carrier``: the same broker when its limited claims can carry acks."""
         self._limiter, self._calls, self._queue, self._conf = limiter, calls, queue, conf
-        self._carrier = carrier
+        self._ack_claim = None if carrier is None else self._claim_after_acks(carrier)
         self._deadline = deadline
         # Slots of finished handlers, given back by the next claim's own script (no round trip
         # of their own) or by `flush` when no claim comes first. Held a little longer, a slot
@@ -238,9 +238,10 @@ class DistributedLimits:
     @property
     def combined_ack_claim(self) -> CombinedAckClaim | None:
         """Quiet acks, slots, the global rate and the claim in one script, when the broker can."""
-        carrier = self._carrier
-        if carrier is None:
-            return None
+        return self._ack_claim
+
+    def _claim_after_acks(self, carrier: LimitedAckCarrier) -> CombinedAckClaim:
+        """`combined_ack_claim` through ``carrier``, built once (it runs before every claim)."""
 
         def claim(
             acks: Sequence[AckItem],

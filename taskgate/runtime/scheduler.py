@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -25,7 +25,6 @@ from taskgate.brokers.base import (
     AckItem,
     Broker,
     Lease,
-    LimitedClaim,
     NewTask,
     QuietAckOutcome,
     QuotaClaim,
@@ -52,6 +51,7 @@ log = logging.getLogger("taskgate")
 StartLease = Callable[[Lease, Slot, float, Lane], Coroutine[Any, Any, None]]
 Requeue = Callable[[Lease], Coroutine[Any, Any, None]]
 Claimed = tuple[Lease, Slot, float]
+T = TypeVar("T")
 
 # Acks waiting to be written may reach this many times ``workers`` before they hold claims
 # back: enough for the writer's batches to grow past one round of workers under load (one
@@ -77,6 +77,8 @@ class QueueScheduler:
     ) -> None:
         self.name, self.conf = name, conf
         self.acks = acks  # the queue's group commit of acks (see `taskgate.runtime.acks`)
+        # The broker's claims that carry acks along, when the writer lets them ride.
+        self._carrier = cast(AckCarrier, broker) if acks.rides_on_claims else None
         self._ready: Feed[Claimed] = Feed()
         self._broker, self._calls = broker, calls
         self.limits, self.quota = limits, quota
@@ -336,25 +338,46 @@ class QueueScheduler:
         return leases
 
     async def _plain_claim(self, n: int) -> list[Lease]:
-        async def alone() -> list[Lease]:
+        carrier = self._carrier
+        return await self._claim_by(
+            self._broker.claim,
+            None if carrier is None else carrier.claim_after_acks,
+            self.name,
+            n,
+            self.conf.lease,
+            on_abandoned=self._put_back,
+        )
+
+    async def _claim_by(
+        self,
+        claim: Callable[..., T],
+        claim_after_acks: Callable[..., tuple[list[QuietAckOutcome], T | None]] | None,
+        *args: Any,
+        on_abandoned: Callable[[T], object] | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """``claim(*args, **kwargs)`` in a broker call, or ``claim_after_acks(acks, *args,
+        **kwargs)`` taking along the acks waiting to be written (`AckWriter.with_claim`).
+
+        ``on_abandoned`` gets what a call that answered after its deadline claimed.
+        """
+
+        async def alone() -> T:
             return await self._calls(
-                self._broker.claim,
-                self.name,
-                n,
-                self.conf.lease,
-                deadline=self.deadline,
-                on_abandoned=self._put_back,
+                claim, *args, deadline=self.deadline, on_abandoned=on_abandoned, **kwargs
             )
 
-        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], list[Lease] | None]:
+        if claim_after_acks is None:
+            return await alone()
+        carrying, late = claim_after_acks, on_abandoned
+
+        def carried_late(answered: tuple[list[QuietAckOutcome], T | None]) -> None:
+            if late is not None and answered[1] is not None:
+                late(answered[1])
+
+        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], T | None]:
             return await self._calls(
-                cast(AckCarrier, self._broker).claim_after_acks,
-                acks,
-                self.name,
-                n,
-                self.conf.lease,
-                deadline=self.deadline,
-                on_abandoned=lambda answered: self._put_back(answered[1] or []),
+                carrying, acks, *args, deadline=self.deadline, on_abandoned=carried_late, **kwargs
             )
 
         return await self.acks.with_claim(alone, after_acks)
@@ -372,28 +395,17 @@ class QueueScheduler:
         quota = None if self.quota is None else self.quota.spec
         # Slots of finished handlers go back in the claim's own call, counted free by it.
         release = self.limits.take_releases()
-        combined_after_acks = self.limits.combined_ack_claim
-        workers, lease = self.conf.workers, self.conf.lease
-
-        async def alone() -> LimitedClaim:
-            return await self._calls(
-                combined, self.name, workers, n, lease, quota, release, deadline=self.deadline
-            )
-
         try:
-            if combined_after_acks is None:
-                taken = await alone()
-            else:
-                ride = combined_after_acks
-
-                async def after_acks(
-                    acks: list[AckItem],
-                ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
-                    return await self._calls(
-                        ride, acks, self.name, workers, n, lease, quota, release, deadline=self.deadline
-                    )
-
-                taken = await self.acks.with_claim(alone, after_acks)
+            taken = await self._claim_by(
+                combined,
+                self.limits.combined_ack_claim,
+                self.name,
+                self.conf.workers,
+                n,
+                self.conf.lease,
+                quota,
+                release,
+            )
         except BrokerError:
             self.limits.restore_releases(release)
             raise
@@ -405,34 +417,17 @@ class QueueScheduler:
         return taken.leases
 
     async def _claim_within_quota(self, quota: QuotaGate, n: int) -> QuotaClaim:
-        spec = quota.spec
-
-        async def alone() -> QuotaClaim:
-            return await self._calls(
-                self._broker.claim_within_quota,
-                self.name,
-                n,
-                self.conf.lease,
-                key=spec.key,
-                quota_limit=spec.limit,
-                period=spec.period,
-                deadline=self.deadline,
-            )
-
-        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], QuotaClaim | None]:
-            return await self._calls(
-                cast(AckCarrier, self._broker).claim_within_quota_after_acks,
-                acks,
-                self.name,
-                n,
-                self.conf.lease,
-                key=spec.key,
-                quota_limit=spec.limit,
-                period=spec.period,
-                deadline=self.deadline,
-            )
-
-        return await self.acks.with_claim(alone, after_acks)
+        carrier = self._carrier
+        return await self._claim_by(
+            self._broker.claim_within_quota,
+            None if carrier is None else carrier.claim_within_quota_after_acks,
+            self.name,
+            n,
+            self.conf.lease,
+            key=quota.spec.key,
+            quota_limit=quota.spec.limit,
+            period=quota.spec.period,
+        )
 
     async def _work_due(self) -> bool:
         """Whether a task of this queue is due now (a zero-timeout `wait_for_work`)."""
