@@ -275,7 +275,10 @@ class QueueScheduler:
         self._idle = len(leases) < len(slots)
         if self._idle:
             self.on_idle()
-            await self.limits.flush()  # slots freed meanwhile must not wait out the poll
+            if not self.signal.pending:
+                # Slots freed meanwhile must not wait out the poll. When the queue's handlers
+                # already fired the signal, the next claim gives them back in its own call.
+                await self.limits.flush()
             await self.signal.wait(self._poll)
 
     async def _claim_within_limits(

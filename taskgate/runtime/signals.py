@@ -20,6 +20,11 @@ class Signal:
         self._fired = False
         self._event: anyio.Event | None = None
 
+    @property
+    def pending(self) -> bool:
+        """Fired since the consumer last waited: its next `wait` returns at once."""
+        return self._fired
+
     def fire(self) -> None:
         """Wake the consumer now, or at its next `wait`."""
         if self._fired:

@@ -228,6 +228,11 @@ class CountingRedisBroker(RedisBroker):
             self._count("rate", got + (1 if held_by_rate else 0), got)
         self._count("claim", limit, got)
 
+    def release_slots(self, queue: str, tokens: Sequence[str]) -> None:
+        """`RedisBroker.release_slots`, counted (slots given back in a call of their own)."""
+        super().release_slots(queue, tokens)
+        self._count("release", len(tokens), len(tokens))
+
     def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
         """`RedisBroker.take_rate`, counted."""
         granted, retry_after = super().take_rate(queue, rps, burst, n)

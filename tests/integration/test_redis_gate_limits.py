@@ -15,6 +15,7 @@ import queue
 import signal
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -242,6 +243,34 @@ async def test_a_task_claimed_by_its_submit_gives_its_global_slot_back(shared: t
                 assert (await gate.get(task_id)).claims == 1
     finally:
         broker.close()
+
+
+@pytest.mark.anyio
+async def test_slots_of_a_queue_short_of_slots_go_back_with_its_next_claim(shared: tuple[str, str]) -> None:
+    # Another process holds one of the two global slots, so every claim of this gate comes back
+    # short (one task for two free workers) and the queue looks idle. Its finished handlers'
+    # slots must still ride on the next claim, not cost a release call of their own per task
+    # (which also made the acks miss that claim: two calls per cycle, not one).
+    url, prefix = shared
+    other = RedisBroker(url, key_prefix=prefix)
+    broker = CountingRedisBroker(url, key_prefix=prefix)
+    ids = _enqueue(url, prefix, 20)
+    config = Config(broker=broker, queues={QUEUE: QueueConfig(workers=2)}, routes={TYPE: QUEUE})
+    gate = Gate(config, poll_interval=0.05)
+    gate.handle(TYPE, lambda task: None)
+    try:
+        assert len(other.acquire_slots(QUEUE, 2, 1, timedelta(seconds=60))) == 1
+        async with gate:
+            with anyio.fail_after(CHILD_TIMEOUT):
+                for task_id in ids:
+                    await gate.wait(task_id)
+            assert broker.tally["claim_granted"] == len(ids)
+            assert broker.tally["claim_calls"] >= len(ids)  # one task per claim: one slot free
+            # The queue running dry may give slots back on its own before it sleeps; nothing else.
+            assert broker.tally["release_calls"] <= 1
+    finally:
+        broker.close()
+        other.close()
 
 
 # -- claims: 4 gates, 2,000 tasks, each run exactly once ---------------------------------------
