@@ -93,6 +93,12 @@ class FailureKind(StrEnum):
     SKIP = "skip"
 
 
+def is_identifier(value: object) -> bool:
+    """Whether ``value`` passes `check_identifier` (not empty): for hot paths, which then call
+    `check_identifier` only to raise, and build its message only for a value that fails."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and "\x00" not in value
+
+
 def check_identifier(value: object, *, what: str, allow_empty: bool = False) -> str:
     """Return ``value`` if it is a usable id/type/queue/key string, else raise naming ``what``.
 

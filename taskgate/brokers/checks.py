@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 
-from taskgate.brokers.base import AckItem, FailureKind, NewTask, QuotaGrant, Unset, check_identifier
+from taskgate.brokers.base import (
+    AckItem,
+    FailureKind,
+    NewTask,
+    QuotaGrant,
+    Unset,
+    check_identifier,
+    is_identifier,
+)
 
 __all__ = [
     "check_ack_items",
@@ -93,10 +101,13 @@ def check_ack_items(items: object) -> list[AckItem]:
         if not isinstance(item, tuple) or len(item) != 3:
             raise TypeError(f"ack_many item {n} must be a (task_id, token, result) tuple, got {item!r}")
         task_id, token, result = item
-        check_identifier(task_id, what=f"task id of ack_many item {n}")
+        # Each message names its item, so it is built only for an item that fails: this runs per ack.
+        if not is_identifier(task_id):
+            check_identifier(task_id, what=f"task id of ack_many item {n}")
         if not isinstance(token, str):
             raise TypeError(f"lease token of ack_many item {n} must be a str, got {type(token).__name__}")
-        check_bytes(result, what=f"result of ack_many item {n}")
+        if result is not None and not isinstance(result, bytes):
+            check_bytes(result, what=f"result of ack_many item {n}")
         checked.append((task_id, token, result))
     return checked
 

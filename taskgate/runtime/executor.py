@@ -83,7 +83,11 @@ class Executor:
         if auto_heartbeat:
             self._keeper.add(ctx)
         try:
-            outcome = await self._execute(ctx)
+            handler = self._handlers.get(ctx.task.type)
+            if handler is None:
+                outcome = unknown_type(ctx.task)
+            else:
+                outcome = _final_outcome(ctx, *await self._call(ctx, handler))
         except anyio.get_cancelled_exc_class():
             ctx.release_slot()
             stopped = _final_outcome(ctx, Discard(), False) if lane.spent else Stop(StopReason.SHUTDOWN)
@@ -98,13 +102,6 @@ class Executor:
         with anyio.CancelScope(shield=True):
             await self.settle(ctx, outcome)
 
-    async def _execute(self, ctx: RunContext) -> Outcome:
-        handler = self._handlers.get(ctx.task.type)
-        if handler is None:
-            return unknown_type(ctx.task)
-        outcome, finished = await self._call(ctx, handler)
-        return _final_outcome(ctx, outcome, finished)
-
     async def _call(self, ctx: RunContext, handler: Handler) -> tuple[Outcome, bool]:
         """The handler's own outcome, and whether it returned normally (no raise).
 
@@ -115,7 +112,10 @@ class Executor:
         token = enter(ctx)
         lane.start(ctx)
         try:
-            value = await self._invoke(handler, ctx.task)
+            if self._is_async(handler):
+                value = await handler(ctx.task)
+            else:
+                value = await self._in_thread(handler, ctx.task)
             outcome: Outcome = Ack(encode_value(value, what="handler result"))
             finished = True
         except Exception as exc:
@@ -127,9 +127,7 @@ class Executor:
                 note_fenced(ctx)  # unless a stop gave its reason first: the fence deadline passed
         return outcome, finished
 
-    async def _invoke(self, handler: Handler, task: Task) -> Any:
-        if self._is_async(handler):
-            return await handler(task)
+    async def _in_thread(self, handler: Handler, task: Task) -> Any:
         # A plain function cannot be interrupted: on cancel the thread is abandoned and its
         # result dropped, so a stuck sync handler never blocks shutdown or fencing.
         return await anyio.to_thread.run_sync(handler, task, abandon_on_cancel=True, limiter=self._threads)

@@ -9,6 +9,7 @@ timeout), then stops the background loops and lets the hook consumer deliver wha
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import cast
@@ -283,8 +284,8 @@ class Runtime:
         self.schedulers[name] = scheduler
         self.queue_idle.fire()
 
-        async def start(lease: Lease, slot: Slot, claimed_at: float, lane: Lane) -> None:
-            await self._execute(executor, scheduler, lease, slot, claimed_at, lane)
+        # A partial, not a coroutine function: one coroutine frame less per task run.
+        start = functools.partial(self._execute, executor, scheduler)
 
         async def requeue(lease: Lease) -> None:
             await self._requeue(scheduler, lease)

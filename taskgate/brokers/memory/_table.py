@@ -56,24 +56,33 @@ class TaskTable:
         self._enter(record)
 
     def set_status(self, record: Record, status: Status) -> None:
-        """Move ``record`` to ``status``, keeping counters, ready heaps and running set in step."""
-        self._count(record, -1)
-        self._leave(record)
+        """Move ``record`` to ``status``, keeping counters, ready heaps and running set in step.
+
+        `_count` and `_enter` written out: every claim and ack runs this per task. A ready-heap
+        entry is not removed on leaving: its seq goes stale and claim drops it.
+        """
+        old = record.status
+        by_status = self._counts[record.type]
+        by_status[old] -= 1
+        by_status[status] += 1
+        was_ready, is_ready = old in READY_STATUSES, status in READY_STATUSES
+        if was_ready is not is_ready:
+            self._queue_len[record.queue] += 1 if is_ready else -1
+        if old is Status.RUNNING:
+            del self.running[record.id]
+            record.token = None
+            record.lease_expires_at = None
         record.status = status
-        self._count(record, +1)
-        self._enter(record)
+        if status is Status.RUNNING:
+            self.running[record.id] = None
+        elif is_ready:
+            record.ready_seq += 1
+            heapq.heappush(self._ready[record.queue], (record.run_at, record.id, record.ready_seq))
 
     def _count(self, record: Record, delta: int) -> None:
         self._counts[record.type][record.status] += delta
         if record.status in READY_STATUSES:
             self._queue_len[record.queue] += delta
-
-    def _leave(self, record: Record) -> None:
-        if record.status is Status.RUNNING:
-            del self.running[record.id]
-            record.token = None
-            record.lease_expires_at = None
-        # A ready-heap entry is not removed here: its seq goes stale and claim drops it.
 
     def _enter(self, record: Record) -> None:
         if record.status is Status.RUNNING:
@@ -89,11 +98,13 @@ class TaskTable:
         heap = self._ready.get(queue)
         due: list[Record] = []
         while heap and len(due) < limit:
-            head = self._live_head(heap)
-            if head is None or head.run_at > now:
-                break
+            run_at, task_id, seq = heap[0]
+            if run_at > now:
+                break  # the earliest entry, stale or not: nothing live is due either
             heapq.heappop(heap)
-            due.append(head)
+            record = self._live(run_at, task_id, seq)
+            if record is not None:
+                due.append(record)
         return due
 
     def next_run_at(self, queue: str) -> datetime | None:
@@ -105,11 +116,17 @@ class TaskTable:
     def _live_head(self, heap: list[_ReadyEntry]) -> Record | None:
         """The record at the top of ``heap`` after discarding stale entries."""
         while heap:
-            run_at, task_id, seq = heap[0]
-            record = self.records[task_id]
-            if record.status in READY_STATUSES and record.ready_seq == seq and record.run_at == run_at:
+            record = self._live(*heap[0])
+            if record is not None:
                 return record
             heapq.heappop(heap)
+        return None
+
+    def _live(self, run_at: datetime, task_id: str, seq: int) -> Record | None:
+        """The record of a heap entry still current (ready, same seq and due time), else None."""
+        record = self.records[task_id]
+        if record.status in READY_STATUSES and record.ready_seq == seq and record.run_at == run_at:
+            return record
         return None
 
     # -- reads -----------------------------------------------------------------------------

@@ -341,7 +341,7 @@ class MemoryBroker:
         self, task_id: str, token: str, result: bytes | None, now: datetime
     ) -> Record | LeaseLostError | TaskNotFoundError:
         try:
-            record = self._held(task_id, token)
+            record = self._holding(task_id, token)  # the items were checked by the caller
         except (LeaseLostError, TaskNotFoundError) as exc:
             return exc
         record.result = result
@@ -403,6 +403,10 @@ class MemoryBroker:
         check_identifier(task_id, what="task id")
         if not isinstance(token, str):
             raise TypeError(f"lease token must be a str, got {type(token).__name__}")
+        return self._holding(task_id, token)
+
+    def _holding(self, task_id: str, token: str) -> Record:
+        """`_held` of a ``task_id`` and ``token`` already checked."""
         record = self._table.find(task_id)
         if record.status is not Status.RUNNING or record.token is None:
             raise LeaseLostError(f"task {task_id} is {record.status.value}; the lease is gone")
@@ -474,7 +478,8 @@ class MemoryBroker:
         record.finished_at = now
         self._table.set_status(record, status)
         woken = settle_children(self._table, record, now)
-        self._signal(r.queue for r in woken if r.status in READY_STATUSES)
+        if woken:
+            self._signal(r.queue for r in woken if r.status in READY_STATUSES)
 
     # -- quota -----------------------------------------------------------------------------
 
