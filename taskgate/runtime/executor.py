@@ -84,6 +84,7 @@ class Executor:
             self._keeper.add(ctx)
         try:
             handler = self._handlers.get(ctx.task.type)
+            outcome: Outcome
             if handler is None:
                 outcome = unknown_type(ctx.task)
             else:
