@@ -46,6 +46,8 @@ Settled = Callable[[Task], Awaitable[None]]
 
 SETTLE_TRIES = 3
 
+_ACK_NONE = Ack(None)  # the outcome of most handlers: one, not one per run
+
 
 def is_async_handler(fn: Handler) -> bool:
     """True when ``fn`` is a coroutine function (or an object whose ``__call__`` is one)."""
@@ -83,7 +85,7 @@ class Executor:
         if auto_heartbeat:
             self._keeper.add(ctx)
         try:
-            handler = self._handlers.get(ctx.task.type)
+            handler = self._handlers.get(ctx.lease.task.type)
             outcome: Outcome
             if handler is None:
                 outcome = unknown_type(ctx.task)
@@ -112,15 +114,16 @@ class Executor:
         assert lane is not None, "a context runs in a worker's lane"
         token = enter(ctx)
         lane.start(ctx)
+        task = ctx.lease.task
         try:
             if self._is_async(handler):
-                value = await handler(ctx.task)
+                value = await handler(task)
             else:
-                value = await self._in_thread(handler, ctx.task)
-            outcome: Outcome = Ack(encode_value(value, what="handler result"))
+                value = await self._in_thread(handler, task)
+            outcome: Outcome = _ACK_NONE if value is None else Ack(encode_value(value, what="handler result"))
             finished = True
         except Exception as exc:
-            outcome, finished = decide(exc, ctx.task, throttled_max=self._throttled_max), False
+            outcome, finished = decide(exc, task, throttled_max=self._throttled_max), False
         finally:
             lane.finish(ctx)
             leave(token)
@@ -190,7 +193,8 @@ def _hand_to_writer(ctx: RunContext, outcome: Outcome) -> bool:
     """Queue an ack with the queue's ack writer when it has one; whether it did."""
     if ctx.ack is None or type(outcome) is not Ack:
         return False
-    ctx.ack(ctx.task.id, ctx.lease.token, outcome.result)
+    lease = ctx.lease
+    ctx.ack(lease.task.id, lease.token, outcome.result)
     return True
 
 

@@ -197,8 +197,9 @@ class Runtime:
     def completed_unseen(self, task_ids: Sequence[str]) -> None:
         """`observe` for tasks this process completed without reading them back (no hook is
         set, so only the waiters and the schedulers need to know)."""
-        for task_id in task_ids:
-            self.waiters.notify(task_id)
+        if self.waiters:
+            for task_id in task_ids:
+                self.waiters.notify(task_id)
         if task_ids:
             self.wake_all()  # children may have become pending in any queue
 

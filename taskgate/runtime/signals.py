@@ -37,9 +37,14 @@ class Signal:
         """Wait up to ``seconds`` (None: forever) for a fire; True when one came."""
         if not self._fired and (seconds is None or seconds > 0):
             self._event = anyio.Event()
-            with anyio.move_on_after(seconds):
-                await self._event.wait()
-            self._event = None
+            try:
+                if seconds is None:
+                    await self._event.wait()  # no cancel scope: a busy queue waits like this per batch
+                else:
+                    with anyio.move_on_after(seconds):
+                        await self._event.wait()
+            finally:
+                self._event = None
         fired, self._fired = self._fired, False
         return fired
 
@@ -73,6 +78,10 @@ class TaskWaiters:
 
     def __init__(self) -> None:
         self._events: dict[str, set[anyio.Event]] = defaultdict(set)
+
+    def __bool__(self) -> bool:
+        """Whether anyone waits (a caller with many ids to notify can skip them all if not)."""
+        return bool(self._events)
 
     def add(self, task_id: str) -> anyio.Event:
         """A fresh event that is set on the next `notify` of ``task_id`` (or `notify_all`)."""

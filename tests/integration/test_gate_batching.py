@@ -221,6 +221,57 @@ async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
     assert (await gate.get(task_id)).status is Status.COMPLETED
 
 
+async def test_a_cancelled_runtime_still_finishes_the_ack_write_in_flight(gate_broker):
+    # The batch is out of the writer's queue while its write runs in a broker thread: were
+    # the wait for it cancelled, the write would be abandoned and the task left running.
+    broker = Recording(gate_broker)
+    broker.hold = threading.Event()
+    gate = make_gate(broker, {"q": QueueConfig(workers=2)})
+
+    @gate.handler("q")
+    async def quick(task: Task) -> str:
+        return "done"
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            await tg.start(gate.run)
+            task_id = await gate.submit("q")
+            await anyio.to_thread.run_sync(broker.entered.wait)
+            threading.Timer(0.05, broker.hold.set).start()
+            tg.cancel_scope.cancel()
+    assert broker.kinds == ["ack_many_quiet"]
+    assert gate_broker.get(task_id).status is Status.COMPLETED
+
+
+@pytest.mark.parametrize("nonblocking", [True, False])
+async def test_acks_of_handlers_that_finished_are_written_when_the_runtime_is_cancelled(
+    gate_broker, nonblocking
+):
+    # On the event loop (a nonblocking broker) the write has no await to cancel; in a thread
+    # it is shielded. Either way every finished handler's task ends completed.
+    broker = Recording(gate_broker)
+    broker.capabilities = dataclasses.replace(broker.capabilities, nonblocking=nonblocking)
+    gate = make_gate(broker, {"q": QueueConfig(workers=5)})
+    finished: list[str] = []
+    all_finished = anyio.Event()
+
+    @gate.handler("q")
+    async def quick(task: Task) -> str:
+        finished.append(task.id)
+        if len(finished) == 5:
+            all_finished.set()
+        return "done"
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            await tg.start(gate.run)
+            ids = await gate.submit_many("q", [None] * 5)
+            await all_finished.wait()
+            tg.cancel_scope.cancel()
+    assert sorted(finished) == sorted(ids)
+    assert [gate_broker.get(task_id).status for task_id in ids] == [Status.COMPLETED] * 5
+
+
 async def test_a_failed_ack_batch_is_written_again(gate_broker):
     broker = Recording(gate_broker)
     broker.failures = [BrokerError("connection dropped")]

@@ -33,6 +33,8 @@ def settle_children(table: TaskTable, root: Record, now: datetime) -> list[Recor
     Returns every record that changed. Only blocked children move: a child with parents
     is blocked until all of them are final, so no other state can be waiting on ``root``.
     """
+    if root.id not in table.children:
+        return []  # most tasks have no children: no walk
     changed: list[Record] = []
     stack = [root]
     while stack:
