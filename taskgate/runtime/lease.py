@@ -55,12 +55,15 @@ class LeaseKeeper:
 
     def add(self, ctx: RunContext) -> None:
         """Start renewing ``ctx``'s lease, first one interval after it was granted."""
-        interval = _interval(ctx)
-        group = self._due.setdefault(interval, OrderedDict())
+        ttl = ctx.ttl.total_seconds()
+        interval = ttl / 3  # `_interval`, written out: this runs per handler run
+        group = self._due.get(interval)
+        if group is None:
+            group = self._due[interval] = OrderedDict()
         ctx.kept = True
         # Counted from the grant (the local lease deadline minus the TTL), not from now: a
         # lease that waited before its handler started is renewed no later than one that did not.
-        at = group[ctx] = ctx.lease_deadline - ctx.ttl.total_seconds() + interval
+        at = group[ctx] = ctx.lease_deadline - ttl + interval
         self._alarm.ring_by(at)
 
     def remove(self, ctx: RunContext) -> None:
