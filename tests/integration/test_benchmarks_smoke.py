@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,28 @@ def test_the_cycle_trace_shows_claims_ack_writes_and_runs_in_time_order() -> Non
     assert times == sorted(times) and times[0] == 0.0
     kinds = {row[2] for row in rows}
     assert "run" in kinds and kinds <= {"run", "claim>", "claim<", "ack>", "ack<"}
+
+
+def test_the_bytecode_count_names_the_runtime_and_repeats_exactly() -> None:
+    def count() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.opcount", "--backend", "memory", "-n", "200", "--top", "15"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    def per_task(lines: list[str]) -> float:
+        assert lines[0].endswith("bytecodes per task")
+        return float(lines[0].split()[0].replace(",", ""))
+
+    first = count()
+    assert per_task(first) > 0
+    assert any("taskgate/runtime/" in line for line in first[1:])
+    assert len(first) == 16
+    # A count, not a timing: a second run differs by a poll wake-up or two at most.
+    assert abs(per_task(count()) - per_task(first)) <= 0.02 * per_task(first)
