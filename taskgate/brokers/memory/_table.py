@@ -1,8 +1,8 @@
 """The memory broker's storage: task records plus every index a transition needs.
 
 All methods assume the caller holds the broker's lock. `set_status` is the only way a
-record's status changes, so the counters, the ready heaps and the running set can never
-disagree with the records.
+record's status changes (and `start_due`, its claim-path form for a batch), so the counters,
+the ready heaps and the running set can never disagree with the records.
 """
 
 from __future__ import annotations
@@ -93,8 +93,11 @@ class TaskTable:
 
     # -- ready heaps -----------------------------------------------------------------------
 
-    def pop_due(self, queue: str, now: datetime, limit: int) -> list[Record]:
-        """Remove and return up to ``limit`` due ready records of ``queue``, oldest due first."""
+    def start_due(self, queue: str, now: datetime, limit: int) -> list[Record]:
+        """Up to ``limit`` due ready records of ``queue``, oldest due first, moved to running.
+
+        `set_status` to running written out for a batch (a claim's hot path): no call per record.
+        """
         heap = self._ready.get(queue)
         due: list[Record] = []
         while heap and len(due) < limit:
@@ -105,6 +108,13 @@ class TaskTable:
             record = self._live(run_at, task_id, seq)
             if record is not None:
                 due.append(record)
+        for record in due:
+            by_status = self._counts[record.type]
+            by_status[record.status] -= 1
+            by_status[Status.RUNNING] += 1
+            record.status = Status.RUNNING
+            self.running[record.id] = None
+        self._queue_len[queue] -= len(due)
         return due
 
     def next_run_at(self, queue: str) -> datetime | None:

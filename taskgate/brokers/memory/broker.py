@@ -136,7 +136,7 @@ class MemoryBroker:
             lease = None
             if head is None or head > now:
                 # Nothing else is due, so the only task a claim can find now is this one.
-                leases = self._lease_all(self._table.pop_due(item.queue, now, 1), now, lease_ttl)
+                leases = self._lease_all(self._table.start_due(item.queue, now, 1), now, lease_ttl)
                 lease = leases[0] if leases else None
             if record.status in READY_STATUSES:
                 self._signal([item.queue])  # not claimed here: it waits for a claim
@@ -257,7 +257,7 @@ class MemoryBroker:
         check_claim(queue, limit, lease_ttl)
         with self._cond:
             now = self._now()
-            return self._lease_all(self._table.pop_due(queue, now, limit), now, lease_ttl)
+            return self._lease_all(self._table.start_due(queue, now, limit), now, lease_ttl)
 
     def claim_within_quota(
         self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
@@ -269,17 +269,17 @@ class MemoryBroker:
             grant = self._quota.reserve(key, quota_limit, period, limit, now)
 
             def claim(n: int) -> builtins.list[Lease]:
-                return self._lease_all(self._table.pop_due(queue, now, n), now, lease_ttl)
+                return self._lease_all(self._table.start_due(queue, now, n), now, lease_ttl)
 
             return claim_within_grant(grant, claim, self._quota.release)
 
     def _lease_all(
         self, records: builtins.list[Record], now: datetime, lease_ttl: timedelta
     ) -> builtins.list[Lease]:
+        """Lease ``records`` (`TaskTable.start_due` moved them to running): a token each."""
         expires_at = now + lease_ttl
         leases = []
         for record, token in zip(records, new_tokens(len(records)), strict=True):
-            self._table.set_status(record, Status.RUNNING)
             record.claims += 1
             record.started_at = now
             record.token = token
