@@ -13,7 +13,7 @@ import anyio.lowlevel
 import pytest
 from gate_helpers import GUARD, echo_gate, eventually, make_gate, until
 
-from taskgate import QueueConfig, Status, Task, TaskExistsError
+from taskgate import Gate, QueueConfig, Status, Task, TaskExistsError
 from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease, QuietAcker, QuietAckOutcome
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
@@ -192,7 +192,9 @@ async def test_acks_held_back_by_a_stuck_write_stop_the_claims_at_the_allowance(
     assert sorted(ran) == sorted(ids)
 
 
-async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
+def _held_writes(gate_broker: Broker) -> tuple[Recording, Gate]:
+    """A gate on queue ``q`` (2 workers, handlers answering "done") whose ack writes wait,
+    in their broker thread, until ``broker.hold`` is set."""
     broker = Recording(gate_broker)
     broker.hold = threading.Event()
     gate = make_gate(broker, {"q": QueueConfig(workers=2)})
@@ -201,6 +203,11 @@ async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
     async def quick(task: Task) -> str:
         return "done"
 
+    return broker, gate
+
+
+async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
+    broker, gate = _held_writes(gate_broker)
     async with anyio.create_task_group() as tg:
         await tg.start(gate.run)
         task_id = await gate.submit("q")
@@ -224,14 +231,7 @@ async def test_shutdown_waits_for_the_ack_flush_in_flight(gate_broker):
 async def test_a_cancelled_runtime_still_finishes_the_ack_write_in_flight(gate_broker):
     # The batch is out of the writer's queue while its write runs in a broker thread: were
     # the wait for it cancelled, the write would be abandoned and the task left running.
-    broker = Recording(gate_broker)
-    broker.hold = threading.Event()
-    gate = make_gate(broker, {"q": QueueConfig(workers=2)})
-
-    @gate.handler("q")
-    async def quick(task: Task) -> str:
-        return "done"
-
+    broker, gate = _held_writes(gate_broker)
     with anyio.fail_after(GUARD):
         async with anyio.create_task_group() as tg:
             await tg.start(gate.run)
