@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
-from gate_helpers import GUARD, Faulty, eventually, make_gate
+from gate_helpers import GUARD, Faulty, eventually, make_gate, until
 
 from taskgate import (
     ConfigError,
@@ -193,6 +193,39 @@ async def test_wait_timeout_raises_and_leaves_the_task_running(gate_broker):
         assert (await gate.get(task_id)).status is Status.RUNNING
         release.set()
         assert await gate.wait(task_id, timeout=GUARD) is None
+
+
+async def test_a_task_finishing_in_this_process_wakes_its_waiter_at_once(gate_broker):
+    # The waiter's own poll is 2.5 poll intervals (25 s here): only the runtime's notice of the
+    # ack it wrote can answer it within the test's second.
+    gate = make_gate(gate_broker, poll_interval=10.0)
+    release = anyio.Event()
+
+    @gate.handler("q")
+    async def held(task: Task) -> str:
+        await release.wait()
+        return "done"
+
+    async def waiting() -> bool:
+        return task_id in gate._runtime.waiters._events  # the waiter has registered
+
+    answer: list[bytes | None] = []
+    async with gate:
+        task_id = await gate.submit("q")
+        await eventually(gate, task_id, lambda t: t.status is Status.RUNNING)
+
+        async def wait() -> None:
+            answer.append(await gate.wait(task_id))
+
+        try:
+            with anyio.fail_after(1.0):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait)
+                    await until(waiting)
+                    release.set()
+        finally:
+            release.set()  # a failed wait must not leave the handler holding up the shutdown
+    assert answer == [b'"done"']
 
 
 async def test_hook_errors_are_swallowed_and_a_slow_hook_blocks_no_worker(gate_broker, caplog):
