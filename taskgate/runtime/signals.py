@@ -37,14 +37,9 @@ class Signal:
         """Wait up to ``seconds`` (None: forever) for a fire; True when one came."""
         if not self._fired and (seconds is None or seconds > 0):
             self._event = anyio.Event()
-            try:
-                if seconds is None:
-                    await self._event.wait()  # no cancel scope: a busy queue waits like this per batch
-                else:
-                    with anyio.move_on_after(seconds):
-                        await self._event.wait()
-            finally:
-                self._event = None
+            with anyio.move_on_after(seconds):
+                await self._event.wait()
+            self._event = None
         fired, self._fired = self._fired, False
         return fired
 

@@ -11,16 +11,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_benchmark_harness_prints_every_memory_figure_and_a_table() -> None:
+def _stdout_of(module: str, *args: str, timeout: float, **env: str) -> str:
+    """What ``python -m module args`` printed, run from the checkout; it must exit 0."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--tiny", "--backend", "memory"],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=timeout,
+        env={**os.environ, **env},
     )
     assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return done.stdout
+
+
+def test_the_benchmark_harness_prints_every_memory_figure_and_a_table() -> None:
+    stdout = _stdout_of("benchmarks", "--tiny", "--backend", "memory", timeout=90)
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     figures = {line["name"]: line for line in lines if line["kind"] == "figure"}
     assert lines[0]["kind"] == "run"
     assert not [line for line in lines if line["kind"] == "error"]
@@ -31,19 +38,14 @@ def test_the_benchmark_harness_prints_every_memory_figure_and_a_table() -> None:
     }  # fmt: skip
     assert set(figures) == expected
     assert all(f["value"] > 0 and f["backend"] == "memory" for f in figures.values())
-    assert "| memory | process.w10 |" in done.stdout
+    assert "| memory | process.w10 |" in stdout
 
 
 def test_the_cycle_trace_shows_claims_ack_writes_and_runs_in_time_order() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cycletrace", "--backend", "memory", "-n", "300", "--show", "40"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    stdout = _stdout_of(
+        "benchmarks.cycletrace", "--backend", "memory", "-n", "300", "--show", "40", timeout=60
     )
-    assert done.returncode == 0, done.stderr
-    rows = [line.split() for line in done.stdout.splitlines()]
+    rows = [line.split() for line in stdout.splitlines()]
     assert len(rows) == 40
     times = [float(row[0]) for row in rows]
     assert times == sorted(times) and times[0] == 0.0
@@ -51,18 +53,10 @@ def test_the_cycle_trace_shows_claims_ack_writes_and_runs_in_time_order() -> Non
     assert "run" in kinds and kinds <= {"run", "claim>", "claim<", "ack>", "ack<"}
 
 
-def test_the_bytecode_count_names_the_runtime_and_repeats_exactly() -> None:
+def test_the_bytecode_count_names_the_runtime_and_repeats_closely() -> None:
     def count() -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.opcount", "--backend", "memory", "-n", "200", "--top", "15"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.splitlines()
+        args = ("--backend", "memory", "-n", "200", "--top", "15")
+        return _stdout_of("benchmarks.opcount", *args, timeout=60, PYTHONHASHSEED="0").splitlines()
 
     def per_task(lines: list[str]) -> float:
         assert lines[0].endswith("bytecodes per task")
