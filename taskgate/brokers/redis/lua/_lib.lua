@@ -76,24 +76,23 @@ local function snapshot(id)
   return redis.call('HMGET', task_key(id), unpack(SNAPSHOT_FIELDS))
 end
 
--- The fields a status change and a lease check need, in this order (nil: no such task).
-local function core(id, type, queue, status, created_at, token, claims)
-  if not id then
+-- The fields a status change and a lease check need, from a snapshot (nil: no such task).
+local function core_of(v)
+  if not v[AT.id] then
     return nil
   end
-  return { id = id, type = type, queue = queue, status = status, created_at = created_at, token = token,
-    claims = claims }
+  return { id = v[AT.id], type = v[AT.type], queue = v[AT.queue], status = v[AT.status],
+    created_at = v[AT.created_at], token = v[AT.token], claims = v[AT.claims] }
 end
 
--- `core`, read alone.
-local function load_core(id)
-  return core(unpack(redis.call('HMGET', task_key(id), 'id', 'type', 'queue', 'status', 'created_at', 'token',
-    'claims')))
-end
-
--- `core`, from a snapshot.
-local function core_of(v)
-  return core(v[AT.id], v[AT.type], v[AT.queue], v[AT.status], v[AT.created_at], v[AT.token], v[AT.claims])
+-- Only what completing a held task needs (`complete_held`, after `held_by`), read alone: four
+-- fields, where a snapshot would look up all of them in the hash (nil: no such task).
+local function load_held(id)
+  local f = redis.call('HMGET', task_key(id), 'status', 'token', 'type', 'created_at')
+  if not f[1] then
+    return nil
+  end
+  return { id = id, status = f[1], token = f[2], type = f[3], created_at = f[4] }
 end
 
 -- Wake wait_for_work callers of this queue in every process (a Pub/Sub message, not a key).
@@ -208,15 +207,20 @@ local function register(name, main, flags)
   }
 end
 
--- Move `t` from its status (nil for a task being created) to `to` in the counters and the
--- status sets (deferred); the caller writes the status field and sets `t.status`.
-local function recount(t, to)
-  if t.status then
-    count_status(t.status .. ':' .. t.type, -1)
-    index_status(t.status, t.id, false)
+-- Move a task from status `from` (nil for a task being created) to `to` in the counters and
+-- the status sets (deferred); the caller writes the status field.
+local function move_status(id, task_type, created_at, from, to)
+  if from then
+    count_status(from .. ':' .. task_type, -1)
+    index_status(from, id, false)
   end
-  count_status(to .. ':' .. t.type, 1)
-  index_status(to, t.id, t.created_at)
+  count_status(to .. ':' .. task_type, 1)
+  index_status(to, id, created_at)
+end
+
+-- `move_status` of `t` (id, type, created_at, status); the caller also sets `t.status`.
+local function recount(t, to)
+  move_status(t.id, t.type, t.created_at, t.status, to)
 end
 
 -- The only place a status changes: counters and the status index move with it.
@@ -236,13 +240,14 @@ end
 local function lease_task(id, token, lease_until)
   -- `set_status(t, 'running')` and the lease fields in one HSET; the move from the queue to
   -- the leases set is deferred (see `zset_later`). The snapshot is read once, before the
-  -- write, and given the values the write stored.
-  local v = snapshot(id)
-  local t = core_of(v)
-  local claims = tostring(tonumber(t.claims) + 1)
-  zset_later(B .. 'queue:' .. t.queue, id, false)
-  recount(t, 'running')
-  redis.call('HSET', task_key(id), 'status', 'running', 'token', token, 'lease_until', lease_until,
+  -- write, and given the values the write stored; its fields are read where they stand, with
+  -- no table of them (a claim leases every task through here).
+  local key = task_key(id)
+  local v = redis.call('HMGET', key, unpack(SNAPSHOT_FIELDS))
+  local claims = tostring(tonumber(v[AT.claims]) + 1)
+  zset_later(B .. 'queue:' .. v[AT.queue], id, false)
+  move_status(id, v[AT.type], v[AT.created_at], v[AT.status], 'running')
+  redis.call('HSET', key, 'status', 'running', 'token', token, 'lease_until', lease_until,
     'started_at', NOW_S, 'claims', claims)
   zset_later(B .. 'leases', id, lease_until)
   v[AT.status], v[AT.token], v[AT.lease_until], v[AT.started_at], v[AT.claims] =
@@ -282,6 +287,11 @@ end
 -- After `root` became final: wake its ready children, cancel the broken ones, recursively.
 -- Only blocked children move: a child is blocked until every parent is final.
 local function settle_children(root)
+  -- Most tasks have no children: an EXISTS answers that for less than SMEMBERS's empty reply
+  -- and the walk's stack.
+  if redis.call('EXISTS', B .. 'children:' .. root.id) == 0 then
+    return
+  end
   local stack = { root }
   while #stack > 0 do
     local parent = table.remove(stack)
@@ -310,13 +320,19 @@ local function finish(t, to, fields)
   settle_children(t)
 end
 
--- `finish(t, 'completed', fields)` for a task held under a lease (`load_leased_core`): the status
--- and `fields` in one HSET, the lease's entry in the leases set removed when the script ends.
-local function complete_held(t, fields)
+-- `finish(t, 'completed', ...)` for a task held under a lease (`held_by`): the status and
+-- `result` (nil: none) in one HSET, the lease's entry in the leases set removed when the
+-- script ends.
+local function complete_held(t, result)
+  local key = task_key(t.id)
   zset_later(B .. 'leases', t.id, false)
-  redis.call('HDEL', task_key(t.id), 'token', 'lease_until')
+  redis.call('HDEL', key, 'token', 'lease_until')
   recount(t, 'completed')
-  redis.call('HSET', task_key(t.id), 'status', 'completed', 'finished_at', NOW_S, unpack(fields))
+  if result then
+    redis.call('HSET', key, 'status', 'completed', 'finished_at', NOW_S, 'result', result)
+  else
+    redis.call('HSET', key, 'status', 'completed', 'finished_at', NOW_S)
+  end
   t.status = 'completed'
   settle_children(t)
 end
@@ -344,7 +360,7 @@ end
 local function ack_held(id, token, result, quiet)
   local v, t, err
   if quiet then
-    t, err = held_by(load_core(id), id, token)
+    t, err = held_by(load_held(id), id, token)
   else
     v = snapshot(id)
     t, err = held_by(core_of(v), id, token)
@@ -352,7 +368,7 @@ local function ack_held(id, token, result, quiet)
   if not t then
     return err
   end
-  complete_held(t, result and { 'result', result } or {})
+  complete_held(t, result)
   if quiet then
     return { 'ok' }
   end
