@@ -241,9 +241,10 @@ local function lease_task(id, token, lease_until)
   -- `set_status(t, 'running')` and the lease fields in one HSET; the move from the queue to
   -- the leases set is deferred (see `zset_later`). The snapshot is read once, before the
   -- write, and given the values the write stored; its fields are read where they stand, with
-  -- no table of them (a claim leases every task through here).
+  -- no table of them (a claim leases every task through here). The lease fields, last in a
+  -- snapshot (the codec reads them there), are not read: a due task has none, and this sets them.
   local key = task_key(id)
-  local v = redis.call('HMGET', key, unpack(SNAPSHOT_FIELDS))
+  local v = redis.call('HMGET', key, unpack(SNAPSHOT_FIELDS, 1, AT.token - 1))
   local claims = tostring(tonumber(v[AT.claims]) + 1)
   zset_later(B .. 'queue:' .. v[AT.queue], id, false)
   move_status(id, v[AT.type], v[AT.created_at], v[AT.status], 'running')
