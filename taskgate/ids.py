@@ -46,12 +46,11 @@ def new_ids(n: int) -> list[str]:
     spelled once per 1,024 ids.
     """
     ms, first = _reserve(n)
-    prefix = _time_digits(ms)
     pairs = _PAIRS
     ids: list[str] = []
     block = first >> 10
     while len(ids) < n:
-        head = prefix + "".join([pairs[(block >> shift) & 1023] for shift in _BLOCK_SHIFTS])
+        head = _head(ms, block)
         low = (first & 1023) if not ids else 0
         high = min(1024, low + n - len(ids))
         ids.extend([head + pair for pair in pairs[low:high]])
@@ -86,6 +85,14 @@ def _reserve(n: int) -> tuple[int, int]:
 def _time_digits(ms: int) -> str:
     """The first 10 digits of a ULID: its 48-bit millisecond time (the top 2 of 130 bits are 0)."""
     return encode_ulid(ms, 0)[:10]
+
+
+@functools.lru_cache(maxsize=4)
+def _head(ms: int, block: int) -> str:
+    """The first 24 digits of the ids of millisecond ``ms`` whose random part is in ``block``
+    (all but its last 10 bits). Cached: single submits in one millisecond count up through one
+    block, so they share it."""
+    return _time_digits(ms) + "".join([_PAIRS[(block >> shift) & 1023] for shift in _BLOCK_SHIFTS])
 
 
 def new_tokens(n: int) -> list[str]:

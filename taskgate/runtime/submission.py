@@ -143,6 +143,8 @@ def build_tasks(
         ignore_parent_failure=ignore_parent_failure,
         business_key=keys[0],
     )
+    if len(items) == 1:
+        return [first]
     return [first, *map(_like(first), ids[1:], encoded[1:], keys[1:])]
 
 
