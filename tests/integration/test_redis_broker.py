@@ -308,31 +308,42 @@ def test_a_batch_sharing_its_fields_is_sent_once_per_field_and_stored_task_by_ta
     [{}, {"delay": timedelta(seconds=5)}, {"run_at": datetime(2031, 1, 1, tzinfo=UTC)}],
     ids=["now", "delay", "run_at"],
 )
-def test_a_shared_batch_without_parents_is_stored_as_task_by_task_submits_are(
+def test_plain_tasks_are_stored_as_the_general_path_stores_them(
     open_broker: Factory, client: redis.Redis, unique_prefix: str, timing: dict[str, object]
 ) -> None:
-    # enqueue.lua stores such a batch on a path of its own: hashes, every set, counters alike.
+    # enqueue.lua stores a shared batch without parents, and one task alone without parents
+    # or business key, on a path of its own: hashes, every set, counters as the general
+    # path (here: a batch whose tasks differ in type) stores them.
     broker = open_broker(clock=ManualClock())
     options = {"type": "a", "queue": "q", "max_retry": 7, "ignore_parent_failure": True, **timing}
     payloads = [None, b"", b"x"]
     shared = [NewTask(id=f"s{n}", payload=p, **options) for n, p in enumerate(payloads)]  # type: ignore[arg-type]
     assert enqueue_args(shared)[1] == "shared"
     snapshots = broker.enqueue(shared)
+    alone = [broker.enqueue([NewTask(id=f"a{n}", payload=p, **options)])[0] for n, p in enumerate(payloads)]  # type: ignore[arg-type]
     for n, payload in enumerate(payloads):
-        broker.enqueue([NewTask(id=f"r{n}", payload=payload, **options)])  # type: ignore[arg-type]
+        general = [
+            NewTask(id=f"r{n}", payload=payload, **options),
+            NewTask(id=f"o{n}", type="other", queue="o"),
+        ]  # type: ignore[arg-type]
+        assert enqueue_args(general)[1] == "rows"
+        broker.enqueue(general)
     base = KeySpace(unique_prefix).base
     names = ("idx:all", "idx:type:a", "idx:queue:q", "idx:status:pending", "queue:q")
     sets = [f"{base}{name}" for name in names]
     for n in range(3):
-        stored, row_by_row = (_stored(client, unique_prefix, f"{shape}{n}") for shape in "sr")
-        assert stored.pop(b"id") == f"s{n}".encode() and row_by_row.pop(b"id") == f"r{n}".encode()
-        assert stored == row_by_row
-        for key in sets:
-            assert client.zscore(key, f"s{n}") == client.zscore(key, f"r{n}") is not None, key
-        assert broker.get(f"s{n}") == snapshots[n]
-    assert [t.payload for t in snapshots] == payloads
-    assert {t.status for t in snapshots} == {Status.PENDING}
-    assert broker.counts() == {"a": {Status.PENDING: 6}}
+        reference = _stored(client, unique_prefix, f"r{n}")
+        assert reference.pop(b"id") == f"r{n}".encode()
+        for path in "sa":
+            stored = _stored(client, unique_prefix, f"{path}{n}")
+            assert stored.pop(b"id") == f"{path}{n}".encode()
+            assert stored == reference, path
+            for key in sets:
+                assert client.zscore(key, f"{path}{n}") == client.zscore(key, f"r{n}") is not None, key
+        assert broker.get(f"s{n}") == snapshots[n] and broker.get(f"a{n}") == alone[n]
+    assert [t.payload for t in snapshots] == [t.payload for t in alone] == payloads
+    assert {t.status for t in [*snapshots, *alone]} == {Status.PENDING}
+    assert broker.counts()["a"] == {Status.PENDING: 9}
 
 
 def test_a_shared_batch_with_an_id_in_use_stores_nothing(open_broker: Factory, client: redis.Redis) -> None:

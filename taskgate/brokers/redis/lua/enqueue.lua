@@ -140,18 +140,20 @@ local function store(n)
   return { status, run_at, err or '' }
 end
 
--- The "shared" shape without parents (what `submit_many` sends): every task arrives pending,
--- due at the same time, in the same sets. The per-task work is the id check, one HSET and
--- the set entries, with no table per task: the general path below costs a third more.
-local function store_shared_plain(count)
+-- Tasks without parents or business key that differ only in id and payload (the "shared"
+-- shape of `submit_many`, or one task alone): every task arrives pending, due at the same
+-- time, in the same sets. The per-task work is the id check, one HSET and the set entries,
+-- with no table per task: the general path below costs a third more. The template of the
+-- shared fields is at ARGV[4..15]; task i (0-based) has its id at ARGV[first + i * stride],
+-- its has_payload flag (0/1) `flag` and its payload `payload` places after that.
+local function store_plain(count, first, stride, flag, payload)
   local t = 4  -- the template
   local task_type, queue = ARGV[t + 1], ARGV[t + 2]
   local max_retry, ignore = ARGV[t + 5], ARGV[t + 8]
   local run_at = due_at({ run_at = ARGV[t + 6], delay = ARGV[t + 7] })
-  local first = t + FIELDS
   local seen = {}
   for i = 0, count - 1 do
-    local id = ARGV[first + i * 3]
+    local id = ARGV[first + i * stride]
     if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then
       return { 'duplicate', id }
     end
@@ -165,10 +167,10 @@ local function store_shared_plain(count)
   end
   local created, due = {}, {}
   for i = 0, count - 1 do
-    local a = first + i * 3
+    local a = first + i * stride
     local id = ARGV[a]
-    if ARGV[a + 1] == '1' then
-      write(id, 'payload', ARGV[a + 2])
+    if ARGV[a + flag] == '1' then
+      write(id, 'payload', ARGV[a + payload])
     else
       write(id)
     end
@@ -188,8 +190,14 @@ local function store_shared_plain(count)
   return { 'ok', NOW_S, 'alike', count, { 'pending', run_at, '' } }
 end
 
-if ARGV[3] == 'shared' and ARGV[4 + 11] == '[]' then
-  return store_shared_plain(tonumber(ARGV[2]))
+if ARGV[4 + 11] == '[]' then
+  local count = tonumber(ARGV[2])
+  if ARGV[3] == 'shared' then
+    return store_plain(count, 4 + FIELDS, 3, 1, 2)  -- after the template: (id, has_payload, payload)
+  end
+  if count == 1 and ARGV[4 + 9] == '0' then  -- one row without a business key: its own template
+    return store_plain(1, 4, FIELDS, 3, 4)
+  end
 end
 local batch = read_batch()
 local problem = check(batch)
