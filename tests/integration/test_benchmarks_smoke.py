@@ -68,3 +68,11 @@ def test_the_bytecode_count_names_the_runtime_and_repeats_closely() -> None:
     assert len(first) == 16
     # A count, not a timing: a second run differs by a poll wake-up or two at most.
     assert abs(per_task(count()) - per_task(first)) <= 0.02 * per_task(first)
+
+
+def test_the_server_count_runs_redis_under_valgrind_and_counts_each_phase() -> None:
+    stdout = _stdout_of("benchmarks.servercount", "-n", "100", "--only", "claim,ack", timeout=300)
+    counts = {line.split()[0]: float(line.split()[1].replace(",", "")) for line in stdout.splitlines()}
+    assert set(counts) == {"claim", "ack"}
+    # Each task's script reads and writes its hash: tens of thousands of instructions, never none.
+    assert all(10_000 < value < 10_000_000 for value in counts.values()), counts
