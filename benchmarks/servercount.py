@@ -11,9 +11,9 @@ I/O) divided by the tasks of that phase:
 - ``process``: a gate with ``workers=10`` running ``n`` no-op tasks (``process.w10``);
 - ``submit``: ``n`` single ``gate.submit`` calls, then ``submit_many`` batches of 1,000.
 
-Timed figures drift by a fifth within minutes on this machine; these counts repeat to about
-0.5 %, so a change to a script shows here even when a timed A/B cannot tell. valgrind slows the
-server some fifty times: the rates printed alongside mean nothing.
+Timed figures drift by a fifth within minutes on this machine; these counts repeat to 0.1 %
+(``submit_many``: 1 %), so a change to a script shows here even when a timed A/B cannot tell.
+valgrind slows the server some fifty times: the rates printed alongside mean nothing.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class CountedServer:
             if dumps:
                 break
             time.sleep(0.1)
+        if not dumps:
+            raise RuntimeError(f"callgrind wrote no dump into {self.workdir}")
         report = subprocess.run(
             ["callgrind_annotate", "--inclusive=yes", "--threshold=100", dumps[-1]],
             capture_output=True,
