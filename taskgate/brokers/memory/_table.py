@@ -58,8 +58,9 @@ class TaskTable:
     def set_status(self, record: Record, status: Status) -> None:
         """Move ``record`` to ``status``, keeping counters, ready heaps and running set in step.
 
-        `_count` and `_enter` written out: every claim and ack runs this per task. A ready-heap
-        entry is not removed on leaving: its seq goes stale and claim drops it.
+        The counters written out (every ack runs this per task), the entry through `_enter`, as
+        for a new record. A ready-heap entry is not removed on leaving: its seq goes stale and
+        claim drops it.
         """
         old = record.status
         by_status = self._counts[record.type]
@@ -73,11 +74,7 @@ class TaskTable:
             record.token = None
             record.lease_expires_at = None
         record.status = status
-        if status is Status.RUNNING:
-            self.running[record.id] = None
-        elif is_ready:
-            record.ready_seq += 1
-            heapq.heappush(self._ready[record.queue], (record.run_at, record.id, record.ready_seq))
+        self._enter(record)
 
     def _count(self, record: Record, delta: int) -> None:
         self._counts[record.type][record.status] += delta
