@@ -29,7 +29,7 @@ from taskgate.brokers.redis.scripts import CHAINED, SCRIPT_NAMES, ScriptBook, fu
 from taskgate.brokers.redis.waiter import SLICE
 from taskgate.clock import ManualClock
 from taskgate.errors import BrokerError, ConfigError, LeaseLostError, TaskNotFoundError
-from taskgate.task import Status, Task
+from taskgate.task import Filter, Status, Task
 
 TTL = timedelta(seconds=10)
 
@@ -621,6 +621,32 @@ def test_claim_with_limits_gives_the_released_slots_back_before_counting_free_on
     assert held.isdisjoint(done) and len(held) == 2
 
 
+# -- running tasks: listed from the leases set, not from a status set of their own ---------------
+
+
+def test_running_tasks_get_no_status_set_and_the_reaper_trims_the_one_earlier_builds_kept(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    _pending(broker, 5)
+    leases = broker.claim("q", 4, TTL)
+    legacy = KeySpace(unique_prefix).base + "idx:status:running"
+    assert client.exists(legacy) == 0
+    # A process of an earlier build, during a rolling redeploy, adds what it claims there.
+    client.zadd(legacy, {lease.task.id: n for n, lease in enumerate(leases)})
+    first, second, third, fourth = leases
+    broker.ack(first.task.id, first.token, None)
+    broker.ack_many_quiet([(second.task.id, second.token, None)])
+    broker.retry(third.task.id, third.token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
+    assert broker.reap(lease_lost_max=5) == []
+    assert client.zrange(legacy, 0, -1, withscores=True) == [(fourth.task.id.encode(), 3.0)]
+    assert [t.id for t in broker.list(Filter(status=Status.RUNNING))] == [fourth.task.id]
+    clock.advance(TTL.total_seconds())
+    assert [t.id for t in broker.reap(lease_lost_max=5)] == [fourth.task.id]
+    assert client.exists(legacy) == 0
+
+
 # -- a submit and its claim in one script (enqueue_then_claim_with_limits) ----------------------
 
 
@@ -639,9 +665,10 @@ def test_a_submit_chained_with_its_claim_stores_what_an_enqueue_then_a_claim_wou
         del fields[b"id"], fields[b"queue"], fields[b"token"]
     assert hashes[0] == hashes[1]
     keys = KeySpace(unique_prefix)
-    for name in ("idx:all", "idx:type:t", "idx:status:running", "leases"):
+    for name in ("idx:all", "idx:type:t", "leases"):
         assert client.zscore(keys.base + name, "c") == client.zscore(keys.base + name, "s") is not None, name
     assert client.zscore(keys.base + "idx:status:pending", "c") is None
+    assert client.exists(keys.base + "idx:status:running") == 0  # `leases` lists running tasks
     assert client.zcard(keys.queue("qc")) == 0
     assert client.zscore(keys.slots("qc"), claim.leases[0].token) is not None  # the lease's token is its slot
     assert broker.counts() == {"t": {Status.RUNNING: 2}}

@@ -106,6 +106,44 @@ class ReadContract:
         assert expected
         assert [t.id for t in broker.list(Filter(**{field: value}))] == expected
 
+    def test_list_of_running_tasks_follows_claims_acks_reaps_and_retries(
+        self, broker: Broker, clock: ManualClock
+    ) -> None:
+        # Some brokers keep no status index of their own for running tasks (Redis lists them
+        # from its leases): every way in and out of running must show in the list.
+        created = {}
+        for n in range(6):
+            task = submit(broker, type=("alpha", "beta")[n % 2], queue=("q1", "q2")[n // 3])
+            created[task.id] = task
+            clock.advance(1)
+        # The later-created tasks are claimed first: lease ends run against creation order.
+        in_q2 = broker.claim("q2", 3, TTL)
+        clock.advance(TTL.total_seconds() - 1)
+        in_q1 = broker.claim("q1", 3, TTL)  # outlives the first three's leases
+
+        def running(**fields: Any) -> list[str]:
+            return [t.id for t in broker.list(Filter(status=Status.RUNNING, **fields))]
+
+        def in_creation_order(ids: set[str]) -> list[str]:
+            return sorted(ids, key=lambda i: (created[i].created_at, i))
+
+        everything = in_creation_order({lease.task.id for lease in in_q1 + in_q2})
+        assert running() == everything
+        assert running(type="alpha") == [i for i in everything if created[i].type == "alpha"]
+        assert running(queue="q2", type="beta") == [
+            i for i in everything if created[i].queue == "q2" and created[i].type == "beta"
+        ]
+        assert running(limit=2, offset=3) == everything[3:5]
+
+        broker.ack(in_q1[0].task.id, in_q1[0].token, None)
+        broker.retry(in_q1[1].task.id, in_q1[1].token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
+        clock.advance(2)
+        reaped = {t.id for t in broker.reap(lease_lost_max=5)}
+        assert reaped == {lease.task.id for lease in in_q2}
+        assert running() == [in_q1[2].task.id]
+        assert running(queue="q2") == []
+        assert [t.status for t in broker.list(Filter(queue="q2"))] == [Status.PENDING] * 3
+
     def test_list_combines_filters(self, broker: Broker, clock: ManualClock) -> None:
         _mixed_history(broker, clock)
         found = broker.list(Filter(type="beta", status=Status.PENDING, queue="beta-work"))

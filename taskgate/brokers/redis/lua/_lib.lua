@@ -27,7 +27,8 @@
 --   idx:all            ZSET   every id, score created_at (µs)
 --   idx:type:<type>    ZSET   ids of one type, score created_at
 --   idx:queue:<queue>  ZSET   ids of one queue, score created_at
---   idx:status:<st>    ZSET   ids in one status, score created_at
+--   idx:status:<st>    ZSET   ids in one status but running (`leases` holds those), score
+--                             created_at
 --   signal:<queue>     Pub/Sub CHANNEL (not a key): PUBLISHed when a task of <queue> becomes
 --                             ready; wait_for_work subscribes to it
 
@@ -144,8 +145,12 @@ local function zset_later(key, member, score)
   members[member] = score
 end
 
+-- Running tasks have no status set of their own: `leases` holds exactly them (`list` reads it;
+-- reap.lua trims the `idx:status:running` of earlier builds).
 local function index_status(status, id, score)
-  zset_later(B .. 'idx:status:' .. status, id, score)
+  if status ~= 'running' then
+    zset_later(B .. 'idx:status:' .. status, id, score)
+  end
 end
 
 -- Lua's unpack() has a stack limit: at most this many arguments per variadic call (even, so

@@ -3,7 +3,9 @@
 --
 -- Cost: with no filter or one of type/queue/status, O(log N + page) (ZRANGE on one index);
 -- with several, O(candidates) (ZINTER of the index ZSETs, sorted by score then member, which
--- is exactly (created_at, id)); with a business key, O(executions of that key).
+-- is exactly (created_at, id)); with a business key, O(executions of that key). Running
+-- tasks have no status index: `leases` holds them (score: lease end), intersected with weight
+-- 0 so the score stays created_at -- O(running tasks).
 --
 -- KEYS[1]  base (hash-tagged prefix)
 -- ARGV[1]  now ("" or µs; unused)
@@ -12,15 +14,18 @@
 -- ARGV[4..] filter pairs: "type" <t>, "queue" <q>, "status" <s>, "business_key" <k>
 -- Returns  {"ok", snapshot...}
 --
--- Touches (read only): idx:all / idx:type:<t> / idx:queue:<q> / idx:status:<s> ZSET,
---          bkey:<key> LIST, task:<id> HASH.
+-- Touches (read only): idx:all / idx:type:<t> / idx:queue:<q> / idx:status:<s> / leases
+--          ZSET, bkey:<key> LIST, task:<id> HASH.
 
 local offset, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local want, indexes = {}, {}
+local running = false
 for i = 4, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
   want[name] = value
-  if name ~= 'business_key' then
+  if name == 'status' and value == 'running' then
+    running = true
+  elseif name ~= 'business_key' then
     indexes[#indexes + 1] = B .. 'idx:' .. name .. ':' .. value
   end
 end
@@ -70,8 +75,27 @@ local function by_intersection()
   return page(redis.call(unpack(args)))
 end
 
+-- The running tasks among `indexes` (idx:all when there are none), by (created_at, id).
+local function running_by_intersection()
+  if #indexes == 0 then
+    indexes[1] = B .. 'idx:all'
+  end
+  local args = { 'ZINTER', #indexes + 1, B .. 'leases' }
+  for _, key in ipairs(indexes) do
+    args[#args + 1] = key
+  end
+  args[#args + 1] = 'WEIGHTS'
+  args[#args + 1] = 0
+  for _ = 1, #indexes do
+    args[#args + 1] = 1
+  end
+  return page(redis.call(unpack(args)))
+end
+
 if want.business_key then
   return by_business_key()
+elseif running then
+  return running_by_intersection()
 elseif #indexes == 0 then
   return by_one_index(B .. 'idx:all')
 elseif #indexes == 1 then

@@ -10,7 +10,8 @@
 -- Returns  {"ok", snapshot...}: the new snapshot of each reaped task
 --
 -- Touches: leases ZSET, task:<id> and descendants' task:<id> HASH, queue:<q> ZSET,
---          signal:<q> channel (PUBLISH), children:<id> SET, stats HASH, idx:status:<s> ZSET.
+--          signal:<q> channel (PUBLISH), children:<id> SET, stats HASH, idx:status:<s> ZSET
+--          (and idx:status:running of earlier builds, trimmed to the running tasks).
 
 local lost_max = tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', B .. 'leases', '-inf', NOW_S, 'LIMIT', 0, tonumber(ARGV[3]))
@@ -27,5 +28,12 @@ for _, id in ipairs(ids) do
     make_ready(t, 'pending', NOW_S)
   end
   reply[#reply + 1] = snapshot(id)
+end
+-- Earlier builds kept running tasks in a status set as well as in `leases`, and a process of
+-- one may still add to it during a rolling redeploy: keep only what is still running, so the
+-- set empties itself once no such process is left (at no cost to claims and acks).
+local legacy = B .. 'idx:status:running'
+if redis.call('EXISTS', legacy) == 1 then
+  redis.call('ZINTERSTORE', legacy, 2, legacy, B .. 'leases', 'WEIGHTS', 1, 0)
 end
 return reply
