@@ -210,18 +210,19 @@ class Run:
                 self.add(backend, f"latency.{kind}.p{q}", ms, value=percentile(ms, q), count=len(ms))
 
     def _claims(self, backend: str) -> None:
-        for size, count in (("small", self.s.small_finished), ("big", self.s.big_finished)):
-            rates, reached, fill = claims.claim_rate(backend, self.s, count)
-            note = f"{reached:,} finished" + (f" (budget hit; asked {count:,})" if reached < count else "")
+        sizes = {"small": self.s.small_finished, "big": self.s.big_finished}
+        runs = claims.claim_rates(backend, self.s, list(sizes.values()))
+        for (size, count), run in zip(sizes.items(), runs, strict=True):
+            budget_hit = f" (budget hit; asked {count:,})" if run.reached < count else ""
             self.add(
                 backend,
                 f"claims.{size}_finished",
-                rates,
+                run.samples,
                 n=self.s.n,
                 k=claims.CLAIM_K,
-                finished=reached,
-                fill_seconds=round(fill, 1),
-                note=note,
+                finished=run.reached,
+                fill_seconds=round(run.fill_seconds, 1),
+                note=f"{run.reached:,} finished{budget_hit}",
             )
 
     def _limits(self, backend: str) -> None:
