@@ -1,4 +1,4 @@
-"""The contract's round-trip, claim, wake-up and dependency cases on a real 3-node Redis Cluster.
+"""The contract's round-trip, claim, wake-up, dependency and read cases on a real 3-node Redis Cluster.
 
 The test starts its own cluster (three ``redis-server --cluster-enabled yes`` on free loopback
 ports, joined by ``redis-cli --cluster create``), so it never touches the shared Redis. Every
@@ -27,6 +27,7 @@ from taskgate.testing.contract._fixtures import ContractFixtures
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
+from taskgate.testing.contract.read import ReadContract
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +51,10 @@ def _cluster_client(nodes: RedisClusterNodes) -> RedisCluster:
 
 
 class TestRedisClusterBroker(
-    ContractFixtures, LifecycleContract, ClaimContract, WaitContract, DependencyContract
+    ContractFixtures, LifecycleContract, ClaimContract, WaitContract, DependencyContract, ReadContract
 ):
-    """Round trip, claims, wake-ups and dependencies through ``RedisCluster`` clients."""
+    """Round trip, claims, wake-ups, dependencies and reads (`list` intersects several sorted
+    sets in one script) through ``RedisCluster`` clients."""
 
     @pytest.fixture
     def broker_factory(self, clock: ManualClock, cluster: RedisClusterNodes) -> Iterator[BrokerFactory]:
