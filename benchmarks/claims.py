@@ -38,7 +38,7 @@ def claim_rates(backend: str, s: Settings, finished: Sequence[int]) -> list[Clai
 
     The stores' drains are interleaved, repeat by repeat, so drift in the machine's load hits
     every size alike (measured one store after the other, the second's figure moved with the
-    minute: the memory broker's 1M store read 58 % of its 10k store, 100 % interleaved).
+    minute: the memory broker's 1M store read 58 % of its 10k store, 94 to 103 % interleaved).
     """
     with contextlib.ExitStack() as stack:
         brokers, runs = [], []
