@@ -18,15 +18,15 @@
 --          ZSET, bkey:<key> LIST, task:<id> HASH.
 
 local offset, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local want, indexes = {}, {}
-local running = false
+-- The sets to intersect and their weights: 1 for a set scored by created_at, 0 for `leases`.
+local want, indexes, weights = {}, {}, {}
 for i = 4, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
   want[name] = value
   if name == 'status' and value == 'running' then
-    running = true
+    indexes[#indexes + 1], weights[#weights + 1] = B .. 'leases', 0
   elseif name ~= 'business_key' then
-    indexes[#indexes + 1] = B .. 'idx:' .. name .. ':' .. value
+    indexes[#indexes + 1], weights[#weights + 1] = B .. 'idx:' .. name .. ':' .. value, 1
   end
 end
 
@@ -72,33 +72,20 @@ local function by_intersection()
   for _, key in ipairs(indexes) do
     args[#args + 1] = key
   end
-  return page(redis.call(unpack(args)))
-end
-
--- The running tasks among `indexes` (idx:all when there are none), by (created_at, id).
-local function running_by_intersection()
-  if #indexes == 0 then
-    indexes[1] = B .. 'idx:all'
-  end
-  local args = { 'ZINTER', #indexes + 1, B .. 'leases' }
-  for _, key in ipairs(indexes) do
-    args[#args + 1] = key
-  end
   args[#args + 1] = 'WEIGHTS'
-  args[#args + 1] = 0
-  for _ = 1, #indexes do
-    args[#args + 1] = 1
+  for _, weight in ipairs(weights) do
+    args[#args + 1] = weight
   end
   return page(redis.call(unpack(args)))
 end
 
 if want.business_key then
   return by_business_key()
-elseif running then
-  return running_by_intersection()
 elseif #indexes == 0 then
   return by_one_index(B .. 'idx:all')
-elseif #indexes == 1 then
+elseif #indexes == 1 and weights[1] == 1 then
   return by_one_index(indexes[1])
+elseif #indexes == 1 then  -- running tasks alone: `idx:all` gives their order
+  indexes[2], weights[2] = B .. 'idx:all', 1
 end
 return by_intersection()
