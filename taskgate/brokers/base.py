@@ -10,8 +10,9 @@ each method through ``anyio.to_thread.run_sync``; the thread hop (100-200 µs) i
 database round trip, and batching (claim k tasks at once) amortises it. Brokers whose calls
 are cheaper than the hop say so in their `Capabilities` and are called on the event loop
 (memory), or first attempted there and moved to a thread only when they would wait
-(SQLite: `taskgate.brokers.nowait`). A blocking client for sync code (Flask, Django, cron,
-scripts) falls out for free.
+(SQLite: `taskgate.brokers.nowait`), or send their request from the event loop and have it
+wait for the reply's socket (Redis: `taskgate.brokers.split`). A blocking client for sync
+code (Flask, Django, cron, scripts) falls out for free.
 
 Time: every time-dependent method reads "now" from the broker's clock: an injected `Clock`
 when one was given (the contract suite moves a `ManualClock` instead of sleeping), otherwise
@@ -255,6 +256,9 @@ class Capabilities:
     - ``acks_in_claims``: implements `AckCarrier` (and `LimitedAckCarrier` when it declares
       ``distributed_limits`` too), so the quiet acks waiting to be written ride on the next
       claim of their queue: one broker call where an ack write and a claim take two.
+    - ``split_calls``: implements `taskgate.brokers.split.SplitCaller`, so `Gate` sends the
+      requests of the methods it splits from the event loop and waits for their replies there,
+      with no thread hop (Redis).
     """
 
     shared_quota: bool = False
@@ -268,6 +272,7 @@ class Capabilities:
     quiet_acks: bool = False
     quiet_enqueue: bool = False
     acks_in_claims: bool = False
+    split_calls: bool = False
 
 
 @runtime_checkable

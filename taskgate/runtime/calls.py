@@ -4,12 +4,15 @@ The broker protocol is synchronous (see `taskgate.brokers.base`). Calls run on t
 own `BrokerThreads`, apart from handler threads, so handlers can never starve heartbeats; a
 cancelled wait abandons its call, so a hung driver call cannot freeze the coroutine waiting
 on it: the deadline fires, the thread is left to finish on its own, and the caller gets a
-`BrokerError`.
+`BrokerError`. A broker that splits its calls (`taskgate.brokers.split`) sends the request
+from the event loop and the loop waits for the reply; a caller giving up hands the rest of
+the call to a thread, so it ends as an abandoned thread call would.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,8 +20,9 @@ import anyio
 import anyio.lowlevel
 
 from taskgate.brokers import nowait
+from taskgate.brokers.split import SplitCall
 from taskgate.errors import BrokerError
-from taskgate.runtime.threads import BrokerThreads
+from taskgate.runtime.threads import BrokerThreads, clean_up
 
 __all__ = ["BrokerCalls"]
 
@@ -33,12 +37,22 @@ class BrokerCalls:
     still a checkpoint, so loops calling the broker cannot starve the event loop.
     ``attempt_inline=True`` (``capabilities.inline_attempts``) first calls them on the event
     loop under `nowait.no_wait`, and hops to a thread only when the broker answers `WouldBlock`.
+    ``split`` (``capabilities.split_calls``: the broker's `SplitCaller.split`) sends the calls
+    it splits from the event loop and waits there for their replies.
     """
 
-    def __init__(self, max_threads: int, *, inline: bool = False, attempt_inline: bool = False) -> None:
+    def __init__(
+        self,
+        max_threads: int,
+        *,
+        inline: bool = False,
+        attempt_inline: bool = False,
+        split: Callable[..., SplitCall[Any] | None] | None = None,
+    ) -> None:
         self.threads = BrokerThreads(max_threads)
         self.inline = inline
         self.attempt_inline = attempt_inline and not inline
+        self.split = None if inline else split
 
     async def __call__(
         self,
@@ -65,6 +79,14 @@ class BrokerCalls:
                     return fn(*args, **kwargs)
             except nowait.WouldBlock:
                 pass  # nothing was changed: the same call runs in a thread below
+        if self.split is not None:
+            await anyio.lowlevel.checkpoint()  # as above: no cancellation once the request is out
+            call = self.split(fn, *args, **kwargs)
+            if call is not None:
+                try:
+                    return await _reply(call, fn, deadline, on_abandoned)
+                except nowait.WouldBlock:
+                    pass  # nothing ran: the same call runs in a thread below
         target = functools.partial(fn, *args, **kwargs) if kwargs else fn
         call_args = args if not kwargs else ()
         if deadline is None:
@@ -75,3 +97,43 @@ class BrokerCalls:
         except TimeoutError:
             name = getattr(fn, "__name__", repr(fn))
             raise BrokerError(f"broker call {name}() did not answer within {deadline:.3g}s") from None
+
+
+async def _reply(
+    call: SplitCall[T],
+    fn: Callable[..., T],
+    deadline: float | None,
+    on_abandoned: Callable[[T], object] | None,
+) -> T:
+    """Wait on the event loop for a split call's reply, then its answer.
+
+    Without a deadline the wait is bounded by the call's socket timeout, as the same call in a
+    thread would be. A caller that stops waiting before the reply is whole (cancelled, or its
+    deadline passed) leaves the rest to a thread of its own: it reads the reply and gives the
+    answer to ``on_abandoned``, as `BrokerThreads` does for a call whose waiter gave up.
+    """
+    try:
+        with anyio.fail_after(call.timeout if deadline is None else deadline):
+            while True:
+                await anyio.wait_readable(call.fileno())
+                if call.receive():
+                    break
+    except BrokerError:
+        raise  # the connection broke: the call is over, nothing is left to read
+    except BaseException as exc:
+        threading.Thread(target=_finish_abandoned, args=(call, on_abandoned), daemon=True).start()
+        if isinstance(exc, TimeoutError):
+            name = getattr(fn, "__name__", repr(fn))
+            waited = call.timeout if deadline is None else deadline
+            raise BrokerError(f"broker call {name}() did not answer within {waited:.3g}s") from None
+        raise
+    return call.result()
+
+
+def _finish_abandoned(call: SplitCall[T], on_abandoned: Callable[[T], object] | None) -> None:
+    try:
+        result = call.finish()
+    except Exception:  # nobody waits for the answer, and a call that failed left nothing to undo
+        return
+    if on_abandoned is not None:
+        clean_up(on_abandoned, result)

@@ -7,9 +7,10 @@ every process. Both speak the same small interface, so the scheduler never asks 
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -35,19 +36,47 @@ __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 log = logging.getLogger("taskgate")
 
 Slot = str | None
-# ``(queue, capacity, n, lease_ttl, quota, release) -> LimitedClaim``: see `Limits.combined_claim`.
-CombinedClaim = Callable[[str, int, int, timedelta, QuotaSpec | None, Sequence[str]], LimitedClaim]
-# ``(acks, queue, capacity, n, lease_ttl, quota, release) -> (answers, claim or None)``: see
-# `Limits.combined_ack_claim`.
-CombinedAckClaim = Callable[
-    [Sequence[AckItem], str, int, int, timedelta, QuotaSpec | None, Sequence[str]],
-    tuple[list[QuietAckOutcome], LimitedClaim | None],
-]
-# ``(task, capacity, n, lease_ttl, release) -> (stored, claim or None)``: see
-# `Limits.combined_submit_claim`.
-CombinedSubmitClaim = Callable[
-    [NewTask, int, int, timedelta, Sequence[str]], tuple[Task, LimitedClaim | None]
-]
+
+
+class CombinedClaim(Protocol):
+    """See `Limits.combined_claim`."""
+
+    def __call__(
+        self,
+        queue: str,
+        capacity: int,
+        n: int,
+        lease_ttl: timedelta,
+        /,
+        *,
+        quota: QuotaSpec | None,
+        release: Sequence[str],
+    ) -> LimitedClaim: ...
+
+
+class CombinedAckClaim(Protocol):
+    """See `Limits.combined_ack_claim`."""
+
+    def __call__(
+        self,
+        acks: Sequence[AckItem],
+        queue: str,
+        capacity: int,
+        n: int,
+        lease_ttl: timedelta,
+        /,
+        *,
+        quota: QuotaSpec | None,
+        release: Sequence[str],
+    ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]: ...
+
+
+class CombinedSubmitClaim(Protocol):
+    """See `Limits.combined_submit_claim`."""
+
+    def __call__(
+        self, task: NewTask, capacity: int, n: int, lease_ttl: timedelta, /, *, release: Sequence[str]
+    ) -> tuple[Task, LimitedClaim | None]: ...
 
 
 class Limits(Protocol):
@@ -57,7 +86,7 @@ class Limits(Protocol):
     def combined_claim(self) -> CombinedClaim | None:
         """A broker call taking slots and claiming in one step, when nothing must come between.
 
-        Called as ``combined_claim(queue, capacity, n, lease_ttl, quota, release)``: slots,
+        Called as ``combined_claim(queue, capacity, n, lease_ttl, quota=…, release=…)``: slots,
         rate and the quota (when given) in the claim itself, after giving back the slots of
         ``release`` (`take_releases`); each lease's token is then its slot. None: take slots
         and rate first, then claim.
@@ -68,7 +97,7 @@ class Limits(Protocol):
     def combined_ack_claim(self) -> CombinedAckClaim | None:
         """`combined_claim` with quiet acks written before it, in one broker step.
 
-        Called as ``combined_ack_claim(acks, queue, capacity, n, lease_ttl, quota, release)``;
+        Called as ``combined_ack_claim(acks, queue, capacity, n, lease_ttl, quota=…, release=…)``;
         returns the acks' answers and the claim, or None for a claim that failed after the
         acks were written (`LimitedAckCarrier`). None: the acks are written on their own.
         """
@@ -78,7 +107,7 @@ class Limits(Protocol):
     def combined_submit_claim(self) -> CombinedSubmitClaim | None:
         """`combined_claim` with the store of a new task before it, in one broker step.
 
-        Called as ``combined_submit_claim(task, capacity, n, lease_ttl, release)`` (no rate or
+        Called as ``combined_submit_claim(task, capacity, n, lease_ttl, release=…)`` (no rate or
         quota: a submit claims only for an unmetered queue). Returns the stored task and the
         claim, or None for a claim that failed after the task was stored. None: store, then
         `combined_claim`.
@@ -196,13 +225,26 @@ class DistributedLimits:
     ) -> None:
         """``carrier``: the same broker when its limited claims can carry acks."""
         self._limiter, self._calls, self._queue, self._conf = limiter, calls, queue, conf
-        self._ack_claim = None if carrier is None else self._claim_after_acks(carrier)
         self._deadline = deadline
         # Slots of finished handlers, given back by the next claim's own script (no round trip
         # of their own) or by `flush` when no claim comes first. Held a little longer, a slot
         # only makes the queue run fewer tasks at once, never more.
         self._to_release: list[str] = []
-        self._claimer = secrets.token_hex(8)  # this scheduler, in the broker's turn-taking
+        claimer = secrets.token_hex(8)  # this scheduler, in the broker's turn-taking
+        # The broker's own methods with this queue's settings bound: a broker that splits its
+        # calls (`taskgate.brokers.split`) recognises them under the partial.
+        rps, burst = conf.rps, conf.effective_burst
+        self._claim: CombinedClaim = functools.partial(
+            limiter.claim_with_limits, rps=rps, burst=burst, claimer=claimer
+        )
+        self._submit_claim: CombinedSubmitClaim = functools.partial(
+            limiter.enqueue_then_claim_with_limits, rps=rps, burst=burst, claimer=claimer
+        )
+        self._ack_claim: CombinedAckClaim | None = None
+        if carrier is not None:
+            self._ack_claim = functools.partial(
+                carrier.claim_with_limits_after_acks, rps=rps, burst=burst, claimer=claimer
+            )
 
     @property
     def _ttl(self) -> timedelta:
@@ -213,80 +255,15 @@ class DistributedLimits:
         """Slots, the global rate and the claim in one script: spent only for tasks claimed."""
         return self._claim
 
-    def _claim(
-        self,
-        queue: str,
-        capacity: int,
-        n: int,
-        lease_ttl: timedelta,
-        quota: QuotaSpec | None,
-        release: Sequence[str],
-    ) -> LimitedClaim:
-        conf = self._conf
-        return self._limiter.claim_with_limits(
-            queue,
-            capacity,
-            n,
-            lease_ttl,
-            rps=conf.rps,
-            burst=conf.effective_burst,
-            quota=quota,
-            release=release,
-            claimer=self._claimer,
-        )
-
     @property
     def combined_ack_claim(self) -> CombinedAckClaim | None:
         """Quiet acks, slots, the global rate and the claim in one script, when the broker can."""
         return self._ack_claim
 
-    def _claim_after_acks(self, carrier: LimitedAckCarrier) -> CombinedAckClaim:
-        """`combined_ack_claim` through ``carrier``, built once (it runs before every claim)."""
-
-        def claim(
-            acks: Sequence[AckItem],
-            queue: str,
-            capacity: int,
-            n: int,
-            lease_ttl: timedelta,
-            quota: QuotaSpec | None,
-            release: Sequence[str],
-        ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
-            conf = self._conf
-            return carrier.claim_with_limits_after_acks(
-                acks,
-                queue,
-                capacity,
-                n,
-                lease_ttl,
-                rps=conf.rps,
-                burst=conf.effective_burst,
-                quota=quota,
-                release=release,
-                claimer=self._claimer,
-            )
-
-        return claim
-
     @property
     def combined_submit_claim(self) -> CombinedSubmitClaim | None:
         """The store of a submitted task, slots and the claim in one script."""
         return self._submit_claim
-
-    def _submit_claim(
-        self, task: NewTask, capacity: int, n: int, lease_ttl: timedelta, release: Sequence[str]
-    ) -> tuple[Task, LimitedClaim | None]:
-        conf = self._conf
-        return self._limiter.enqueue_then_claim_with_limits(
-            task,
-            capacity,
-            n,
-            lease_ttl,
-            rps=conf.rps,
-            burst=conf.effective_burst,
-            release=release,
-            claimer=self._claimer,
-        )
 
     def give_back(self, slots: Sequence[Slot]) -> None:
         """Note ``slots`` for the next claim (or `flush`) to give back."""

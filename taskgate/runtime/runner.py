@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from taskgate.brokers.base import DistributedLimiter, Lease, LimitedAckCarrier, NewTask, QuietEnqueuer
+from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError, TaskgateError
 from taskgate.runtime.acks import AckWriter
@@ -96,6 +97,7 @@ class Runtime:
                 max(MIN_BROKER_THREADS, workers + len(self.config.queues) + 4),
                 inline=self.broker.capabilities.nonblocking,
                 attempt_inline=self.broker.capabilities.inline_attempts,
+                split=cast(SplitCaller, self.broker).split if self.broker.capabilities.split_calls else None,
             )
         return self._calls
 

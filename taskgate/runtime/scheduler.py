@@ -14,7 +14,7 @@ worker here first (`reserve_start`) and hands its lease to the same feed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from contextlib import nullcontext
 from typing import Any, TypeVar, cast
 
@@ -158,27 +158,25 @@ class QueueScheduler:
         if self._broker.capabilities.claim_on_submit:
             claimer = cast(SubmitClaimer, self._broker)
             return await self._calls(claimer.enqueue_and_claim, task, self.conf.lease)
+        combined = self.limits.combined_submit_claim
+        if combined is None:
+            return await self._calls(self._enqueue_then_claim, task)
         release = self.limits.take_releases()
         try:
-            stored, lease, released = await self._calls(self._enqueue_then_claim, task, release)
+            stored, claim = await self._calls(
+                combined, task, self.conf.workers, 1, self.conf.lease, release=release
+            )
         except BaseException:
             self.limits.restore_releases(release)
             raise
-        if not released:
+        if claim is None:  # the broker logged why; the scheduler claims next
             self.limits.restore_releases(release)
-        return stored, lease
+            return stored, None
+        return stored, (claim.leases[0] if claim.leases else None)
 
-    def _enqueue_then_claim(self, task: NewTask, release: Sequence[str]) -> tuple[Task, Lease | None, bool]:
-        """In a broker thread: store ``task`` and claim one lease (global limits: one broker
-        call that also gives ``release`` back; else `enqueue`, then `claim`). The third value
-        says whether the claim went through; a failed claim leaves the submit standing."""
-        combined_submit = self.limits.combined_submit_claim
-        if combined_submit is not None:
-            stored, claim = combined_submit(task, self.conf.workers, 1, self.conf.lease, release)
-            if claim is None:
-                return stored, None, False  # the broker logged why; the scheduler claims next
-            return stored, (claim.leases[0] if claim.leases else None), True
-        # Local limits: no slots to take or give back, a plain claim.
+    def _enqueue_then_claim(self, task: NewTask) -> tuple[Task, Lease | None]:
+        """In a broker thread: `enqueue` ``task``, then claim one lease of its queue (local
+        limits: no slots to take or give back). A failed claim leaves the submit standing."""
         (stored,) = self._broker.enqueue([task])
         try:
             leases = self._broker.claim(self.name, 1, self.conf.lease)
@@ -186,8 +184,8 @@ class QueueScheduler:
             log.warning(
                 "queue %r: the claim after a submit failed (the scheduler claims next): %s", self.name, exc
             )
-            return stored, None, False
-        return stored, (leases[0] if leases else None), True
+            return stored, None
+        return stored, (leases[0] if leases else None)
 
     def start_reserved(self, lease: Lease, claimed_at: float) -> bool:
         """Hand the submit's ``lease`` to the reserved worker.
@@ -410,8 +408,8 @@ class QueueScheduler:
                 self.conf.workers,
                 n,
                 self.conf.lease,
-                quota,
-                release,
+                quota=quota,
+                release=release,
             )
         except BrokerError:
             self.limits.restore_releases(release)

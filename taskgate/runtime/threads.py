@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-__all__ = ["IDLE_SECONDS", "BrokerThreads"]
+__all__ = ["IDLE_SECONDS", "BrokerThreads", "clean_up"]
 
 IDLE_SECONDS = 10.0
 
@@ -169,7 +169,7 @@ class BrokerThreads:
             abandoned = call.abandoned
         if abandoned:
             if call.on_abandoned is not None and call.error is None:
-                _clean_up(call.on_abandoned, call.result)
+                clean_up(call.on_abandoned, call.result)
             call.result = call.error = None
             with self._lock:
                 self._idle += 1
@@ -183,7 +183,8 @@ class BrokerThreads:
             pass  # the loop closed meanwhile: nobody waits any more
 
 
-def _clean_up(on_abandoned: Callable[[Any], object], result: Any) -> None:
+def clean_up(on_abandoned: Callable[[Any], object], result: Any) -> None:
+    """``on_abandoned(result)``, logging what it raises: nobody is left to raise it to."""
     try:
         on_abandoned(result)
     except Exception:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import functools
 import logging
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from taskgate.brokers.base import (
     UNSET,
@@ -58,6 +60,7 @@ from taskgate.brokers.redis.limits import RedisLimits, check_rate, check_tokens
 from taskgate.brokers.redis.replies import unwrap
 from taskgate.brokers.redis.scripts import ScriptBook, redis_errors
 from taskgate.brokers.redis.waiter import SignalWaiter
+from taskgate.brokers.split import SplitCall
 from taskgate.clock import Clock
 from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.ids import new_tokens
@@ -68,6 +71,18 @@ __all__ = ["RedisBroker"]
 log = logging.getLogger("taskgate")
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Request(Generic[T]):
+    """One script call planned by a method: its script (None: nothing to send), its ARGV
+    ("now" first), and how the script's whole reply becomes the method's answer."""
+
+    script: str | None
+    args: builtins.list[Any]
+    answer: Callable[[builtins.list[Any]], T]
 
 
 class RedisBroker:
@@ -90,6 +105,7 @@ class RedisBroker:
         quiet_acks=True,
         quiet_enqueue=True,
         acks_in_claims=True,
+        split_calls=True,
     )
 
     def __init__(
@@ -133,6 +149,37 @@ class RedisBroker:
         if self._closed:
             raise BrokerError("RedisBroker is closed")
 
+    def _request(
+        self, script: str | None, args: Sequence[Any], answer: Callable[[builtins.list[Any]], T]
+    ) -> _Request[T]:
+        self._check_open()
+        return _Request(script, [self._now_arg(), *args] if script else [], answer)
+
+    def _call(self, request: _Request[T]) -> T:
+        """Run a planned call in this thread, waiting for its reply."""
+        if request.script is None:
+            return request.answer([])
+        return request.answer(self._scripts.run(request.script, self._keys.base, request.args))
+
+    def split(self, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> SplitCall[T] | None:
+        """Send the request of one of the hot methods (submits, claims, acks, transitions of a
+        running task) from the event loop; see `taskgate.brokers.split.SplitCaller`. Anything
+        else, a Cluster or TLS client, or no idle connection for it: None, nothing sent."""
+        if isinstance(method, functools.partial):  # settings bound by the runtime (limits.py)
+            args, kwargs = (*method.args, *args), {**method.keywords, **kwargs}
+            method = method.func
+        # Keyed by RedisBroker's own functions: a subclass's override runs whole, in a thread.
+        plan = _SPLIT_PLANS.get(getattr(method, "__func__", None))
+        bound_to = getattr(method, "__self__", None)
+        if plan is None or bound_to is None or id(bound_to) != id(self):
+            return None
+        if not self._scripts.loop_connections.usable:
+            return None
+        request: _Request[T] = plan(self, *args, **kwargs)
+        if request.script is None:
+            return None
+        return self._scripts.start(request.script, self._keys.base, request.args, request.answer)
+
     # -- tasks: create ---------------------------------------------------------------------
 
     def enqueue(self, tasks: Sequence[NewTask]) -> builtins.list[Task]:
@@ -141,19 +188,27 @@ class RedisBroker:
         Besides the protocol's errors: an id already in use, or two tasks of the batch with
         one id or one business key, raise `ValueError`.
         """
+        return self._call(self._plan_enqueue(tasks))
+
+    def _plan_enqueue(self, tasks: Sequence[NewTask]) -> _Request[builtins.list[Task]]:
         items = check_new_tasks(tasks)
+
+        def answer(reply: builtins.list[Any]) -> builtins.list[Task]:
+            return arrived_tasks(items, *enqueued(unwrap(reply))) if reply else []
+
         if not items:
-            return []
-        created_at, arrivals = enqueued(self._run("enqueue", enqueue_args(items)))
-        return arrived_tasks(items, created_at, arrivals)
+            return self._request(None, [], answer)
+        return self._request("enqueue", enqueue_args(items), answer)
 
     def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
         """`enqueue`, answering each task's status on arrival instead of its snapshot."""
+        return self._call(self._plan_enqueue_quiet(tasks))
+
+    def _plan_enqueue_quiet(self, tasks: Sequence[NewTask]) -> _Request[builtins.list[Status]]:
         items = check_new_tasks(tasks)
         if not items:
-            return []
-        _, arrivals = enqueued(self._run("enqueue", enqueue_args(items)))
-        return arrival_statuses(arrivals)
+            return self._request(None, [], lambda reply: [])
+        return self._request("enqueue", enqueue_args(items), _arrival_statuses)
 
     def replay(
         self,
@@ -234,53 +289,81 @@ class RedisBroker:
 
     def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
         """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
+        return self._call(self._plan_claim(queue, limit, lease_ttl))
+
+    def _plan_claim(self, queue: str, limit: int, lease_ttl: timedelta) -> _Request[builtins.list[Lease]]:
         check_claim(queue, limit, lease_ttl)
-        tokens = new_tokens(limit)
-        snapshots = self._run("claim", [queue, ttl_us(lease_ttl), *tokens])
-        return [lease_from_values(snapshot) for snapshot in snapshots]
+        return self._request("claim", [queue, ttl_us(lease_ttl), *new_tokens(limit)], _leases)
 
     def claim_within_quota(
         self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
     ) -> QuotaClaim:
         """`claim` and `reserve_quota` in one script: a unit of ``key`` per task claimed."""
+        return self._call(
+            self._plan_claim_within_quota(
+                queue, limit, lease_ttl, key=key, quota_limit=quota_limit, period=period
+            )
+        )
+
+    def _plan_claim_within_quota(
+        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
+    ) -> _Request[QuotaClaim]:
         args = _quota_claim_args(queue, limit, lease_ttl, key, quota_limit, period)
-        return _quota_claimed(self._run("claim_quota", args), key, quota_limit, period)
+        return self._request(
+            "claim_quota", args, lambda reply: _quota_claimed(unwrap(reply), key, quota_limit, period)
+        )
 
     def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
 
         An expired lease that no reaper took back yet is still held and can be renewed.
         """
+        return self._call(self._plan_heartbeat(task_id, token, lease_ttl))
+
+    def _plan_heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> _Request[Renewal]:
         _check_lease(task_id, token)
         check_duration(lease_ttl, what="lease_ttl", positive=True)
-        until, cancel = self._run("heartbeat", [task_id, token, ttl_us(lease_ttl)])
-        return Renewal(expires_at=from_us(until), cancel_requested=cancel == b"1")
+        return self._request("heartbeat", [task_id, token, ttl_us(lease_ttl)], _renewal)
 
     def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
         """Complete the task with ``result`` and, in the same script, wake children now ready.
 
         A cancel mark does not stop an ack: the work is done, so the task completes.
         """
+        return self._call(self._plan_ack(task_id, token, result))
+
+    def _plan_ack(self, task_id: str, token: str, result: bytes | None) -> _Request[Task]:
         _check_lease(task_id, token)
         check_bytes(result, what="result")
-        args = [task_id, token, 0 if result is None else 1, result or b""]
-        return self._transition("ack", args)
+        return self._transition("ack", [task_id, token, 0 if result is None else 1, result or b""])
 
     def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
         """`ack` every ``(task_id, token, result)`` in ONE script; one answer per item, in order.
 
         A stale token or unknown id answers its own item with the error `ack` would raise.
         """
-        return [_ack_answer(reply) for reply in self._ack_many("snapshots", items)]
+        return self._call(self._plan_ack_many(items))
+
+    def _plan_ack_many(self, items: Sequence[AckItem]) -> _Request[builtins.list[AckOutcome]]:
+        return self._acks("snapshots", items, _ack_answer)
 
     def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
         """`ack_many`, answering None instead of the snapshot for each task it completed: the
         script reads each task's status fields alone and its reply carries no task."""
-        return [_quiet_ack_answer(reply) for reply in self._ack_many("quiet", items)]
+        return self._call(self._plan_ack_many_quiet(items))
 
-    def _ack_many(self, mode: str, items: Sequence[AckItem]) -> builtins.list[Any]:
+    def _plan_ack_many_quiet(self, items: Sequence[AckItem]) -> _Request[builtins.list[QuietAckOutcome]]:
+        return self._acks("quiet", items, _quiet_ack_answer)
+
+    def _acks(
+        self, mode: str, items: Sequence[AckItem], each: Callable[[Any], T]
+    ) -> _Request[builtins.list[T]]:
         args = _ack_many_args(mode, items)
-        return self._run("ack_many", args) if args[1] else []
+
+        def answer(reply: builtins.list[Any]) -> builtins.list[T]:
+            return [each(item) for item in unwrap(reply)] if reply else []
+
+        return self._request("ack_many" if args[1] else None, args, answer)
 
     def claim_after_acks(
         self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
@@ -289,11 +372,15 @@ class RedisBroker:
 
         A claim that fails once the acks are written is logged and answered with None.
         """
+        return self._call(self._plan_claim_after_acks(items, queue, limit, lease_ttl))
+
+    def _plan_claim_after_acks(
+        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
+    ) -> _Request[tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]]:
         acks = _ack_many_args("quiet", items)
         check_claim(queue, limit, lease_ttl)
         claim = [queue, ttl_us(lease_ttl), *new_tokens(limit)]
-        answers, claimed = self._after_acks("ack_claim", acks, claim)
-        return answers, None if claimed is None else [lease_from_values(values) for values in claimed]
+        return self._after_acks("ack_claim", acks, claim, _claimed_leases)
 
     def claim_within_quota_after_acks(
         self,
@@ -310,10 +397,28 @@ class RedisBroker:
 
         A claim that fails once the acks are written is logged and answered with None.
         """
+        return self._call(
+            self._plan_claim_within_quota_after_acks(
+                items, queue, limit, lease_ttl, key=key, quota_limit=quota_limit, period=period
+            )
+        )
+
+    def _plan_claim_within_quota_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        key: str,
+        quota_limit: int,
+        period: timedelta,
+    ) -> _Request[tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]]:
         acks = _ack_many_args("quiet", items)
         claim = _quota_claim_args(queue, limit, lease_ttl, key, quota_limit, period)
-        answers, claimed = self._after_acks("ack_claim_quota", acks, claim)
-        return answers, None if claimed is None else _quota_claimed(claimed, key, quota_limit, period)
+        return self._after_acks(
+            "ack_claim_quota", acks, claim, lambda values: _quota_claimed(values, key, quota_limit, period)
+        )
 
     def claim_with_limits_after_acks(
         self,
@@ -334,25 +439,61 @@ class RedisBroker:
         A claim that fails once the acks are written is logged and answered with None (the
         slots of ``release`` may not be back).
         """
+        return self._call(
+            self._plan_claim_with_limits_after_acks(
+                items,
+                queue,
+                capacity,
+                limit,
+                lease_ttl,
+                rps=rps,
+                burst=burst,
+                quota=quota,
+                release=release,
+                claimer=claimer,
+            )
+        )
+
+    def _plan_claim_with_limits_after_acks(
+        self,
+        items: Sequence[AckItem],
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> _Request[tuple[builtins.list[QuietAckOutcome], LimitedClaim | None]]:
         acks = _ack_many_args("quiet", items)
         claim = _limited_claim_args(queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer)
-        answers, claimed = self._after_acks("ack_claim_limited", acks, claim)
-        return answers, None if claimed is None else _limited_claim(claimed, quota)
+        return self._after_acks(
+            "ack_claim_limited", acks, claim, lambda values: _limited_claim(values, quota)
+        )
 
     def _after_acks(
-        self, chain: str, acks: Sequence[Any], claim: Sequence[Any]
-    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Any] | None]:
-        """Run ``chain`` (quiet ``ack_many``, then a claim): the acks' answers and the claim's
-        values, None when the claim failed after the acks were written."""
-        self._check_open()
-        with_now = [self._now_arg(), len(acks), *acks, *claim]
-        acked, *claim_reply = self._scripts.run(chain, self._keys.base, with_now)
-        answers = [_quiet_ack_answer(reply) for reply in unwrap(acked)]
-        (claimed,) = claim_reply  # the acks answered "ok": the claim ran
-        if claimed[0] != b"ok":
-            log.warning("the claim after %d ack(s) failed: %s", len(answers), _failure_text(claimed))
-            return answers, None
-        return answers, unwrap(claimed)
+        self,
+        chain: str,
+        acks: Sequence[Any],
+        claim: Sequence[Any],
+        claimed: Callable[[builtins.list[Any]], T],
+    ) -> _Request[tuple[builtins.list[QuietAckOutcome], T | None]]:
+        """Plan ``chain`` (quiet ``ack_many``, then a claim): the acks' answers and the claim's
+        answer (``claimed`` of its values), None when the claim failed after the acks were written."""
+
+        def answer(reply: builtins.list[Any]) -> tuple[builtins.list[QuietAckOutcome], T | None]:
+            acked, *claim_reply = reply
+            answers = [_quiet_ack_answer(item) for item in unwrap(acked)]
+            (claim_values,) = claim_reply  # the acks answered "ok": the claim ran
+            if claim_values[0] != b"ok":
+                log.warning("the claim after %d ack(s) failed: %s", len(answers), _failure_text(claim_values))
+                return answers, None
+            return answers, claimed(unwrap(claim_values))
+
+        return self._request(chain, [len(acks), *acks, *claim], answer)
 
     def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
         """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
@@ -360,6 +501,11 @@ class RedisBroker:
         If a cancel was requested meanwhile, the failure is still counted and recorded, and
         the task is canceled (with cascade) instead of retried.
         """
+        return self._call(self._plan_retry(task_id, token, kind=kind, error=error, delay=delay))
+
+    def _plan_retry(
+        self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta
+    ) -> _Request[Task]:
         _check_lease(task_id, token)
         check_failure(kind, error)
         check_duration(delay, what="delay", positive=False)
@@ -367,6 +513,9 @@ class RedisBroker:
 
     def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
         """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
+        return self._call(self._plan_fail(task_id, token, kind=kind, error=error))
+
+    def _plan_fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> _Request[Task]:
         _check_lease(task_id, token)
         check_failure(kind, error)
         return self._transition("fail", [task_id, token, kind.value, error])
@@ -376,17 +525,22 @@ class RedisBroker:
 
         If a cancel was requested meanwhile, cancels instead (with cascade).
         """
+        return self._call(self._plan_requeue(task_id, token))
+
+    def _plan_requeue(self, task_id: str, token: str) -> _Request[Task]:
         _check_lease(task_id, token)
         return self._transition("requeue", [task_id, token])
 
     def finish_canceled(self, task_id: str, token: str) -> Task:
         """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
+        return self._call(self._plan_finish_canceled(task_id, token))
+
+    def _plan_finish_canceled(self, task_id: str, token: str) -> _Request[Task]:
         _check_lease(task_id, token)
         return self._transition("finish_canceled", [task_id, token])
 
-    def _transition(self, name: str, args: Sequence[Any]) -> Task:
-        (snapshot,) = self._run(name, args)
-        return task_from_values(snapshot)
+    def _transition(self, name: str, args: Sequence[Any]) -> _Request[Task]:
+        return self._request(name, args, _one_task)
 
     # -- tasks: anyone's transitions -------------------------------------------------------
 
@@ -398,7 +552,7 @@ class RedisBroker:
         Final: raises `AlreadyFinalError`.
         """
         check_identifier(task_id, what="task id")
-        return self._transition("cancel", [task_id])
+        return self._call(self._transition("cancel", [task_id]))
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
@@ -454,8 +608,35 @@ class RedisBroker:
         rate (``rps`` > 0) and a unit of ``quota`` -- one script, spent only for tasks claimed.
         The slots of ``release`` are given back first, in the same script; claimers with a
         ``claimer`` id take turns at slots (see claim_limited.lua)."""
+        return self._call(
+            self._plan_claim_with_limits(
+                queue,
+                capacity,
+                limit,
+                lease_ttl,
+                rps=rps,
+                burst=burst,
+                quota=quota,
+                release=release,
+                claimer=claimer,
+            )
+        )
+
+    def _plan_claim_with_limits(
+        self,
+        queue: str,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> _Request[LimitedClaim]:
         args = _limited_claim_args(queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer)
-        return _limited_claim(self._run("claim_limited", args), quota)
+        return self._request("claim_limited", args, lambda reply: _limited_claim(unwrap(reply), quota))
 
     def enqueue_then_claim_with_limits(
         self,
@@ -477,22 +658,50 @@ class RedisBroker:
         once the task is stored is logged and answered with None: the task stays stored
         and pending, and the slots of ``release`` may not have been given back.
         """
+        return self._call(
+            self._plan_enqueue_then_claim_with_limits(
+                task,
+                capacity,
+                limit,
+                lease_ttl,
+                rps=rps,
+                burst=burst,
+                quota=quota,
+                release=release,
+                claimer=claimer,
+            )
+        )
+
+    def _plan_enqueue_then_claim_with_limits(
+        self,
+        task: NewTask,
+        capacity: int,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        rps: float = 0.0,
+        burst: int = 0,
+        quota: QuotaSpec | None = None,
+        release: Sequence[str] = (),
+        claimer: str = "",
+    ) -> _Request[tuple[Task, LimitedClaim | None]]:
         (item,) = check_new_tasks([task])
         stored_args = enqueue_args([item])
         claim_args = _limited_claim_args(
             item.queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer
         )
-        self._check_open()
-        with_now = [self._now_arg(), len(stored_args), *stored_args, *claim_args]
-        stored_reply, *claim_reply = self._scripts.run("enqueue_claim_limited", self._keys.base, with_now)
-        created_at, arrivals = enqueued(unwrap(stored_reply))
-        (stored,) = arrived_tasks([item], created_at, arrivals)
-        (claimed,) = claim_reply  # the store answered "ok": the claim ran
-        if claimed[0] != b"ok":
-            # The task is stored: report the claim's failure instead of failing the submit.
-            log.warning("the claim after storing task %s failed: %s", stored.id, _failure_text(claimed))
-            return stored, None
-        return stored, _limited_claim(unwrap(claimed), quota)
+
+        def answer(reply: builtins.list[Any]) -> tuple[Task, LimitedClaim | None]:
+            stored_reply, *claim_reply = reply
+            (stored,) = arrived_tasks([item], *enqueued(unwrap(stored_reply)))
+            (claimed,) = claim_reply  # the store answered "ok": the claim ran
+            if claimed[0] != b"ok":
+                # The task is stored: report the claim's failure instead of failing the submit.
+                log.warning("the claim after storing task %s failed: %s", stored.id, _failure_text(claimed))
+                return stored, None
+            return stored, _limited_claim(unwrap(claimed), quota)
+
+        return self._request("enqueue_claim_limited", [len(stored_args), *stored_args, *claim_args], answer)
 
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
@@ -533,6 +742,28 @@ class RedisBroker:
         # under a blocked read would make redis-py raise in the waiter instead of waking it.
         with redis_errors("close"):
             self._waiter.close()
+
+
+def _leases(reply: builtins.list[Any]) -> builtins.list[Lease]:
+    return [lease_from_values(snapshot) for snapshot in unwrap(reply)]
+
+
+def _claimed_leases(values: builtins.list[Any]) -> builtins.list[Lease]:
+    return [lease_from_values(snapshot) for snapshot in values]
+
+
+def _arrival_statuses(reply: builtins.list[Any]) -> builtins.list[Status]:
+    return arrival_statuses(enqueued(unwrap(reply))[1])
+
+
+def _renewal(reply: builtins.list[Any]) -> Renewal:
+    until, cancel = unwrap(reply)
+    return Renewal(expires_at=from_us(until), cancel_requested=cancel == b"1")
+
+
+def _one_task(reply: builtins.list[Any]) -> Task:
+    (snapshot,) = unwrap(reply)
+    return task_from_values(snapshot)
 
 
 def _limited_claim_args(
@@ -666,3 +897,28 @@ def _flat_list(reply: Any) -> builtins.list[bytes]:
 def _pairs(reply: Any) -> builtins.list[tuple[bytes, bytes]]:
     flat = _flat_list(reply)
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+# The methods `RedisBroker.split` sends from the event loop, each with the plan of its call.
+_SPLIT_PLANS: dict[object, Callable[..., _Request[Any]]] = {
+    getattr(RedisBroker, name): getattr(RedisBroker, f"_plan_{name}")
+    for name in (
+        "enqueue",
+        "enqueue_quiet",
+        "claim",
+        "claim_within_quota",
+        "heartbeat",
+        "ack",
+        "ack_many",
+        "ack_many_quiet",
+        "claim_after_acks",
+        "claim_within_quota_after_acks",
+        "claim_with_limits_after_acks",
+        "retry",
+        "fail",
+        "requeue",
+        "finish_canceled",
+        "claim_with_limits",
+        "enqueue_then_claim_with_limits",
+    )
+}

@@ -17,15 +17,16 @@ both load the same source. Needs Redis 7.0 or later (functions are new in 7.0).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError, ResponseError
 
 from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS
+from taskgate.brokers.redis.split import MAX_SPLIT_REQUEST, LoopConnections, PendingReply
 from taskgate.errors import BrokerError
 
 __all__ = [
@@ -76,6 +77,7 @@ CHAINED = {
 }
 
 Arg = str | bytes | int | float
+T = TypeVar("T")
 
 _MISSING = "Function not found"
 
@@ -140,14 +142,17 @@ def function_library() -> FunctionLibrary:
 
 
 class ScriptBook:
-    """taskgate's function library on one client; `run` calls one script by name."""
+    """taskgate's function library on one client; `run` calls one script by name, `start`
+    sends a call whose reply the event loop reads (`taskgate.brokers.split`)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._library = function_library()
+        self.loop_connections = LoopConnections(client)
 
     def run(self, name: str, base: str, args: Sequence[Arg]) -> list[Any]:
         """Run script ``name`` with ``KEYS[1] = base`` and ``args``; return its reply list."""
+        self.loop_connections.top_up()  # a broker thread: where connections for split calls open
         function = self._library.function(name)
         with redis_errors(f"script {name}"):
             try:
@@ -159,6 +164,25 @@ class ScriptBook:
                 self.load()
                 reply = self._client.fcall(function, 1, base, *args)
         return list(reply)
+
+    def start(
+        self, name: str, base: str, args: Sequence[Arg], answer: Callable[[list[Any]], T]
+    ) -> PendingReply[T] | None:
+        """Send script ``name``'s call on an idle event-loop connection; the reply goes to
+        ``answer``. None when no connection is idle or the request is too big (nothing sent)."""
+        connection = self.loop_connections.take()
+        if connection is None:
+            return None
+        packed = connection.pack_command("FCALL", self._library.function(name), 1, base, *args)
+        if sum(len(part) for part in packed) > MAX_SPLIT_REQUEST:
+            self.loop_connections.give_back(connection)
+            return None
+        try:
+            connection.send_packed_command(packed, check_health=False)
+        except RedisError as exc:
+            self.loop_connections.drop(connection)
+            raise BrokerError(f"Redis script {name} failed: {type(exc).__name__}: {exc}") from exc
+        return PendingReply(self.loop_connections, connection, f"script {name}", answer)
 
     def load(self) -> None:
         """``FUNCTION LOAD`` the library. With ``REPLACE``: a copy loaded meanwhile by another

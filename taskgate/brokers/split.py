@@ -1,0 +1,70 @@
+"""Broker calls split in two: the request leaves from the event loop, the loop waits for the reply.
+
+A thread hop costs 100-200 µs on a small machine, as much as a whole Redis script, and it sits
+on every submit's and every claim's path. A broker whose calls are one request and one reply
+on a socket declares ``capabilities.split_calls`` and implements `SplitCaller`: `split` checks
+the arguments, sends the request and hands back a `SplitCall` at once; the runtime waits for the
+call's socket with ``anyio.wait_readable`` (asyncio and Trio alike), lets it read what arrived,
+and takes the method's answer once the reply is whole. Nothing blocks the event loop: the
+request is small enough for the socket's send buffer, and a read follows readiness.
+
+A call the broker cannot split (a method it does not split, a big batch, no connection ready)
+answers None and runs whole in a broker thread. A reply that says nothing ran and the call
+needs the thread path (a Redis server that lost its functions) raises
+`taskgate.brokers.nowait.WouldBlock` from `SplitCall.result`, and the runtime runs the same
+call again in a thread. A caller that stops waiting (cancelled, or past its deadline) hands
+the call to a thread, which reads the reply to its end (`SplitCall.finish`), as a thread call
+abandoned by its waiter finishes on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+__all__ = ["SplitCall", "SplitCaller"]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class SplitCall(Protocol[T_co]):
+    """One broker call whose request was sent; its reply is read by whoever waits for it."""
+
+    @property
+    def timeout(self) -> float:
+        """Seconds the reply may take before the call counts as failed (the socket timeout)."""
+        ...
+
+    def fileno(self) -> int:
+        """The socket to wait on until it is readable."""
+        ...
+
+    def receive(self) -> bool:
+        """Read what arrived -- only after the socket was readable, so it never waits -- and
+        say whether the reply is whole. A broken connection raises `BrokerError`."""
+        ...
+
+    def finish(self) -> T_co:
+        """In a thread: wait for the rest of the reply (bounded by `timeout`), then `result`."""
+        ...
+
+    def result(self) -> T_co:
+        """The method's answer, or the error it would raise; `WouldBlock` when nothing ran and
+        the same call must run again in a thread."""
+        ...
+
+
+@runtime_checkable
+class SplitCaller(Protocol):
+    """Sending a broker method's request without waiting for its reply.
+
+    Only brokers declaring ``capabilities.split_calls`` implement it.
+    """
+
+    def split(self, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> SplitCall[T] | None:
+        """Check ``method(*args, **kwargs)``'s arguments as the method would (raising what it
+        raises), send its request and return the call; None when this call is not split
+        (nothing was sent: run the method in a thread). ``method`` is one of this broker's
+        bound methods, or anything else, which is never split."""
+        ...
