@@ -69,15 +69,15 @@ class LoopConnections:
             return None
         with self._lock:
             self._forget_after_fork()
-            if not self._idle:
-                self._wanted = not self._closed and self._open < MAX_LOOP_CONNECTIONS
-                return None
-            connection = self._idle.pop()
-        if _readable(connection):
+            connection = self._idle.pop() if self._idle else None
+        if connection is not None and _readable(connection):
             # An idle connection with something to read was closed by the server (a restart,
             # its idle timeout, CLIENT KILL): dropped here, before a request is lost in it.
             self.drop(connection)
-            return None
+            connection = None
+        if connection is None:
+            with self._lock:
+                self._wanted = not self._closed and self._open < MAX_LOOP_CONNECTIONS
         return connection
 
     def give_back(self, connection: Any) -> None:

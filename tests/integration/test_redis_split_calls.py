@@ -1,0 +1,262 @@
+"""Redis calls split in two (`taskgate.brokers.split`): the request leaves from the event loop and
+the loop reads the reply. They answer as the methods do, never wait on the loop, and a caller
+that gives up leaves the reply to a thread, as a thread call abandoned by its waiter does."""
+
+from __future__ import annotations
+
+import select
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from gate_helpers import GUARD, make_gate
+from helpers.redis_servers import purge_keys
+
+from taskgate import QueueConfig, Status, Task
+from taskgate.brokers.base import Lease
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.brokers.redis.scripts import function_library
+from taskgate.brokers.redis.split import MAX_SPLIT_REQUEST
+from taskgate.brokers.split import SplitCall
+from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
+from taskgate.runtime.calls import BrokerCalls
+from taskgate.testing.contract._support import TTL, new_task
+
+
+class CountingSplits(RedisBroker):
+    """A RedisBroker that counts the calls it split and those it left to a thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.split_names: list[str] = []
+        self.unsplit = 0
+
+    def split(self, method: Callable[..., Any], /, *args: Any, **kwargs: Any) -> SplitCall[Any] | None:
+        call = super().split(method, *args, **kwargs)
+        if call is None:
+            self.unsplit += 1
+        else:
+            name = getattr(method, "__name__", None) or getattr(getattr(method, "func", None), "__name__", "")
+            self.split_names.append(name)
+        return call
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    plain = redis.Redis.from_url(redis_url)
+    yield plain
+    plain.close()
+
+
+@pytest.fixture
+def broker(redis_url: str, unique_prefix: str, client: redis.Redis) -> Iterator[CountingSplits]:
+    opened = CountingSplits(redis_url, key_prefix=unique_prefix)
+    yield opened
+    opened.close()
+    purge_keys(client, KeySpace(unique_prefix).pattern())
+
+
+def _ready(broker: RedisBroker) -> None:
+    """Make sure an event-loop connection is open: a split call that finds none asks for one
+    (sending nothing), and the next script run in a thread opens it."""
+    assert broker.split(broker.enqueue_quiet, [new_task(queue="warm-up")]) is None
+    broker.claim("warm-up", 1, TTL)
+
+
+def _drive(call: SplitCall[Any]) -> Any:
+    """What the runtime does on the event loop, with select: wait readable, receive, answer."""
+    while True:
+        readable, _, _ = select.select([call.fileno()], [], [], GUARD)
+        assert readable, "no reply within the guard"
+        if call.receive():
+            return call.result()
+
+
+# -- the broker's side -----------------------------------------------------------------------
+
+
+def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
+    _ready(broker)
+    task = new_task()
+    submitted = broker.split(broker.enqueue_quiet, [task])
+    assert submitted is not None
+    assert _drive(submitted) == [Status.PENDING]
+    assert broker.get(task.id).status is Status.PENDING
+
+    claimed = broker.split(broker.claim, "q", 5, TTL)
+    assert claimed is not None
+    (lease,) = _drive(claimed)
+    assert isinstance(lease, Lease)
+    assert lease.task.id == task.id and lease.task.status is Status.RUNNING
+
+    # A stale token raises from the answer, as `ack` raises it.
+    stale = broker.split(broker.ack, task.id, "not-the-token", None)
+    assert stale is not None
+    with pytest.raises(LeaseLostError):
+        _drive(stale)
+    acked = broker.split(broker.ack_many_quiet, [(task.id, lease.token, b"done")])
+    assert acked is not None
+    assert _drive(acked) == [None]
+    assert broker.get(task.id).status is Status.COMPLETED
+    assert broker.get(task.id).result == b"done"
+
+
+def test_bad_arguments_raise_before_anything_is_sent(broker: CountingSplits) -> None:
+    _ready(broker)
+    with pytest.raises(ValueError, match="limit"):
+        broker.split(broker.claim, "q", 0, TTL)
+    # The connection went back unused: the next call has it.
+    assert broker.split(broker.enqueue_quiet, [new_task()]) is not None
+
+
+class OverridesClaim(RedisBroker):
+    def claim(self, queue: str, limit: int, lease_ttl: Any) -> list[Lease]:
+        return super().claim(queue, limit, lease_ttl)
+
+
+def test_what_is_not_split_sends_nothing(broker: CountingSplits, redis_url: str) -> None:
+    _ready(broker)
+    big = new_task(payload=b"x" * (MAX_SPLIT_REQUEST + 1))
+    assert broker.split(broker.enqueue_quiet, [big]) is None
+    with pytest.raises(TaskNotFoundError):
+        broker.get(big.id)
+    assert broker.split(broker.enqueue_quiet, []) is None  # nothing to send at all
+    assert broker.split(broker.list, None) is None  # a method it does not split
+    assert broker.split(lambda *a: None, "q") is None  # not a broker method at all
+    other = OverridesClaim(redis_url, key_prefix=broker.key_prefix)
+    try:
+        _ready(other)
+        assert broker.split(other.claim, "q", 1, TTL) is None  # another broker's method
+        # A subclass's override is the subclass's to run: whole, in a thread.
+        assert other.split(other.claim, "q", 1, TTL) is None
+        assert other.split(other.enqueue_quiet, [new_task()]) is not None
+    finally:
+        other.close()
+
+
+def test_an_idle_connection_the_server_closed_is_dropped_before_it_takes_a_request(
+    broker: CountingSplits, client: redis.Redis
+) -> None:
+    _ready(broker)
+    client.client_kill_filter(_type="normal", skipme=True)
+    task = new_task()
+    # The dead connection is noticed before any request goes into it: nothing is sent.
+    assert broker.split(broker.enqueue_quiet, [task]) is None
+    with pytest.raises(TaskNotFoundError):
+        broker.get(task.id)
+    broker.enqueue_quiet([task])  # the thread path reconnects, and opens a new loop connection
+    again = broker.split(broker.claim, "q", 1, TTL)
+    assert again is not None
+    assert [lease.task.id for lease in _drive(again)] == [task.id]
+
+
+def test_a_server_without_the_function_library_answers_would_block_having_run_nothing(
+    broker: CountingSplits, client: redis.Redis
+) -> None:
+    from taskgate.brokers.nowait import WouldBlock
+
+    _ready(broker)
+    client.function_delete(function_library().name)
+    task = new_task()
+    call = broker.split(broker.enqueue_quiet, [task])
+    assert call is not None
+    with pytest.raises(WouldBlock):
+        _drive(call)
+    with pytest.raises(TaskNotFoundError):
+        broker.get(task.id)
+    assert broker.enqueue_quiet([task]) == [Status.PENDING]  # the thread path loads it again
+
+
+# -- the runtime's side ----------------------------------------------------------------------
+
+
+class _Paused:
+    """The server holds every write command (an FCALL of a writing function) until released."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def __enter__(self) -> _Paused:
+        self._client.execute_command("CLIENT", "PAUSE", int(GUARD * 1000), "WRITE")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.execute_command("CLIENT", "UNPAUSE")
+
+
+@pytest.mark.anyio
+async def test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned(
+    broker: CountingSplits, client: redis.Redis
+) -> None:
+    _ready(broker)
+    broker.enqueue([new_task(), new_task()])
+    calls = BrokerCalls(4, split=broker.split)
+    late: list[list[Lease]] = []
+    got_late = threading.Event()
+
+    def on_abandoned(leases: list[Lease]) -> None:
+        late.append(leases)
+        got_late.set()
+
+    with _Paused(client), pytest.raises(BrokerError, match="did not answer within"):
+        await calls(broker.claim, "q", 2, TTL, deadline=0.05, on_abandoned=on_abandoned)
+    assert broker.split_names == ["claim"]  # it was split, not run in a thread
+    assert got_late.wait(GUARD)
+    assert sorted(lease.task.status for lease in late[0]) == [Status.RUNNING] * 2
+    assert all(broker.get(lease.task.id).status is Status.RUNNING for lease in late[0])
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_wait_leaves_the_reply_to_a_thread(
+    broker: CountingSplits, client: redis.Redis
+) -> None:
+    _ready(broker)
+    task = new_task()
+    broker.enqueue([task])
+    calls = BrokerCalls(4, split=broker.split)
+    late: list[list[Lease]] = []
+    got_late = threading.Event()
+
+    def on_abandoned(leases: list[Lease]) -> None:
+        late.append(leases)
+        got_late.set()
+
+    with _Paused(client):
+        with anyio.move_on_after(0.05) as scope:
+            await calls(broker.claim, "q", 1, TTL, on_abandoned=on_abandoned)
+        assert scope.cancelled_caught
+    assert got_late.wait(GUARD)
+    assert [lease.task.id for lease in late[0]] == [task.id]
+    # The connection went back once the thread read the reply: the next split call has one.
+    assert await calls(broker.queue_length, "q") == 0
+    assert broker.split(broker.enqueue_quiet, [new_task()]) is not None
+
+
+@pytest.mark.anyio
+async def test_a_gate_submits_claims_and_acks_through_split_calls(broker: CountingSplits) -> None:
+    gate = make_gate(broker, {"q": QueueConfig(workers=4)})
+    done = anyio.Event()
+    seen: list[str] = []
+
+    @gate.handler("q")
+    async def work(task: Task) -> str:
+        seen.append(task.id)
+        if len(seen) == 40:
+            done.set()
+        return task.id
+
+    with anyio.fail_after(GUARD):
+        async with gate:
+            ids = [await gate.submit("q") for _ in range(40)]
+            await done.wait()
+    assert sorted(seen) == sorted(ids)
+    assert broker.counts()["q"] == {Status.COMPLETED: 40}
+    names = set(broker.split_names)
+    assert "enqueue_quiet" in names or "enqueue_then_claim_with_limits" in names
+    assert names & {"claim_with_limits", "claim_with_limits_after_acks", "ack_many_quiet"}
+    # Only the first calls, before a loop connection was open, went to a thread.
+    assert broker.unsplit <= len(broker.split_names) // 4
