@@ -20,7 +20,7 @@ from taskgate.brokers.base import Lease
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import function_library
-from taskgate.brokers.redis.split import MAX_SPLIT_REQUEST
+from taskgate.brokers.redis.split import LOOP_CLIENT_NAME, MAX_SPLIT_REQUEST
 from taskgate.brokers.split import SplitCall
 from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
@@ -105,6 +105,25 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     assert broker.get(task.id).result == b"done"
 
 
+def test_a_reply_bigger_than_one_read_is_read_whole(broker: CountingSplits) -> None:
+    _ready(broker)
+    payload = bytes(range(256)) * 64  # 16 KiB per task: the claim's reply is ~800 KiB
+    ids = [task.id for task in broker.enqueue([new_task(payload=payload) for _ in range(50)])]
+    call = broker.split(broker.claim, "q", 50, TTL)
+    assert call is not None
+    reads = 0
+    while True:
+        readable, _, _ = select.select([call.fileno()], [], [], GUARD)
+        assert readable
+        reads += 1
+        if call.receive():
+            break
+    leases = call.result()
+    assert reads > 1
+    assert sorted(lease.task.id for lease in leases) == sorted(ids)
+    assert all(lease.task.payload == payload for lease in leases)
+
+
 def test_bad_arguments_raise_before_anything_is_sent(broker: CountingSplits) -> None:
     _ready(broker)
     with pytest.raises(ValueError, match="limit"):
@@ -152,6 +171,27 @@ def test_an_idle_connection_the_server_closed_is_dropped_before_it_takes_a_reque
     again = broker.split(broker.claim, "q", 1, TTL)
     assert again is not None
     assert [lease.task.id for lease in _drive(again)] == [task.id]
+
+
+def _loop_clients(client: redis.Redis) -> int:
+    return sum(1 for info in client.client_list() if info.get("name") == LOOP_CLIENT_NAME)
+
+
+def test_closing_the_broker_closes_its_event_loop_connections(
+    redis_url: str, unique_prefix: str, client: redis.Redis
+) -> None:
+    before = _loop_clients(client)
+    broker = RedisBroker(redis_url, key_prefix=unique_prefix)
+    try:
+        _ready(broker)
+        assert _loop_clients(client) == before + 1
+        broker.close()
+        assert _loop_clients(client) == before
+        with pytest.raises(BrokerError, match="closed"):
+            broker.split(broker.claim, "q", 1, TTL)
+    finally:
+        broker.close()
+        purge_keys(client, KeySpace(unique_prefix).pattern())
 
 
 def test_a_server_without_the_function_library_answers_would_block_having_run_nothing(

@@ -738,6 +738,7 @@ class RedisBroker:
             if self._closed:
                 return
             self._closed = True
+        self._scripts.loop_connections.close()
         # The pools close once no wait is using them (at once when none is): closing a socket
         # under a blocked read would make redis-py raise in the waiter instead of waking it.
         with redis_errors("close"):

@@ -31,7 +31,7 @@ try:
 except ImportError:  # redis-py runs without it; then nothing is split
     hiredis = None
 
-__all__ = ["MAX_LOOP_CONNECTIONS", "MAX_SPLIT_REQUEST", "LoopConnections", "PendingReply"]
+__all__ = ["LOOP_CLIENT_NAME", "MAX_LOOP_CONNECTIONS", "MAX_SPLIT_REQUEST", "LoopConnections", "PendingReply"]
 
 log = logging.getLogger("taskgate")
 
@@ -42,6 +42,8 @@ MAX_LOOP_CONNECTIONS = 8
 # A larger request could fill the socket's send buffer and make the event loop wait for the
 # server to read it: such a call runs in a thread.
 MAX_SPLIT_REQUEST = 64 * 1024
+# The client name of the connections (when the client's own have none).
+LOOP_CLIENT_NAME = "taskgate-loop"
 _READ_SIZE = 65536
 _MISSING_FUNCTION = "Function not found"
 
@@ -215,7 +217,9 @@ def _connection_maker(client: Any) -> Callable[[], Any] | None:
         return None
     if "ssl" in connection_class.__name__.lower():
         return None
-    return lambda: connection_class(**kwargs)
+    # Named, unless the client names its connections: CLIENT LIST then shows which they are.
+    named = {**kwargs, "client_name": kwargs.get("client_name") or LOOP_CLIENT_NAME}
+    return lambda: connection_class(**named)
 
 
 def _is_tls(connection: Any) -> bool:
