@@ -22,6 +22,7 @@ from taskgate.brokers.base import NewTask
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.clock import ManualClock
+from taskgate.ids import new_id
 from taskgate.testing.contract import BrokerFactory
 from taskgate.testing.contract._fixtures import ContractFixtures
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
@@ -76,6 +77,23 @@ class TestRedisClusterBroker(
             purge_keys(cleanup, KeySpace(prefix).pattern())
         finally:
             cleanup.close()
+
+
+def test_a_cluster_client_s_calls_are_never_split(cluster: RedisClusterNodes) -> None:
+    # A split call goes to one connection; a Cluster client picks the node by key slot.
+    client = _cluster_client(cluster)
+    keys = KeySpace(f"c{secrets.token_hex(4)}:")
+    broker = RedisBroker(client, key_prefix=keys.prefix)
+    try:
+        for _ in range(2):  # the first would ask for a connection; none is ever made
+            task = NewTask(id=new_id(), type="t", queue="q")
+            assert broker.split(broker.enqueue_quiet, [task]) is None
+            broker.enqueue_quiet([task])
+            assert [lease.task.id for lease in broker.claim("q", 1, timedelta(seconds=30))] == [task.id]
+    finally:
+        broker.close()
+        purge_keys(client, keys.pattern())
+        client.close()
 
 
 def test_every_key_of_a_broker_lives_in_one_cluster_slot(cluster: RedisClusterNodes) -> None:
