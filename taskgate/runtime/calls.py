@@ -80,7 +80,8 @@ class BrokerCalls:
             except nowait.WouldBlock:
                 pass  # nothing was changed: the same call runs in a thread below
         if self.split is not None:
-            await anyio.lowlevel.checkpoint()  # as above: no cancellation once the request is out
+            # A caller cancelled already sends nothing; the wait for the reply is the checkpoint.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             call = self.split(fn, *args, **kwargs)
             if call is not None:
                 try:
