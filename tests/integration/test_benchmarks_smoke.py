@@ -76,3 +76,11 @@ def test_the_server_count_runs_redis_under_valgrind_and_counts_each_phase() -> N
     assert set(counts) == {"claim", "ack"}
     # Each task's script reads and writes its hash: tens of thousands of instructions, never none.
     assert all(10_000 < value < 10_000_000 for value in counts.values()), counts
+
+
+def test_the_split_calls_a_b_runs_both_sides_on_redis() -> None:
+    stdout = _stdout_of("benchmarks.splitcalls", "--what", "submit", "--rounds", "2", "-n", "50", timeout=120)
+    lines = stdout.splitlines()
+    assert [line.split()[1] for line in lines[:2]] == ["split", "threads"]
+    assert all(float(line.split()[3].rstrip("/s").replace(",", "")) > 0 for line in lines[:2])
+    assert lines[2].startswith("split / threads, paired: median ")
