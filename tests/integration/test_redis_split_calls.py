@@ -4,6 +4,7 @@ that gives up leaves the reply to a thread, as a thread call abandoned by its wa
 
 from __future__ import annotations
 
+import os
 import select
 import threading
 from collections.abc import Callable, Iterator
@@ -192,6 +193,24 @@ def test_closing_the_broker_closes_its_event_loop_connections(
     finally:
         broker.close()
         purge_keys(client, KeySpace(unique_prefix).pattern())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_never_uses_its_parent_s_event_loop_connections(broker: CountingSplits) -> None:
+    _ready(broker)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's idle connection must not be taken
+        code = 0 if broker.split(broker.enqueue_quiet, [new_task()]) is None else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's connection carried no request of the child's: its next call answers its own.
+    task = new_task()
+    call = broker.split(broker.enqueue_quiet, [task])
+    assert call is not None
+    assert _drive(call) == [Status.PENDING]
+    assert broker.get(task.id).status is Status.PENDING
 
 
 def test_a_server_without_the_function_library_answers_would_block_having_run_nothing(

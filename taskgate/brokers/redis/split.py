@@ -19,6 +19,7 @@ import os
 import select
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -57,8 +58,8 @@ class LoopConnections:
         self._open = 0  # idle or in use by a split call
         self._wanted = False
         self._closed = False
-        self._pid = os.getpid()
         self._lock = threading.Lock()
+        _ALL.add(self)
 
     @property
     def usable(self) -> bool:
@@ -70,7 +71,6 @@ class LoopConnections:
         if self._make is None:
             return None
         with self._lock:
-            self._forget_after_fork()
             connection = self._idle.pop() if self._idle else None
         if connection is not None and _readable(connection):
             # An idle connection with something to read was closed by the server (a restart,
@@ -85,7 +85,7 @@ class LoopConnections:
     def give_back(self, connection: Any) -> None:
         """A connection whose reply was read whole: idle again (closed if the broker is)."""
         with self._lock:
-            if not self._closed and os.getpid() == self._pid:
+            if not self._closed:
                 self._idle.append(connection)
                 return
         self.drop(connection)
@@ -128,9 +128,10 @@ class LoopConnections:
             self.drop(connection)
 
     def _forget_after_fork(self) -> None:
-        # A forked child shares the parent's sockets: it must not use them, nor shut them down.
-        if os.getpid() != self._pid:
-            self._idle, self._open, self._pid = [], 0, os.getpid()
+        # A forked child shares the parent's sockets: it must not use them, nor shut them
+        # down; a lock some other thread held at the fork would never be released here.
+        self._idle, self._open, self._wanted = [], 0, False
+        self._lock = threading.Lock()
 
 
 class PendingReply(Generic[T]):
@@ -202,6 +203,18 @@ class PendingReply(Generic[T]):
 
 
 _WAITING = object()
+
+# A forked child starts with no event-loop connections (see `LoopConnections._forget_after_fork`).
+_ALL: weakref.WeakSet[LoopConnections] = weakref.WeakSet()
+
+
+def _forget_all_after_fork() -> None:
+    for connections in list(_ALL):
+        connections._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_after_fork)
 
 
 def _connection_maker(client: Any) -> Callable[[], Any] | None:
