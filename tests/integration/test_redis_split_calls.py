@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 import redis
 from gate_helpers import GUARD, make_gate
@@ -247,6 +248,22 @@ class _Paused:
         self._client.execute_command("CLIENT", "UNPAUSE")
 
 
+class LateLeases:
+    """An ``on_abandoned`` that keeps what a late claim answered, for the test to wait on."""
+
+    def __init__(self) -> None:
+        self.leases: list[Lease] = []
+        self._got = threading.Event()
+
+    def __call__(self, leases: list[Lease]) -> None:
+        self.leases = leases
+        self._got.set()
+
+    def wait(self) -> list[Lease]:
+        assert self._got.wait(GUARD), "the abandoned call never answered"
+        return self.leases
+
+
 @pytest.mark.anyio
 async def test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned(
     broker: CountingSplits, client: redis.Redis
@@ -254,19 +271,13 @@ async def test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned(
     _ready(broker)
     broker.enqueue([new_task(), new_task()])
     calls = BrokerCalls(4, split=broker.split)
-    late: list[list[Lease]] = []
-    got_late = threading.Event()
-
-    def on_abandoned(leases: list[Lease]) -> None:
-        late.append(leases)
-        got_late.set()
-
+    late = LateLeases()
     with _Paused(client), pytest.raises(BrokerError, match="did not answer within"):
-        await calls(broker.claim, "q", 2, TTL, deadline=0.05, on_abandoned=on_abandoned)
+        await calls(broker.claim, "q", 2, TTL, deadline=0.05, on_abandoned=late)
     assert broker.split_names == ["claim"]  # it was split, not run in a thread
-    assert got_late.wait(GUARD)
-    assert sorted(lease.task.status for lease in late[0]) == [Status.RUNNING] * 2
-    assert all(broker.get(lease.task.id).status is Status.RUNNING for lease in late[0])
+    leases = late.wait()
+    assert [lease.task.status for lease in leases] == [Status.RUNNING] * 2
+    assert all(broker.get(lease.task.id).status is Status.RUNNING for lease in leases)
 
 
 @pytest.mark.anyio
@@ -277,19 +288,15 @@ async def test_a_cancelled_wait_leaves_the_reply_to_a_thread(
     task = new_task()
     broker.enqueue([task])
     calls = BrokerCalls(4, split=broker.split)
-    late: list[list[Lease]] = []
-    got_late = threading.Event()
-
-    def on_abandoned(leases: list[Lease]) -> None:
-        late.append(leases)
-        got_late.set()
-
+    late = LateLeases()
     with _Paused(client):
-        with anyio.move_on_after(0.05) as scope:
-            await calls(broker.claim, "q", 1, TTL, on_abandoned=on_abandoned)
-        assert scope.cancelled_caught
-    assert got_late.wait(GUARD)
-    assert [lease.task.id for lease in late[0]] == [task.id]
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: calls(broker.claim, "q", 1, TTL, on_abandoned=late))
+            with anyio.fail_after(GUARD):
+                while not broker.split_names:  # the request is out; the paused server holds it
+                    await anyio.lowlevel.checkpoint()
+            group.cancel_scope.cancel()
+    assert [lease.task.id for lease in late.wait()] == [task.id]
     # The connection went back once the thread read the reply: the next split call has one.
     assert await calls(broker.queue_length, "q") == 0
     assert broker.split(broker.enqueue_quiet, [new_task()]) is not None
