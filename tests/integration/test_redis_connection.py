@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 import redis
 from helpers.redis_servers import RedisServer, have_redis_server
@@ -23,6 +24,7 @@ from taskgate.brokers.base import NewTask
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.errors import BrokerError
+from taskgate.runtime.calls import BrokerCalls
 from taskgate.task import Filter, Status
 
 pytestmark = pytest.mark.slow
@@ -185,3 +187,45 @@ def test_waits_reuse_one_subscribed_connection_and_follow_a_change_of_queues(
         assert time.monotonic() < gone_by, "the closed broker's subscription never went away"
         time.sleep(0.005)
     client.close()
+
+
+def _split_calls(broker: RedisBroker) -> BrokerCalls:
+    """The runtime's broker door with the broker's split calls, one event-loop connection open."""
+    assert broker.split(broker.queue_length, "q") is None  # not split: nothing asked
+    assert broker.split(broker.claim, "warm-up", 1, TTL) is None  # asks for a connection
+    broker.claim("warm-up", 1, TTL)  # a thread's script run opens it
+    return BrokerCalls(2, split=broker.split)
+
+
+@pytest.mark.parametrize("outage", ["dead", "stalled"])
+def test_split_calls_fail_within_the_socket_timeout_and_serve_again_after(
+    server: RedisServer, broker: RedisBroker, outage: str
+) -> None:
+    broker.enqueue([NewTask(id="before", type="t", queue="q")])
+    calls = _split_calls(broker)
+    assert server.process is not None
+
+    async def fails_fast() -> None:
+        for _ in range(3):  # the split call, then the thread path it falls back to
+            started = time.monotonic()
+            with pytest.raises(BrokerError):
+                await calls(broker.enqueue_quiet, [NewTask(id="during", type="t", queue="q")])
+            assert time.monotonic() - started < SOCKET_TIMEOUT + SLACK
+
+    if outage == "dead":
+        server.kill()
+        anyio.run(fails_fast)
+        server.start()
+    else:
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            anyio.run(fails_fast)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+
+    async def serves_again() -> list[Status]:
+        await calls(broker.queue_length, "q")  # a thread call reconnects the pool
+        return await calls(broker.enqueue_quiet, [NewTask(id="after", type="t", queue="q")])
+
+    assert anyio.run(serves_again) == [Status.PENDING]
+    assert broker.get("after").status is Status.PENDING

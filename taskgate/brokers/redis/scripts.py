@@ -152,7 +152,6 @@ class ScriptBook:
 
     def run(self, name: str, base: str, args: Sequence[Arg]) -> list[Any]:
         """Run script ``name`` with ``KEYS[1] = base`` and ``args``; return its reply list."""
-        self.loop_connections.top_up()  # a broker thread: where connections for split calls open
         function = self._library.function(name)
         with redis_errors(f"script {name}"):
             try:
@@ -163,6 +162,9 @@ class ScriptBook:
                     raise
                 self.load()
                 reply = self._client.fcall(function, 1, base, *args)
+        # A broker thread, and the server just answered: where a connection for split calls
+        # opens (never before the call, which must fail within one socket timeout).
+        self.loop_connections.top_up()
         return list(reply)
 
     def start(
