@@ -171,7 +171,7 @@ class RedisBroker:
         # Keyed by RedisBroker's own functions: a subclass's override runs whole, in a thread.
         plan = _SPLIT_PLANS.get(getattr(method, "__func__", None))
         bound_to = getattr(method, "__self__", None)
-        if plan is None or bound_to is None or id(bound_to) != id(self):
+        if plan is None or bound_to is None or id(bound_to) != id(self):  # (not "is not": mypy)
             return None
         if not self._scripts.loop_connections.usable:
             return None
