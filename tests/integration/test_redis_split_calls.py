@@ -24,7 +24,7 @@ from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import function_library
 from taskgate.brokers.redis.split import LOOP_CLIENT_NAME, MAX_SPLIT_REQUEST
 from taskgate.brokers.split import SplitCall
-from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
+from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.testing.contract._support import TTL, new_task
 
@@ -105,6 +105,17 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     assert _drive(acked) == [None]
     assert broker.get(task.id).status is Status.COMPLETED
     assert broker.get(task.id).result == b"done"
+
+    # A cancel answers the snapshot, or raises as `cancel` raises for a final task.
+    other = new_task()
+    broker.enqueue([other])
+    canceled = broker.split(broker.cancel, other.id)
+    assert canceled is not None
+    assert _drive(canceled).status is Status.CANCELED
+    again = broker.split(broker.cancel, task.id)
+    assert again is not None
+    with pytest.raises(AlreadyFinalError):
+        _drive(again)
 
 
 def test_a_reply_bigger_than_one_read_is_read_whole(broker: CountingSplits) -> None:

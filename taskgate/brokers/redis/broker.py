@@ -163,7 +163,7 @@ class RedisBroker:
 
     def split(self, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> SplitCall[T] | None:
         """Send the request of one of the hot methods (submits, claims, acks, transitions of a
-        running task) from the event loop; see `taskgate.brokers.split.SplitCaller`. Anything
+        running task, cancels) from the event loop; see `taskgate.brokers.split.SplitCaller`. Anything
         else, a Cluster or TLS client, or no idle connection for it: None, nothing sent."""
         if isinstance(method, functools.partial):  # settings bound by the runtime (limits.py)
             args, kwargs = (*method.args, *args), {**method.keywords, **kwargs}
@@ -551,8 +551,11 @@ class RedisBroker:
         running: only marked (again: no error); the holder sees it on its next heartbeat.
         Final: raises `AlreadyFinalError`.
         """
+        return self._call(self._plan_cancel(task_id))
+
+    def _plan_cancel(self, task_id: str) -> _Request[Task]:
         check_identifier(task_id, what="task id")
-        return self._call(self._transition("cancel", [task_id]))
+        return self._transition("cancel", [task_id])
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
@@ -919,6 +922,7 @@ _SPLIT_PLANS: dict[object, Callable[..., _Request[Any]]] = {
         "fail",
         "requeue",
         "finish_canceled",
+        "cancel",
         "claim_with_limits",
         "enqueue_then_claim_with_limits",
     )
