@@ -19,10 +19,13 @@ import anyio
 import pytest
 import redis
 from helpers.redis_servers import RedisServer, have_redis_server
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from taskgate.brokers.base import NewTask
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
+from taskgate.brokers.redis.split import LOOP_CLIENT_NAME
 from taskgate.errors import BrokerError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.task import Filter, Status
@@ -229,3 +232,45 @@ def test_split_calls_fail_within_the_socket_timeout_and_serve_again_after(
 
     assert anyio.run(serves_again) == [Status.PENDING]
     assert broker.get("after").status is Status.PENDING
+
+
+class _CountingConnection(redis.Connection):
+    """A redis-py connection that counts the connects of the broker's event-loop connections."""
+
+    loop_connects = 0
+
+    def connect(self) -> None:
+        if self.client_name == LOOP_CLIENT_NAME:
+            type(self).loop_connects += 1
+        super().connect()
+
+
+def test_a_call_that_failed_opens_no_event_loop_connection(server: RedisServer) -> None:
+    # Opened before the call instead, it would make a stalled server cost two socket timeouts.
+    pool = redis.ConnectionPool.from_url(
+        server.url,
+        connection_class=_CountingConnection,
+        socket_timeout=SOCKET_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),
+    )
+    client = redis.Redis(connection_pool=pool)
+    broker = RedisBroker(client, socket_timeout=SOCKET_TIMEOUT)
+    _CountingConnection.loop_connects = 0
+    try:
+        broker.enqueue([NewTask(id="before", type="t", queue="q")])
+        assert broker.split(broker.claim, "q", 1, TTL) is None  # asks for a loop connection
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(BrokerError):
+                broker.claim("q", 1, TTL)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert _CountingConnection.loop_connects == 0
+        broker.queue_length("q")  # a plain command: the pool reconnects, no script ran
+        after = [NewTask(id="after", type="t", queue="q")]
+        assert broker.enqueue_quiet(after) == [Status.PENDING]  # a script answered: now it opens
+        assert _CountingConnection.loop_connects == 1
+    finally:
+        broker.close()
+        client.close()
