@@ -96,8 +96,12 @@ class BrokerCalls:
             with anyio.fail_after(deadline):
                 return await self.threads.run(target, *call_args, on_abandoned=on_abandoned)
         except TimeoutError:
-            name = getattr(fn, "__name__", repr(fn))
-            raise BrokerError(f"broker call {name}() did not answer within {deadline:.3g}s") from None
+            raise _no_answer(fn, deadline) from None
+
+
+def _no_answer(fn: Callable[..., Any], seconds: float) -> BrokerError:
+    name = getattr(fn, "__name__", repr(fn))
+    return BrokerError(f"broker call {name}() did not answer within {seconds:.3g}s")
 
 
 async def _reply(
@@ -124,9 +128,7 @@ async def _reply(
     except BaseException as exc:
         threading.Thread(target=_finish_abandoned, args=(call, on_abandoned), daemon=True).start()
         if isinstance(exc, TimeoutError):
-            name = getattr(fn, "__name__", repr(fn))
-            waited = call.timeout if deadline is None else deadline
-            raise BrokerError(f"broker call {name}() did not answer within {waited:.3g}s") from None
+            raise _no_answer(fn, call.timeout if deadline is None else deadline) from None
         raise
     return call.result()
 

@@ -48,3 +48,13 @@ def gate_broker(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: An
         broker = SQLBroker(f"sqlite:///{tmp_path / 'gate.db'}", clock=clock)
     yield broker
     broker.close()
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    """A plain redis-py client on the shared Redis, to look at what a broker stored."""
+    import redis
+
+    plain = redis.Redis.from_url(redis_url)
+    yield plain
+    plain.close()

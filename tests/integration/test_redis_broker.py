@@ -37,14 +37,6 @@ Factory = Callable[..., RedisBroker]
 
 
 @pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    """A plain client on the shared Redis, to look at what the broker stored."""
-    plain = redis.Redis.from_url(redis_url)
-    yield plain
-    plain.close()
-
-
-@pytest.fixture
 def open_broker(redis_url: str, unique_prefix: str, client: redis.Redis) -> Iterator[Factory]:
     """Opens brokers on this test's prefix (keyword options pass through); cleans up after."""
     opened: list[RedisBroker] = []

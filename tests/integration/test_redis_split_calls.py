@@ -48,13 +48,6 @@ class CountingSplits(RedisBroker):
 
 
 @pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    plain = redis.Redis.from_url(redis_url)
-    yield plain
-    plain.close()
-
-
-@pytest.fixture
 def broker(redis_url: str, unique_prefix: str, client: redis.Redis) -> Iterator[CountingSplits]:
     opened = CountingSplits(redis_url, key_prefix=unique_prefix)
     yield opened

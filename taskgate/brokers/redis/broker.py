@@ -142,8 +142,8 @@ class RedisBroker:
         return "" if self._clock is None else str(to_us(self._clock.now()))
 
     def _run(self, name: str, args: Sequence[Any]) -> builtins.list[Any]:
-        self._check_open()
-        return unwrap(self._scripts.run(name, self._keys.base, [self._now_arg(), *args]))
+        """Run script ``name`` in this thread; its values after "ok" (`unwrap`)."""
+        return self._call(self._request(name, args, unwrap))
 
     def _check_open(self) -> None:
         if self._closed:

@@ -180,10 +180,11 @@ class ScriptBook:
             self.loop_connections.give_back(connection)
             return None
         try:
-            connection.send_packed_command(packed, check_health=False)
-        except RedisError as exc:
+            with redis_errors(f"script {name}"):
+                connection.send_packed_command(packed, check_health=False)
+        except BrokerError:
             self.loop_connections.drop(connection)
-            raise BrokerError(f"Redis script {name} failed: {type(exc).__name__}: {exc}") from exc
+            raise
         return PendingReply(self.loop_connections, connection, f"script {name}", answer)
 
     def load(self) -> None:
