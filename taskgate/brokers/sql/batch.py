@@ -18,7 +18,7 @@ from sqlalchemy import Delete, Select, Update, and_, bindparam, delete, select, 
 
 from taskgate.brokers.base import AckItem, AckOutcome, QuietAckOutcome
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.graph import children_query, settle_children
+from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import chunks, snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
@@ -71,27 +71,17 @@ def _ack_many_in_one_statement(
     task UPDATE in ONE statement (data-modifying CTEs); the children are settled after it.
 
     The children query must be a statement of its own: it has to see children whose parent
-    row lock the first statement waited for (a later statement's snapshot does). It is sent
-    with the first, in the same round trip where the driver pipelines, so it asks for the
-    children of every item, completed or not: settling a child goes by the statuses of all its
-    parents, so a child of a task this batch did not complete stays as it is.
+    row lock the first statement waited for (a later statement's snapshot does).
     """
     now = tx.now
-    ids = [task_id for task_id, _, _ in items]
     params = {
-        "p_ids": ids,
+        "p_ids": [task_id for task_id, _, _ in items],
         "p_tokens": [token for _, token, _ in items],
         "p_results": [result for _, _, result in items],
         "p_now": now,
     }
-    complete = _complete_held(tx.models, tx.traits, snapshots)
-    children = children_query(tx, sorted(ids))
-    if children is None:
-        rows, found = tx.fetch(complete, params), None
-    else:
-        rows, found = tx.fetch_together((complete, params), children)
-    done = {row["id"]: row for row in rows}
-    settle_children(tx, [(task_id, Status.COMPLETED) for task_id in sorted(done)], found=found)
+    done = {row["id"]: row for row in tx.fetch(_complete_held(tx.models, tx.traits, snapshots), params)}
+    settle_children(tx, [(task_id, Status.COMPLETED) for task_id in sorted(done)])
     others = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in done])
     return [
         _lost(task_id, others.get(task_id))

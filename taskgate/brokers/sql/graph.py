@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Select, select, update
 
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.rows import CHUNK, chunks, status_values
+from taskgate.brokers.sql.rows import chunks, status_values
 from taskgate.brokers.sql.tx import Tx
 from taskgate.models import Models
 from taskgate.task import Status
 
-__all__ = ["arrival_status", "children_query", "parent_error", "settle_children"]
+__all__ = ["arrival_status", "parent_error", "settle_children"]
 
 _BROKEN = frozenset({Status.FAILED, Status.CANCELED})
 
@@ -46,21 +46,11 @@ def arrival_status(
     return Status.BLOCKED, None
 
 
-def settle_children(
-    tx: Tx, finals: Iterable[tuple[str, Status]], *, found: Sequence[Mapping[str, Any]] | None = None
-) -> None:
-    """After ``finals`` (id, final status) became final: wake or cancel their blocked children.
-
-    ``found``: the rows of `children_query`, run in this transaction after ``finals`` became
-    final (sent with the statement that made them so), for these parents or more: a child of
-    another parent is settled by its parents' statuses too, which leave it blocked.
-    """
+def settle_children(tx: Tx, finals: Iterable[tuple[str, Status]]) -> None:
+    """After ``finals`` (id, final status) became final: wake or cancel their blocked children."""
     level = dict(finals)
     while level:
-        if found is None:
-            children = _blocked_children(tx, list(level))
-        else:
-            children, found = _children_from(found), None
+        children = _blocked_children(tx, list(level))
         if not children:
             return
         parents = _parents_of(tx, list(children))
@@ -75,25 +65,14 @@ def settle_children(
                 level[child_id] = Status.CANCELED
 
 
-def children_query(tx: Tx, parent_ids: Sequence[str]) -> tuple[Select[str, str, bool], dict[str, Any]] | None:
-    """The one statement (and its parameters) that finds and locks the blocked children of
-    ``parent_ids``, for `settle_children`'s ``found``; None when it takes more than one."""
-    if len(parent_ids) > CHUNK:
-        return None
-    return _blocked_children_of(tx.models, tx.traits), {"p_parents": list(parent_ids)}
-
-
 def _blocked_children(tx: Tx, parent_ids: list[str]) -> dict[str, tuple[str, bool]]:
     """Blocked children of ``parent_ids``, locked: id -> (queue, ignore_parent_failure)."""
     stmt = _blocked_children_of(tx.models, tx.traits)
     found: dict[str, tuple[str, bool]] = {}
     for part in chunks(parent_ids):
-        found.update(_children_from(tx.fetch(stmt, {"p_parents": part})))
+        for row in tx.fetch(stmt, {"p_parents": part}):
+            found[row["id"]] = (row["queue"], bool(row["ignore_parent_failure"]))
     return found
-
-
-def _children_from(rows: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, bool]]:
-    return {row["id"]: (row["queue"], bool(row["ignore_parent_failure"])) for row in rows}
 
 
 @functools.lru_cache(maxsize=32)

@@ -16,15 +16,10 @@ logging see every statement.
 
 Statements whose SQL depends on the parameters (expanding ``IN``, literal-rendered values)
 cannot be prepared; `Prepared.of` answers None for them and the caller executes normally.
-
-`rows_together` runs several prepared statements of one transaction in ONE round trip where
-the driver can pipeline them (psycopg on libpq >= 14): each statement still runs after the
-one before it, with a snapshot of its own, as if sent one by one.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -35,7 +30,7 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-__all__ = ["Prepared", "PreparedCache", "preparable", "rows_together"]
+__all__ = ["Prepared", "PreparedCache", "preparable"]
 
 Processor = Callable[[Any], Any]
 # (name the driver sees, parameter key or None for a constant, the constant, its processor)
@@ -146,63 +141,20 @@ class Prepared:
         return cursor
 
     def _translated(self, conn: Connection, exc: Any, params: Any, cursor: Any) -> DBAPIError:
-        return _translated(conn, self.sql, params, exc, cursor)
-
-
-def rows_together(
-    conn: Connection, queries: Sequence[tuple[Prepared, Mapping[str, Any]]]
-) -> list[list[dict[str, Any]]]:
-    """The rows of each query, the statements run in order in ``conn``'s transaction: sent in
-    one round trip on a driver that pipelines, one after another otherwise.
-
-    A pipeline stops at its first error: the statements after it do not run, the error is
-    raised as SQLAlchemy would raise it, and the transaction is left for its owner to roll back.
-    """
-    if _traced(conn) or not _pipelines(conn):
-        return [prepared.rows(conn, params) for prepared, params in queries]
-    driver = conn.connection.driver_connection
-    parameters = [prepared.parameters(params) for prepared, params in queries]
-    cursors: list[Any] = []
-    try:
-        with driver.pipeline():  # type: ignore[union-attr]
-            for (prepared, _), params in zip(queries, parameters, strict=True):
-                cursors.append(driver.cursor())  # type: ignore[union-attr]
-                cursors[-1].execute(prepared.sql, params)
-        return [
-            [prepared._row(values) for values in cursor.fetchall()]
-            for (prepared, _), cursor in zip(queries, cursors, strict=True)
-        ]
-    except conn.dialect.loaded_dbapi.Error as exc:
-        sql = ";\n".join(prepared.sql for prepared, _ in queries)
-        raise _translated(conn, sql, parameters, exc, cursors[-1] if cursors else None) from exc
-    finally:
-        for cursor in cursors:
-            cursor.close()
-
-
-def _pipelines(conn: Connection) -> bool:
-    """Whether ``conn``'s driver sends a batch of statements in one round trip."""
-    return conn.dialect.driver == "psycopg" and _libpq_pipelines()
-
-
-@functools.cache
-def _libpq_pipelines() -> bool:
-    """psycopg's pipeline mode: libpq >= 14 (psycopg is present: it is the dialect's driver)."""
-    import psycopg
-
-    return bool(psycopg.Pipeline.is_supported())
-
-
-def _translated(conn: Connection, sql: str, params: Any, exc: Any, cursor: Any) -> DBAPIError:
-    """``exc`` as SQLAlchemy would raise it; a connection the error killed is invalidated."""
-    dialect = conn.dialect
-    lost = dialect.is_disconnect(exc, conn.connection.driver_connection, cursor)
-    if lost:
-        conn.invalidate(exc)
-    error = DBAPIError.instance(
-        sql, params, exc, dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=dialect
-    )
-    return cast(DBAPIError, error)
+        """``exc`` as SQLAlchemy would raise it; a connection the error killed is invalidated."""
+        dbapi_connection = conn.connection.driver_connection
+        lost = self._dialect.is_disconnect(exc, dbapi_connection, cursor)
+        if lost:
+            conn.invalidate(exc)
+        error = DBAPIError.instance(
+            self.sql,
+            params,
+            exc,
+            self._dialect.loaded_dbapi.Error,
+            connection_invalidated=lost,
+            dialect=self._dialect,
+        )
+        return cast(DBAPIError, error)
 
 
 def preparable(conn: Connection) -> bool:

@@ -14,7 +14,6 @@ from taskgate.models import Models
 from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 
 __all__ = [
-    "CHUNK",
     "READY",
     "chunks",
     "decode_parents",
@@ -29,7 +28,7 @@ __all__ = [
 READY = frozenset({Status.PENDING, Status.RETRYING})
 
 # Bound parameters per IN list: far below every database's limit (SQLite's is 32766).
-CHUNK = 500
+_CHUNK = 500
 _NO_PARENTS = "[]"  # most tasks have no parents: no JSON round trip for them
 
 
@@ -53,7 +52,7 @@ def decode_parents(stored: str) -> tuple[str, ...]:
     return () if stored == _NO_PARENTS else tuple(json.loads(stored))
 
 
-def chunks(items: Sequence[str], size: int = CHUNK) -> Iterable[Sequence[str]]:
+def chunks(items: Sequence[str], size: int = _CHUNK) -> Iterable[Sequence[str]]:
     """``items`` in slices small enough for one IN list."""
     for start in range(0, len(items), size):
         yield items[start : start + size]

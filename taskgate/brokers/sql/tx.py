@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.sql.base import Executable
 
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.prepared import Prepared, PreparedCache, preparable, rows_together
+from taskgate.brokers.sql.prepared import Prepared, PreparedCache, preparable
 from taskgate.models import Models
 
 __all__ = ["Tx", "table_of"]
@@ -57,18 +57,6 @@ class Tx:
         if prepared is None:
             return cast(Sequence[Mapping[str, Any]], self.conn.execute(statement, params).mappings().all())
         return prepared.rows(self.conn, params)
-
-    def fetch_together(
-        self, *queries: tuple[Executable, Mapping[str, Any]]
-    ) -> list[Sequence[Mapping[str, Any]]]:
-        """The rows of each query, run in order: in ONE round trip where the driver pipelines
-        (psycopg), one after another otherwise. Each statement sees what the ones before it
-        wrote and, under READ COMMITTED, what other transactions committed before it began."""
-        prepared = [self._prepared(statement) for statement, _ in queries]
-        if None in prepared:
-            return [self.fetch(statement, params) for statement, params in queries]
-        together = [(cast(Prepared, p), params) for p, (_, params) in zip(prepared, queries, strict=True)]
-        return list(rows_together(self.conn, together))
 
     def write(self, statement: Executable, params: Mapping[str, Any]) -> int:
         """Execute a statement returning no rows; the number of rows it matched."""
