@@ -5,8 +5,9 @@
 every call, as before the seventeenth round), each on a fresh key prefix, and prints the rates
 and the paired ratios. Alternating in one process puts both under the same minute of a machine
 whose speed drifts by a fifth within minutes. ``--what``: ``submit`` (sequential
-``gate.submit``, the gate not started), ``w10`` / ``w100`` (``n`` pre-filled no-op tasks drained
-by a started gate with that many workers).
+``gate.submit``, the gate not started), ``get`` (sequential ``gate.get`` of one task, as a status
+endpoint reads it), ``w10`` / ``w100`` (``n`` pre-filled no-op tasks drained by a started gate
+with that many workers).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def rate(broker_class: type[RedisBroker], what: str, n: int) -> float:
         try:
             if what == "submit":
                 return anyio.run(_submits, broker, n)
+            if what == "get":
+                return anyio.run(_gets, broker, n)
             enqueue_noops(broker, n)
             return anyio.run(_drain, broker, n, int(what.removeprefix("w")))
         finally:
@@ -55,6 +58,17 @@ async def _submits(broker: RedisBroker, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+async def _gets(broker: RedisBroker, n: int) -> float:
+    gate = make_gate(broker)
+    task_id = await gate.submit(QUEUE)
+    for _ in range(2):  # the first calls open the connections
+        await gate.get(task_id)
+    start = time.perf_counter()
+    for _ in range(n):
+        await gate.get(task_id)
+    return n / (time.perf_counter() - start)
+
+
 async def _drain(broker: RedisBroker, n: int, workers: int) -> float:
     gate = make_gate(broker, workers=workers)
     countdown = Countdown(n)
@@ -68,13 +82,13 @@ async def _drain(broker: RedisBroker, n: int, workers: int) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     """Print each side's median and samples, then the paired ratios split / threads."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.splitcalls")
-    parser.add_argument("--what", choices=["submit", "w10", "w100"], default="submit")
+    parser.add_argument("--what", choices=["submit", "get", "w10", "w100"], default="submit")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
-        "-n", type=int, default=0, help="tasks per run (default 2,000 submits, 10,000 drained)"
+        "-n", type=int, default=0, help="tasks per run (default 2,000 submits or gets, 10,000 drained)"
     )
     args = parser.parse_args(argv)
-    n = args.n or (2000 if args.what == "submit" else 10_000)
+    n = args.n or (2000 if args.what in ("submit", "get") else 10_000)
     sides: dict[str, type[RedisBroker]] = {"split": RedisBroker, "threads": ThreadHops}
     rates: dict[str, list[float]] = {name: [] for name in sides}
     for round_number in range(args.rounds):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -78,9 +80,11 @@ def test_the_server_count_runs_redis_under_valgrind_and_counts_each_phase() -> N
     assert all(10_000 < value < 10_000_000 for value in counts.values()), counts
 
 
-def test_the_split_calls_a_b_runs_both_sides_on_redis() -> None:
-    stdout = _stdout_of("benchmarks.splitcalls", "--what", "submit", "--rounds", "2", "-n", "50", timeout=120)
+@pytest.mark.parametrize("what", ["submit", "get"])
+def test_the_split_calls_a_b_runs_both_sides_on_redis(what: str) -> None:
+    stdout = _stdout_of("benchmarks.splitcalls", "--what", what, "--rounds", "2", "-n", "50", timeout=120)
     lines = stdout.splitlines()
+    assert all(line.startswith(what) for line in lines[:2])
     assert [line.split()[1] for line in lines[:2]] == ["split", "threads"]
     assert all(float(line.split()[3].rstrip("/s").replace(",", "")) > 0 for line in lines[:2])
     assert lines[2].startswith("split / threads, paired: median ")

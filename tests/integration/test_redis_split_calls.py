@@ -111,6 +111,33 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
         _drive(again)
 
 
+def test_a_split_get_answers_the_snapshot_or_raises_as_get_does(broker: CountingSplits) -> None:
+    """`get` is a plain ``HMGET``, not a script: split, it answers what `get` answers."""
+    _ready(broker)
+    (task,) = broker.enqueue([new_task(payload=b"p")])
+    call = broker.split(broker.get, task.id)
+    assert call is not None
+    assert _drive(call) == broker.get(task.id)
+    missing = broker.split(broker.get, "no-such-task")
+    assert missing is not None
+    with pytest.raises(TaskNotFoundError, match="no-such-task"):
+        _drive(missing)
+    with pytest.raises(ValueError, match="task id"):
+        broker.split(broker.get, "")  # checked before anything is sent
+
+
+@pytest.mark.anyio
+async def test_a_gate_reads_a_task_through_a_split_get(broker: CountingSplits) -> None:
+    """A status endpoint's `gate.get` needs no thread (the gate is not even started)."""
+    _ready(broker)
+    gate = make_gate(broker, {"q": QueueConfig(workers=1)})
+    task_id = await gate.submit("q", b"payload")
+    broker.split_names.clear()
+    got = await gate.get(task_id)
+    assert (got.id, got.status, got.payload) == (task_id, Status.PENDING, b"payload")
+    assert broker.split_names == ["get"]
+
+
 def test_a_reply_bigger_than_one_read_is_read_whole(broker: CountingSplits) -> None:
     _ready(broker)
     payload = bytes(range(256)) * 64  # 16 KiB per task: the claim's reply is ~800 KiB

@@ -78,11 +78,15 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class _Request(Generic[T]):
     """One script call planned by a method: its script (None: nothing to send), its ARGV
-    ("now" first), and how the script's whole reply becomes the method's answer."""
+    ("now" first), and how the script's whole reply becomes the method's answer; or a plain
+    command (``plain``)."""
 
     script: str | None
     args: builtins.list[Any]
     answer: Callable[[builtins.list[Any]], T]
+    # A plain command instead: ``args`` is the whole request (name and arguments), named
+    # ``script`` in errors.
+    plain: bool = False
 
 
 class RedisBroker:
@@ -159,11 +163,13 @@ class RedisBroker:
         """Run a planned call in this thread, waiting for its reply."""
         if request.script is None:
             return request.answer([])
+        if request.plain:
+            return request.answer(self._scripts.command(request.script, request.args))
         return request.answer(self._scripts.run(request.script, self._keys.base, request.args))
 
     def split(self, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> SplitCall[T] | None:
         """Send the request of one of the hot methods (submits, claims, acks, transitions of a
-        running task, cancels) from the event loop; see `taskgate.brokers.split.SplitCaller`. Anything
+        running task, cancels, `get`) from the event loop; see `taskgate.brokers.split.SplitCaller`. Anything
         else, a Cluster or TLS client, or no idle connection for it: None, nothing sent."""
         if isinstance(method, functools.partial):  # settings bound by the runtime (limits.py)
             args, kwargs = (*method.args, *args), {**method.keywords, **kwargs}
@@ -178,6 +184,8 @@ class RedisBroker:
         request: _Request[T] = plan(self, *args, **kwargs)
         if request.script is None:
             return None
+        if request.plain:
+            return self._scripts.start_command(request.script, request.args, request.answer)
         return self._scripts.start(request.script, self._keys.base, request.args, request.answer)
 
     # -- tasks: create ---------------------------------------------------------------------
@@ -238,13 +246,18 @@ class RedisBroker:
 
     def get(self, task_id: str) -> Task:
         """The current snapshot of ``task_id`` (one ``HMGET``)."""
+        return self._call(self._plan_get(task_id))
+
+    def _plan_get(self, task_id: str) -> _Request[Task]:
         check_identifier(task_id, what="task id")
         self._check_open()
-        with redis_errors("get"):
-            values = self._client.execute_command("HMGET", self._keys.task(task_id), *SNAPSHOT_FIELDS)
-        if values[0] is None:
-            raise TaskNotFoundError(f"no task with id {task_id!r}")
-        return task_from_values(values)
+
+        def answer(values: builtins.list[Any]) -> Task:
+            if values[0] is None:
+                raise TaskNotFoundError(f"no task with id {task_id!r}")
+            return task_from_values(values)
+
+        return _Request("get", ["HMGET", self._keys.task(task_id), *SNAPSHOT_FIELDS], answer, plain=True)
 
     def list(self, filter: Filter) -> builtins.list[Task]:
         """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit.
@@ -907,6 +920,7 @@ def _pairs(reply: Any) -> builtins.list[tuple[bytes, bytes]]:
 _SPLIT_PLANS: dict[object, Callable[..., _Request[Any]]] = {
     getattr(RedisBroker, name): getattr(RedisBroker, f"_plan_{name}")
     for name in (
+        "get",
         "enqueue",
         "enqueue_quiet",
         "claim",

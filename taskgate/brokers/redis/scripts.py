@@ -143,7 +143,8 @@ def function_library() -> FunctionLibrary:
 
 class ScriptBook:
     """taskgate's function library on one client; `run` calls one script by name, `start`
-    sends a call whose reply the event loop reads (`taskgate.brokers.split`)."""
+    sends a call whose reply the event loop reads (`taskgate.brokers.split`); `command` and
+    `start_command` do the same for a plain command."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -172,20 +173,37 @@ class ScriptBook:
     ) -> PendingReply[T] | None:
         """Send script ``name``'s call on an idle event-loop connection; the reply goes to
         ``answer``. None when no connection is idle or the request is too big (nothing sent)."""
+        return self._send(f"script {name}", ("FCALL", self._library.function(name), 1, base, *args), answer)
+
+    def command(self, what: str, request: Sequence[Arg]) -> Any:
+        """Run a plain command (``request``: its name and arguments) in this thread, as `run`
+        runs a script; its reply. ``what`` names the call in errors."""
+        with redis_errors(what):
+            reply = self._client.execute_command(*request)
+        self.loop_connections.top_up()  # as after a script: the server just answered
+        return reply
+
+    def start_command(
+        self, what: str, request: Sequence[Arg], answer: Callable[[Any], T]
+    ) -> PendingReply[T] | None:
+        """`start` for a plain command (a read that needs no script)."""
+        return self._send(what, request, answer)
+
+    def _send(self, what: str, request: Sequence[Arg], answer: Callable[[Any], T]) -> PendingReply[T] | None:
         connection = self.loop_connections.take()
         if connection is None:
             return None
-        packed = connection.pack_command("FCALL", self._library.function(name), 1, base, *args)
+        packed = connection.pack_command(*request)
         if sum(len(part) for part in packed) > MAX_SPLIT_REQUEST:
             self.loop_connections.give_back(connection)
             return None
         try:
-            with redis_errors(f"script {name}"):
+            with redis_errors(what):
                 connection.send_packed_command(packed, check_health=False)
         except BrokerError:
             self.loop_connections.drop(connection)
             raise
-        return PendingReply(self.loop_connections, connection, f"script {name}", answer)
+        return PendingReply(self.loop_connections, connection, what, answer)
 
     def load(self) -> None:
         """``FUNCTION LOAD`` the library. With ``REPLACE``: a copy loaded meanwhile by another
