@@ -88,3 +88,13 @@ def test_the_split_calls_a_b_runs_both_sides_on_redis(what: str) -> None:
     assert [line.split()[1] for line in lines[:2]] == ["split", "threads"]
     assert all(float(line.split()[3].rstrip("/s").replace(",", "")) > 0 for line in lines[:2])
     assert lines[2].startswith("split / threads, paired: median ")
+
+
+def test_the_reads_benchmark_prints_a_line_per_backend() -> None:
+    args = ("--backend", "memory,sqlite", "-n", "50", "--repeats", "1")
+    stdout = _stdout_of("benchmarks.gets", *args, timeout=120)
+    lines = stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["memory", "sqlite"]
+    for line in lines:
+        words = line.split()
+        assert words[1] == "gate.get" and float(words[2].rstrip("/s").replace(",", "")) > 0

@@ -1,8 +1,14 @@
-"""Pooled connections: pinged only after being idle, and a dead idle one is replaced unseen."""
+"""Pooled connections: pinged only after being idle, and a dead idle one is replaced unseen;
+what a call sends on its connection (libpq's protocol trace, ``PQtrace``)."""
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, event, func, select, text
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from psycopg import pq
+from sqlalchemy import Engine, create_engine, event, func, select, text
 
 from taskgate.brokers.sql import SQLBroker, dialects
 from taskgate.brokers.sql import engine as engine_module
@@ -81,6 +87,52 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_the_connection_keeps_w
             assert (row.set, row.now) == ("off", "off")
         with engine.connect() as conn:
             assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
+    finally:
+        broker.close()
+        engine.dispose()
+
+
+def _flights(engine: Engine, call: Callable[[], object]) -> list[list[str]]:
+    """The frontend messages ``call`` sends on ``engine``'s one pooled connection, per flight."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "trace"
+        with path.open("w") as sink:
+            with engine.connect() as conn:
+                pgconn = conn.connection.driver_connection.pgconn  # type: ignore[union-attr]
+                pgconn.trace(sink.fileno())
+                pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                call()
+            finally:
+                with engine.connect() as conn:
+                    conn.connection.driver_connection.pgconn.untrace()  # type: ignore[union-attr]
+        lines = path.read_text().splitlines()
+    messages: list[str] = []  # a message's SQL goes on over the lines after its first
+    for line in lines:
+        if line.startswith(("F\t", "B\t")) or not messages:
+            messages.append(line)
+        else:
+            messages[-1] += "\n" + line
+    flights: list[list[str]] = [[]]
+    for message in messages:
+        if message.startswith("F\t"):
+            flights[-1].append(message)
+            if message.split("\t")[2].split(" ")[0] in ("Sync", "Query"):
+                flights.append([])
+    return [flight for flight in flights if flight]
+
+
+def test_a_get_on_postgresql_is_one_round_trip(postgresql_url):
+    """A read of one statement needs no BEGIN and COMMIT: the SELECT is all that goes out."""
+    engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
+    broker = SQLBroker(engine)
+    try:
+        (task,) = broker.enqueue([new_task()])
+        got: list[object] = []
+        flights = _flights(engine, lambda: got.append(broker.get(task.id)))
+        assert got == [task]
+        assert len(flights) == 1
+        assert "SELECT" in flights[0][0] and "BEGIN" not in flights[0][0]
     finally:
         broker.close()
         engine.dispose()

@@ -253,7 +253,12 @@ class SQLBroker:
     def get(self, task_id: str) -> Task:
         """The current snapshot of ``task_id``."""
         check_identifier(task_id, what="task id")
-        return self._run("get", lambda tx: reads.get(tx, task_id), read_only=True)
+        return self._run(
+            "get",
+            lambda tx: reads.get(tx, task_id),
+            read_only=True,
+            one_statement=self._traits.autocommit_reads,
+        )
 
     def list(self, filter: Filter) -> builtins.list[Task]:
         """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""

@@ -44,6 +44,9 @@ class Traits:
     update_returning = False
     # UPDATE/INSERT … RETURNING inside WITH: a transition of several writes in one statement.
     dml_ctes = False
+    # A read of one statement runs without BEGIN and COMMIT (autocommit): the driver switches a
+    # pooled connection to autocommit without a round trip.
+    autocommit_reads = False
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         """``stmt`` taking write locks on the rows it reads (``SKIP LOCKED``: skip busy rows)."""
@@ -122,6 +125,7 @@ class PostgreSQLTraits(Traits):
     push_wakeups = True
     update_returning = True
     dml_ctes = True
+    autocommit_reads = True  # psycopg: a client-side switch (PyMySQL sends SET autocommit)
     _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
     # Below this many rows one multi-row INSERT costs no more than setting up a COPY.
     _COPY_FROM = 16

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Row, Select, select
+from sqlalchemy import Row, Select, bindparam, select
 
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import TaskNotFoundError
@@ -70,11 +71,17 @@ def load_tasks(tx: Tx, stmt: Select[Any]) -> list[Task]:
 
 
 def task_of(tx: Tx, task_id: str) -> Task:
-    """The snapshot of ``task_id``; raises `TaskNotFoundError`."""
-    found = load_tasks(tx, snapshot_select(tx.models).where(tx.models.task.id == task_id))
+    """The snapshot of ``task_id`` (one statement, built once per schema); raises
+    `TaskNotFoundError`."""
+    found = tx.fetch(_one_task(tx.models), {"p_id": task_id})
     if not found:
         raise TaskNotFoundError(f"no task with id {task_id!r}")
-    return found[0]
+    return snapshot(found[0])
+
+
+@functools.lru_cache(maxsize=32)
+def _one_task(models: Models) -> Select[Any]:
+    return snapshot_select(models).where(models.task.id == bindparam("p_id"))
 
 
 def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | None = None) -> Task:
