@@ -7,12 +7,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from psycopg import pq
 from sqlalchemy import Engine, create_engine, event, func, select, text
 
 from taskgate.brokers.sql import SQLBroker, dialects
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
+from taskgate.errors import TaskExistsError
+from taskgate.task import Status
 from taskgate.testing.contract._support import claim_one, new_task
 
 
@@ -133,6 +136,28 @@ def test_a_get_on_postgresql_is_one_round_trip(postgresql_url):
         assert got == [task]
         assert len(flights) == 1
         assert "SELECT" in flights[0][0] and "BEGIN" not in flights[0][0]
+    finally:
+        broker.close()
+        engine.dispose()
+
+
+def test_a_submit_with_a_business_key_on_postgresql_is_one_round_trip(postgresql_url):
+    """The task row, its key's row and the wake-up go in one statement; a second submit of
+    the key changes nothing and names the first (its checks run after the statement failed)."""
+    engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
+    broker = SQLBroker(engine)
+    try:
+        broker.enqueue_quiet([new_task()])  # the first call samples the server's clock
+        first = new_task(business_key="order-1")
+        flights = _flights(engine, lambda: broker.enqueue_quiet([first]))
+        assert len(flights) == 1
+        assert "INSERT INTO taskgate_business_keys" in flights[0][0]
+        assert [task.id for task in broker.history("order-1")] == [first.id]
+
+        with pytest.raises(TaskExistsError) as caught:
+            broker.enqueue_quiet([new_task(business_key="order-1")])
+        assert caught.value.execution_id == first.id
+        assert broker.counts()["t"][Status.PENDING] == 2
     finally:
         broker.close()
         engine.dispose()

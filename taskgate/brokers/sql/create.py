@@ -113,18 +113,19 @@ def insert_keys(tx: Tx, items: Sequence[NewTask]) -> None:
 
 
 def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[str, Any] | None:
-    """`store_new` of ONE task without parents or business key as one statement
-    (``traits.dml_ctes``); the row inserted.
+    """`store_new` of ONE task without parents as one statement (``traits.dml_ctes``); the
+    row inserted.
 
-    The INSERT and the ``pg_notify`` of its queue are one statement, run in autocommit: one
-    round trip where the transaction takes four. None when the id is taken (the statement
-    changed nothing): the caller then runs `store_new`, whose checks name the id.
+    The INSERT, its business-key row if it has a key, and the ``pg_notify`` of its queue are
+    one statement, run in autocommit: one round trip where the transaction takes four to six.
+    None when the id or the key is taken (the statement changed nothing): the caller then runs
+    `store_new`, whose checks name the id, or the execution that holds the key.
     """
     row = new_row(item, tx.now, Status.PENDING, None)
     params = {f"p_{name}": value for name, value in row.items()}
     params["p_channel"] = channel
     try:
-        tx.fetch(_insert_and_notify(tx.models), params)
+        tx.fetch(_insert_and_notify(tx.models, keyed=item.business_key is not None), params)
     except IntegrityError:
         return None
     tx.woken.add(item.queue)
@@ -132,12 +133,21 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[st
 
 
 @functools.lru_cache(maxsize=32)
-def _insert_and_notify(models: Models) -> Select[Any]:
-    """INSERT one task row and ``pg_notify`` its queue; built once per schema."""
+def _insert_and_notify(models: Models, *, keyed: bool) -> Select[Any]:
+    """INSERT one task row (``keyed``: and its business-key row) and ``pg_notify`` its queue;
+    built once per schema. (A data-modifying WITH runs whole whether or not it is read.)"""
     task = table_of(models.task)
     values = {column.name: bindparam(f"p_{column.name}", type_=column.type) for column in task.c}
-    inserted = insert(task).values(values).returning(task.c.queue).cte("inserted")
-    return select(func.pg_notify(bindparam("p_channel", type_=String), inserted.c.queue))
+    inserted = insert(task).values(values).returning(task.c.id, task.c.queue).cte("inserted")
+    notify = select(func.pg_notify(bindparam("p_channel", type_=String), inserted.c.queue))
+    if not keyed:
+        return notify
+    key = table_of(models.business_key)
+    claimed_key = insert(key).from_select(
+        ["business_key", "execution_id"],
+        select(bindparam("p_business_key", type_=key.c.business_key.type), inserted.c.id),
+    )
+    return notify.add_cte(claimed_key.returning(key.c.business_key).cte("keyed"))
 
 
 def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: bytes | Unset | None) -> Task:
