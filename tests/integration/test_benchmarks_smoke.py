@@ -90,11 +90,10 @@ def test_the_split_calls_a_b_runs_both_sides_on_redis(what: str) -> None:
     assert lines[2].startswith("split / threads, paired: median ")
 
 
-def test_the_reads_benchmark_prints_a_line_per_backend() -> None:
-    args = ("--backend", "memory,sqlite", "-n", "50", "--repeats", "1")
-    stdout = _stdout_of("benchmarks.gets", *args, timeout=120)
-    lines = stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["memory", "sqlite"]
-    for line in lines:
-        words = line.split()
-        assert words[1] == "gate.get" and float(words[2].rstrip("/s").replace(",", "")) > 0
+def test_the_api_calls_benchmark_prints_a_line_per_backend_and_call() -> None:
+    args = ("--backend", "memory,sqlite", "-n", "20", "--repeats", "1")
+    stdout = _stdout_of("benchmarks.calls", *args, timeout=120)
+    lines = [line.split() for line in stdout.splitlines()]
+    calls = ["get", "submit", "submit_key", "submit_child"]
+    assert [words[:2] for words in lines] == [[b, c] for b in ("memory", "sqlite") for c in calls]
+    assert all(float(words[2].rstrip("/s").replace(",", "")) > 0 for words in lines)

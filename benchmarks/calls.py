@@ -1,0 +1,98 @@
+"""Single API calls as a web process makes them, per backend: reads and submits of one task.
+
+``python -m benchmarks.calls [--backend pg,mariadb,redis,sqlite,memory] [--what get,submit,…]
+[-n 1000] [--repeats 3]`` times ``n`` sequential awaited calls on a gate that is not started
+(as in a web process that only submits and reads), each run on a fresh isolated store, and
+prints one line per backend and call: the median rate of ``repeats`` runs and the samples.
+``--what``:
+
+- ``get``: ``gate.get`` of one stored task (a status endpoint);
+- ``submit``: ``gate.submit`` of a task with no options;
+- ``submit_key``: ``gate.submit`` with a new ``business_key`` each time (idempotent submits);
+- ``submit_child``: ``gate.submit`` with ``depends_on`` a pending parent (a pipeline step).
+
+Run it from two trees in turn to compare two versions of the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+
+from benchmarks.common import QUEUE, make_gate
+from benchmarks.stores import BACKENDS, isolated_store
+from taskgate import Gate
+
+__all__ = ["CALLS", "main", "rate"]
+
+_ALIASES = {"pg": "postgresql", "postgres": "postgresql", "mysql": "mariadb", "mem": "memory"}
+
+
+async def _get(gate: Gate, parent: str, n: int) -> None:
+    await gate.get(parent)
+
+
+async def _submit(gate: Gate, parent: str, n: int) -> None:
+    await gate.submit(QUEUE)
+
+
+async def _submit_key(gate: Gate, parent: str, n: int) -> None:
+    await gate.submit(QUEUE, business_key=f"key-{n}")
+
+
+async def _submit_child(gate: Gate, parent: str, n: int) -> None:
+    await gate.submit(QUEUE, depends_on=[parent])
+
+
+# name -> the n-th call, given the gate and a pending parent task
+Call = Callable[[Gate, str, int], Awaitable[None]]
+CALLS: dict[str, Call] = {
+    "get": _get,
+    "submit": _submit,
+    "submit_key": _submit_key,
+    "submit_child": _submit_child,
+}
+
+
+def rate(backend: str, what: str, n: int) -> float:
+    """Calls of ``what`` per second on a fresh store of ``backend``."""
+    with isolated_store(backend) as store:
+        return anyio.run(_timed, make_gate(store.open()), CALLS[what], n)
+
+
+async def _timed(gate: Gate, call: Call, n: int) -> float:
+    parent = await gate.submit(QUEUE)
+    for warm_up in range(-3, 0):  # the first calls open connections and prepare statements
+        await call(gate, parent, warm_up)
+    start = time.perf_counter()
+    for number in range(n):
+        await call(gate, parent, number)
+    return n / (time.perf_counter() - start)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print, per backend and call, the median rate and the samples."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.calls")
+    parser.add_argument("--backend", default="postgresql,mariadb,redis,sqlite,memory")
+    parser.add_argument("--what", default=",".join(CALLS), help=f"any of {', '.join(CALLS)}")
+    parser.add_argument("-n", type=int, default=1000, help="calls per run")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    backends = [_ALIASES.get(name, name) for name in args.backend.split(",") if name]
+    calls = [name for name in args.what.split(",") if name]
+    unknown = sorted(set(backends) - set(BACKENDS)) + sorted(set(calls) - set(CALLS))
+    if unknown:
+        parser.error(f"unknown backend or call {', '.join(unknown)}")
+    for backend in backends:
+        for what in calls:
+            samples = [rate(backend, what, args.n) for _ in range(args.repeats)]
+            shown = " ".join(f"{x:,.0f}" for x in samples)
+            print(f"{backend:10s} {what:12s} {statistics.median(samples):9,.0f}/s ({shown})")
+
+
+if __name__ == "__main__":
+    main()
