@@ -4,12 +4,16 @@ what a call sends on its connection (libpq's protocol trace, ``PQtrace``)."""
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from gate_helpers import GUARD
 from psycopg import pq
-from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy import Connection, Engine, create_engine, event, func, select, text
 
 from taskgate.brokers.sql import SQLBroker, dialects
 from taskgate.brokers.sql import engine as engine_module
@@ -161,3 +165,60 @@ def test_a_submit_with_a_business_key_on_postgresql_is_one_round_trip(postgresql
     finally:
         broker.close()
         engine.dispose()
+
+
+def test_a_child_of_waiting_parents_on_postgresql_is_one_round_trip(postgresql_url):
+    engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
+    broker = SQLBroker(engine)
+    try:
+        first, second = broker.enqueue([new_task(), new_task()])
+        child = new_task(depends_on=(second.id, first.id, second.id))  # a parent named twice
+        flights = _flights(engine, lambda: broker.enqueue_quiet([child]))
+        assert len(flights) == 1
+        assert broker.get(child.id).status is Status.BLOCKED
+        assert broker.get(child.id).depends_on == (second.id, first.id, second.id)
+        for lease in broker.claim("q", 2, timedelta(seconds=30)):
+            broker.ack(lease.task.id, lease.token, None)
+        assert broker.get(child.id).status is Status.PENDING  # its edges went in with it
+    finally:
+        broker.close()
+        engine.dispose()
+
+
+def test_a_child_submitted_while_its_parent_is_being_finished_waits_and_arrives_pending(postgresql_url):
+    """The submit share-locks the parents: a parent row locked by a transaction that finishes
+    it makes the submit wait, then see the parent completed (never a child left blocked by a
+    parent that settled its children before the child was committed)."""
+    broker = SQLBroker(postgresql_url)
+    holder = create_engine(normalize_url(postgresql_url))
+    try:
+        (parent,) = broker.enqueue([new_task()])
+        child = new_task(depends_on=(parent.id,))
+        outcome: list[object] = []
+        with holder.connect() as other:
+            other.execute(
+                text("UPDATE taskgate_tasks SET status = 'completed', ready = false WHERE id = :id"),
+                {"id": parent.id},
+            )
+            submitter = threading.Thread(target=lambda: outcome.append(broker.enqueue_quiet([child])))
+            submitter.start()
+            _wait_for_a_lock_wait(other)
+            other.commit()
+        submitter.join(GUARD)
+        assert outcome == [[Status.PENDING]]
+        assert broker.get(child.id).status is Status.PENDING
+    finally:
+        holder.dispose()
+        broker.close()
+
+
+def _wait_for_a_lock_wait(conn: Connection) -> None:
+    """Until another session of this database waits for a row lock (at most `GUARD` s)."""
+    deadline = time.monotonic() + GUARD
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+    )
+    while conn.execute(query).scalar_one() == 0:
+        assert time.monotonic() < deadline, "the submit never waited for the parent's lock"
+        time.sleep(0.005)  # polling another session's state: no event to wait on

@@ -177,7 +177,7 @@ class SQLBroker:
             create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
         if not items:
             return []
-        if self._traits.dml_ctes and len(items) == 1 and not items[0].depends_on:
+        if self._traits.dml_ctes and len(items) == 1:
             item = items[0]
             stored = self._run(
                 "enqueue",

@@ -13,7 +13,20 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, String, bindparam, func, insert, select, update
+from sqlalchemy import (
+    Integer,
+    Select,
+    String,
+    and_,
+    bindparam,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import NewTask, Unset
@@ -113,41 +126,82 @@ def insert_keys(tx: Tx, items: Sequence[NewTask]) -> None:
 
 
 def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[str, Any] | None:
-    """`store_new` of ONE task without parents as one statement (``traits.dml_ctes``); the
-    row inserted.
+    """`store_new` of ONE task as one statement (``traits.dml_ctes``); the row inserted.
 
-    The INSERT, its business-key row if it has a key, and the ``pg_notify`` of its queue are
+    The task row, its business-key row if it has a key, and the ``pg_notify`` of its queue are
     one statement, run in autocommit: one round trip where the transaction takes four to six.
-    None when the id or the key is taken (the statement changed nothing): the caller then runs
-    `store_new`, whose checks name the id, or the execution that holds the key.
+    A task with parents goes in the same way when every parent exists and none is final yet
+    (a pipeline submitting its steps ahead): it arrives blocked, its edges with it, and the
+    statement share-locks the parents, as `store_new` does, until the child is committed.
+    None when that does not hold, or the id or the key is taken (the statement changed
+    nothing): the caller then runs `store_new`, whose checks name what was wrong.
     """
-    row = new_row(item, tx.now, Status.PENDING, None)
+    parents = tuple(dict.fromkeys(item.depends_on))
+    row = new_row(item, tx.now, Status.BLOCKED if parents else Status.PENDING, None)
     params = {f"p_{name}": value for name, value in row.items()}
-    params["p_channel"] = channel
+    if parents:
+        params.update(
+            p_parents=list(parents),
+            p_parent_count=len(parents),
+            p_edges=list(item.depends_on),
+            p_positions=list(range(len(item.depends_on))),
+        )
+    else:
+        params["p_channel"] = channel
+    statement = _insert_one(tx.models, tx.traits, keyed=item.business_key is not None, child=bool(parents))
     try:
-        tx.fetch(_insert_and_notify(tx.models, keyed=item.business_key is not None), params)
+        inserted = tx.fetch(statement, params)
     except IntegrityError:
         return None
-    tx.woken.add(item.queue)
+    if not inserted:
+        return None  # a parent is missing or final
+    if not parents:
+        tx.woken.add(item.queue)
     return row
 
 
 @functools.lru_cache(maxsize=32)
-def _insert_and_notify(models: Models, *, keyed: bool) -> Select[Any]:
-    """INSERT one task row (``keyed``: and its business-key row) and ``pg_notify`` its queue;
-    built once per schema. (A data-modifying WITH runs whole whether or not it is read.)"""
-    task = table_of(models.task)
+def _insert_one(models: Models, traits: Traits, *, keyed: bool, child: bool) -> Select[Any]:
+    """One task row (``keyed``: and its business-key row; ``child``: blocked, with its edges,
+    only if its parents all exist and none is final) and, for a task without parents, the
+    ``pg_notify`` of its queue; one row back when the task went in. Built once per schema.
+    (A data-modifying WITH runs whole whether or not the statement reads it.)"""
+    task, dependency = table_of(models.task), table_of(models.dependency)
     values = {column.name: bindparam(f"p_{column.name}", type_=column.type) for column in task.c}
-    inserted = insert(task).values(values).returning(task.c.id, task.c.queue).cte("inserted")
-    notify = select(func.pg_notify(bindparam("p_channel", type_=String), inserted.c.queue))
-    if not keyed:
-        return notify
-    key = table_of(models.business_key)
-    claimed_key = insert(key).from_select(
-        ["business_key", "execution_id"],
-        select(bindparam("p_business_key", type_=key.c.business_key.type), inserted.c.id),
-    )
-    return notify.add_cte(claimed_key.returning(key.c.business_key).cte("keyed"))
+    if not child:
+        inserted = insert(task).values(values).returning(task.c.id, task.c.queue).cte("inserted")
+        answer = select(func.pg_notify(bindparam("p_channel", type_=String), inserted.c.queue))
+    else:
+        parents = traits.lock_shared(
+            select(task.c.id, task.c.status).where(traits.listed(task.c.id, "p_parents")).order_by(task.c.id)
+        ).cte("parents")
+        # One bind per status, each a constant (an expanding IN could not be prepared).
+        final = [literal(status.value) for status in Status if status.is_final]
+        all_waiting = and_(
+            select(func.count()).select_from(parents).scalar_subquery()
+            == bindparam("p_parent_count", type_=Integer),
+            ~exists().where(parents.c.status.in_(final)),
+        )
+        row = select(*(values[column.name] for column in task.c)).where(all_waiting)
+        inserted = insert(task).from_select(list(values), row).returning(task.c.id).cte("inserted")
+        edges = traits.unnest(
+            "edges",
+            position=("p_positions", dependency.c.position.type),
+            parent_id=("p_edges", dependency.c.parent_id.type),
+        )
+        edge_rows = select(inserted.c.id, edges.c.position, edges.c.parent_id).select_from(
+            inserted.join(edges, true())
+        )
+        stored_edges = insert(dependency).from_select(["child_id", "position", "parent_id"], edge_rows)
+        answer = select(inserted.c.id).add_cte(stored_edges.returning(dependency.c.child_id).cte("edges_in"))
+    if keyed:
+        key = table_of(models.business_key)
+        claimed_key = insert(key).from_select(
+            ["business_key", "execution_id"],
+            select(bindparam("p_business_key", type_=key.c.business_key.type), inserted.c.id),
+        )
+        answer = answer.add_cte(claimed_key.returning(key.c.business_key).cte("keyed"))
+    return answer
 
 
 def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: bytes | Unset | None) -> Task:
