@@ -8,18 +8,22 @@ just written applied, so no transition reads its task twice.
 
 from __future__ import annotations
 
+import functools
 import secrets
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Row, delete, select, update
+from sqlalchemy import Delete, Select, Update, bindparam, delete, select, update
 
 from taskgate.brokers.base import FailureKind
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.leases import CANCELED_ERROR, lease_lost_error
-from taskgate.brokers.sql.rows import snapshot, status_values
+from taskgate.brokers.sql.rows import snapshot, status_values, write_task
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import AlreadyFinalError, TaskNotFoundError
+from taskgate.models import Models
 from taskgate.task import Status, Task
 
 __all__ = ["ack", "cancel", "fail", "finish_canceled", "requeue", "retry"]
@@ -35,7 +39,7 @@ def retry(tx: Tx, task_id: str, token: str, kind: FailureKind, error: str, delay
     """Count the failure, then ``retrying`` due at now + delay, or canceled if a cancel was asked."""
     row = _release(tx, task_id, token)
     counted = _count_failure(row, kind, error)
-    if row.cancel_requested:
+    if row["cancel_requested"]:
         return _finish(tx, row, Status.CANCELED, counted)
     return _move(tx, row, {**counted, **status_values(Status.RETRYING), "run_at": tx.now + delay})
 
@@ -49,7 +53,7 @@ def fail(tx: Tx, task_id: str, token: str, kind: FailureKind, error: str) -> Tas
 def requeue(tx: Tx, task_id: str, token: str) -> Task:
     """Back to ``pending`` due now with no counter changed; canceled instead if a cancel was asked."""
     row = _release(tx, task_id, token)
-    if row.cancel_requested:
+    if row["cancel_requested"]:
         return _finish(tx, row, Status.CANCELED, {"last_error": CANCELED_ERROR})
     return _move(tx, row, {**status_values(Status.PENDING), "run_at": tx.now})
 
@@ -62,52 +66,75 @@ def finish_canceled(tx: Tx, task_id: str, token: str) -> Task:
 
 def cancel(tx: Tx, task_id: str) -> Task:
     """Cancel now (with cascade), or only mark a running task for its holder to stop."""
-    task, lease = tx.models.task, tx.models.lease
-    stmt = select(table_of(task)).where(task.id == task_id)
-    row = tx.conn.execute(tx.traits.lock(stmt)).first()
-    if row is None:
+    found = tx.fetch(_locked_task(tx.models, tx.traits), {"p_id": task_id})
+    if not found:
         raise TaskNotFoundError(f"no task with id {task_id!r}")
-    if Status(row.status).is_final:
-        raise AlreadyFinalError(f"task {task_id} is already {row.status}")
-    if row.status == Status.RUNNING.value:
-        tx.conn.execute(update(lease).where(lease.task_id == task_id).values(cancel_requested=True))
+    row = found[0]
+    if Status(row["status"]).is_final:
+        raise AlreadyFinalError(f"task {task_id} is already {row['status']}")
+    if row["status"] == Status.RUNNING.value:
+        tx.write(_mark_cancel(tx.models), {"p_id": task_id})
         return snapshot(row, {"cancel_requested": True})
     return _finish(tx, row, Status.CANCELED, {"last_error": CANCELED_ERROR})
 
 
-def _release(tx: Tx, task_id: str, token: str) -> Row[Any]:
+def _release(tx: Tx, task_id: str, token: str) -> Mapping[str, Any]:
     """Lock the task and its lease, check ``token``, delete the lease; return the locked row."""
-    task, lease = tx.models.task, tx.models.lease
-    stmt = (
-        select(table_of(task), lease.token, lease.cancel_requested)
-        .join(lease, lease.task_id == task.id)
-        .where(task.id == task_id)
-    )
-    row = tx.conn.execute(tx.traits.lock(stmt)).first()
-    if row is None or not secrets.compare_digest(row.token, token):
+    found = tx.fetch(_held_task(tx.models, tx.traits), {"p_id": task_id})
+    if not found or not secrets.compare_digest(found[0]["token"], token):
         raise lease_lost_error(tx, task_id)
-    tx.conn.execute(delete(lease).where(lease.task_id == task_id))
-    return row
+    tx.write(_drop_lease(tx.models), {"p_id": task_id})
+    return found[0]
 
 
-def _count_failure(row: Row[Any], kind: FailureKind, error: str) -> dict[str, Any]:
+def _count_failure(row: Mapping[str, Any], kind: FailureKind, error: str) -> dict[str, Any]:
     if kind is FailureKind.THROTTLED:
-        return {"throttled": row.throttled + 1, "last_error": error}
-    return {"attempts": row.attempts + 1, "last_error": error}
+        return {"throttled": row["throttled"] + 1, "last_error": error}
+    return {"attempts": row["attempts"] + 1, "last_error": error}
 
 
-def _move(tx: Tx, row: Row[Any], values: dict[str, Any]) -> Task:
+def _move(tx: Tx, row: Mapping[str, Any], values: dict[str, Any]) -> Task:
     """Write ``values`` to a task that stays claimable later (pending or retrying)."""
-    task = tx.models.task
-    tx.conn.execute(update(task).where(task.id == row.id).values(values))
-    tx.woken.add(row.queue)
+    write_task(tx, row["id"], values)
+    tx.woken.add(row["queue"])
     return snapshot(row, {**values, "cancel_requested": False})
 
 
-def _finish(tx: Tx, row: Row[Any], status: Status, values: dict[str, Any]) -> Task:
+def _finish(tx: Tx, row: Mapping[str, Any], status: Status, values: dict[str, Any]) -> Task:
     """Make the task final with ``values`` and settle its children in the same transaction."""
-    task = tx.models.task
     final = {**values, **status_values(status), "finished_at": tx.now}
-    tx.conn.execute(update(task).where(task.id == row.id).values(final))
-    settle_children(tx, [(row.id, status)])
+    write_task(tx, row["id"], final)
+    settle_children(tx, [(row["id"], status)])
     return snapshot(row, {**final, "cancel_requested": False})
+
+
+# The statements of these transitions, built once per schema (so they run prepared).
+
+
+@functools.lru_cache(maxsize=32)
+def _locked_task(models: Models, traits: Traits) -> Select[Any]:
+    task = table_of(models.task)
+    return traits.lock(select(task).where(task.c.id == bindparam("p_id")))
+
+
+@functools.lru_cache(maxsize=32)
+def _held_task(models: Models, traits: Traits) -> Select[Any]:
+    task, lease = table_of(models.task), table_of(models.lease)
+    stmt = (
+        select(task, lease.c.token, lease.c.cancel_requested)
+        .join(lease, lease.c.task_id == task.c.id)
+        .where(task.c.id == bindparam("p_id"))
+    )
+    return traits.lock(stmt)
+
+
+@functools.lru_cache(maxsize=32)
+def _drop_lease(models: Models) -> Delete:
+    lease = table_of(models.lease)
+    return delete(lease).where(lease.c.task_id == bindparam("p_id"))
+
+
+@functools.lru_cache(maxsize=32)
+def _mark_cancel(models: Models) -> Update:
+    lease = table_of(models.lease)
+    return update(lease).where(lease.c.task_id == bindparam("p_id")).values(cancel_requested=True)

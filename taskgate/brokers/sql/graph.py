@@ -13,10 +13,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import Select, select
 
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.rows import chunks, status_values
+from taskgate.brokers.sql.rows import chunks, status_values, write_task
 from taskgate.brokers.sql.tx import Tx
 from taskgate.models import Models
 from taskgate.task import Status
@@ -108,5 +108,4 @@ def _set(tx: Tx, task_id: str, status: Status, error: str | None) -> None:
     values: dict[str, Any] = status_values(status)
     if status.is_final:
         values.update(finished_at=tx.now, last_error=error)
-    task = tx.models.task
-    tx.conn.execute(update(task).where(task.id == task_id).values(values))
+    write_task(tx, task_id, values)

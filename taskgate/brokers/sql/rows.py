@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Row, Select, bindparam, select
+from sqlalchemy import Row, Select, Update, bindparam, select, update
 
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import TaskNotFoundError
@@ -24,6 +24,7 @@ __all__ = [
     "snapshot_select",
     "status_values",
     "task_of",
+    "write_task",
 ]
 
 READY = frozenset({Status.PENDING, Status.RETRYING})
@@ -77,6 +78,21 @@ def task_of(tx: Tx, task_id: str) -> Task:
     if not found:
         raise TaskNotFoundError(f"no task with id {task_id!r}")
     return snapshot(found[0])
+
+
+def write_task(tx: Tx, task_id: str, values: Mapping[str, Any]) -> None:
+    """UPDATE the task ``task_id`` with ``values`` (column -> value): a statement built once per
+    schema and set of columns, so it runs prepared like the hot transitions' statements."""
+    params = {f"v_{column}": value for column, value in values.items()}
+    params["p_id"] = task_id
+    tx.write(_task_update(tx.models, tuple(sorted(values))), params)
+
+
+@functools.lru_cache(maxsize=128)
+def _task_update(models: Models, columns: tuple[str, ...]) -> Update:
+    task = table_of(models.task)
+    values = {column: bindparam(f"v_{column}", type_=task.c[column].type) for column in columns}
+    return update(task).where(task.c.id == bindparam("p_id")).values(values)
 
 
 @functools.lru_cache(maxsize=32)
