@@ -9,7 +9,8 @@ prints one line per backend and call: the median rate of ``repeats`` runs and th
 - ``get``: ``gate.get`` of one stored task (a status endpoint);
 - ``submit``: ``gate.submit`` of a task with no options;
 - ``submit_key``: ``gate.submit`` with a new ``business_key`` each time (idempotent submits);
-- ``submit_child``: ``gate.submit`` with ``depends_on`` a pending parent (a pipeline step).
+- ``submit_child``: ``gate.submit`` with ``depends_on`` a pending parent (a pipeline step);
+- ``cancel``: ``gate.cancel`` of a pending task (stored before the timing starts).
 
 Run it from two trees in turn to compare two versions of the code.
 """
@@ -32,45 +33,52 @@ __all__ = ["CALLS", "main", "rate"]
 _ALIASES = {"pg": "postgresql", "postgres": "postgresql", "mysql": "mariadb", "mem": "memory"}
 
 
-async def _get(gate: Gate, parent: str, n: int) -> None:
-    await gate.get(parent)
+async def _get(gate: Gate, tasks: list[str], n: int) -> None:
+    await gate.get(tasks[0])
 
 
-async def _submit(gate: Gate, parent: str, n: int) -> None:
+async def _submit(gate: Gate, tasks: list[str], n: int) -> None:
     await gate.submit(QUEUE)
 
 
-async def _submit_key(gate: Gate, parent: str, n: int) -> None:
+async def _submit_key(gate: Gate, tasks: list[str], n: int) -> None:
     await gate.submit(QUEUE, business_key=f"key-{n}")
 
 
-async def _submit_child(gate: Gate, parent: str, n: int) -> None:
-    await gate.submit(QUEUE, depends_on=[parent])
+async def _submit_child(gate: Gate, tasks: list[str], n: int) -> None:
+    await gate.submit(QUEUE, depends_on=[tasks[0]])
 
 
-# name -> the n-th call, given the gate and a pending parent task
-Call = Callable[[Gate, str, int], Awaitable[None]]
+async def _cancel(gate: Gate, tasks: list[str], n: int) -> None:
+    await gate.cancel(tasks[n + 4])  # tasks[0] is the others' parent; -3..-1 warm up
+
+
+# name -> the n-th call (n from -3: three calls to warm up), given pending tasks stored before
+Call = Callable[[Gate, list[str], int], Awaitable[None]]
 CALLS: dict[str, Call] = {
     "get": _get,
     "submit": _submit,
     "submit_key": _submit_key,
     "submit_child": _submit_child,
+    "cancel": _cancel,
 }
 
 
 def rate(backend: str, what: str, n: int) -> float:
     """Calls of ``what`` per second on a fresh store of ``backend``."""
     with isolated_store(backend) as store:
-        return anyio.run(_timed, make_gate(store.open()), CALLS[what], n)
+        return anyio.run(_timed, make_gate(store.open()), what, n)
 
 
-async def _timed(gate: Gate, call: Call, n: int) -> float:
-    parent = await gate.submit(QUEUE)
+async def _timed(gate: Gate, what: str, n: int) -> float:
+    call = CALLS[what]
+    stored = n + 4 if what == "cancel" else 1
+    tasks = await gate.submit_many(QUEUE, [None] * stored)
     for warm_up in range(-3, 0):  # the first calls open connections and prepare statements
-        await call(gate, parent, warm_up)
+        await call(gate, tasks, warm_up)
     start = time.perf_counter()
     for number in range(n):
-        await call(gate, parent, number)
+        await call(gate, tasks, number)
     return n / (time.perf_counter() - start)
 
 
