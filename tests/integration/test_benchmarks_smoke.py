@@ -97,3 +97,13 @@ def test_the_api_calls_benchmark_prints_a_line_per_backend_and_call() -> None:
     calls = ["get", "submit", "submit_key", "submit_child", "cancel"]
     assert [words[:2] for words in lines] == [[b, c] for b in ("memory", "sqlite") for c in calls]
     assert all(float(words[2].rstrip("/s").replace(",", "")) > 0 for words in lines)
+
+
+def test_the_transitions_benchmark_prints_a_line_per_backend() -> None:
+    stdout = _stdout_of("benchmarks.transitions", "--backend", "memory,sqlite", "-n", "20", timeout=120)
+    lines = [line.split() for line in stdout.splitlines()]
+    assert [(words[0], words[1], words[3]) for words in lines] == [
+        ("memory", "cancel", "claim+retry"),
+        ("sqlite", "cancel", "claim+retry"),
+    ]
+    assert all(float(words[k].rstrip("/s").replace(",", "")) > 0 for words in lines for k in (2, 4))

@@ -1,0 +1,63 @@
+"""One task's transitions on the broker alone: ``cancel`` of a pending task, ``claim`` of one
+task followed by its ``retry`` (a gateway's "busy" answer).
+
+``python -m benchmarks.transitions [--backend pg,mariadb,sqlite,redis,memory] [-n 300]`` prints
+per backend the calls per second of each, on a fresh isolated store, no runtime around them.
+Run it from two trees in turn to compare two versions of the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+from benchmarks.stores import BACKENDS, isolated_store
+from taskgate.brokers.base import FailureKind, NewTask
+from taskgate.ids import new_id
+
+__all__ = ["main", "rates"]
+
+_ALIASES = {"pg": "postgresql", "postgres": "postgresql", "mysql": "mariadb", "mem": "memory"}
+_LEASE = timedelta(seconds=60)
+_WARM_UP = 5
+
+
+def rates(backend: str, n: int) -> tuple[float, float]:
+    """(cancels per second, claim-and-retry cycles per second) on a fresh store."""
+    with isolated_store(backend) as store:
+        broker = store.open()
+        tasks = broker.enqueue([NewTask(id=new_id(), type="t", queue="q") for _ in range(n + _WARM_UP)])
+        for task in tasks[:_WARM_UP]:
+            broker.cancel(task.id)
+        start = time.perf_counter()
+        for task in tasks[_WARM_UP:]:
+            broker.cancel(task.id)
+        cancels = n / (time.perf_counter() - start)
+        broker.enqueue([NewTask(id=new_id(), type="t", queue="r")])
+        start = time.perf_counter()
+        for _ in range(n):
+            (lease,) = broker.claim("r", 1, _LEASE)
+            task_id, token = lease.task.id, lease.token
+            broker.retry(task_id, token, kind=FailureKind.THROTTLED, error="busy", delay=timedelta(0))
+        return cancels, n / (time.perf_counter() - start)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print, per backend, the rates of both."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.transitions")
+    parser.add_argument("--backend", default="postgresql,mariadb,sqlite,redis,memory")
+    parser.add_argument("-n", type=int, default=300, help="calls of each per run")
+    args = parser.parse_args(argv)
+    backends = [_ALIASES.get(name, name) for name in args.backend.split(",") if name]
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        parser.error(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
+    for backend in backends:
+        cancels, retries = rates(backend, args.n)
+        print(f"{backend:10s} cancel {cancels:9,.0f}/s  claim+retry {retries:9,.0f}/s")
+
+
+if __name__ == "__main__":
+    main()
