@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
@@ -50,22 +50,22 @@ def rate(broker_class: type[RedisBroker], what: str, n: int) -> float:
 
 async def _submits(broker: RedisBroker, n: int) -> float:
     gate = make_gate(broker)
-    for _ in range(2):  # the first calls open the connections
-        await gate.submit(QUEUE)
-    start = time.perf_counter()
-    for _ in range(n):
-        await gate.submit(QUEUE)
-    return n / (time.perf_counter() - start)
+    return await _rate_of(lambda: gate.submit(QUEUE), n)
 
 
 async def _gets(broker: RedisBroker, n: int) -> float:
     gate = make_gate(broker)
     task_id = await gate.submit(QUEUE)
+    return await _rate_of(lambda: gate.get(task_id), n)
+
+
+async def _rate_of(call: Callable[[], Awaitable[object]], n: int) -> float:
+    """Calls per second of ``n`` sequential awaits of ``call()``, after two to warm up."""
     for _ in range(2):  # the first calls open the connections
-        await gate.get(task_id)
+        await call()
     start = time.perf_counter()
     for _ in range(n):
-        await gate.get(task_id)
+        await call()
     return n / (time.perf_counter() - start)
 
 
