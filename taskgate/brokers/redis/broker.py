@@ -169,8 +169,9 @@ class RedisBroker:
 
     def split(self, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> SplitCall[T] | None:
         """Send the request of one of the hot methods (submits, claims, acks, transitions of a
-        running task, cancels, `get`) from the event loop; see `taskgate.brokers.split.SplitCaller`. Anything
-        else, a Cluster or TLS client, or no idle connection for it: None, nothing sent."""
+        running task, cancels, `get`) from the event loop; see
+        `taskgate.brokers.split.SplitCaller`. Anything else, a Cluster or TLS client, or no idle
+        connection for it: None, nothing sent."""
         if isinstance(method, functools.partial):  # settings bound by the runtime (limits.py)
             args, kwargs = (*method.args, *args), {**method.keywords, **kwargs}
             method = method.func
