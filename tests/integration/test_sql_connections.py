@@ -19,7 +19,7 @@ from taskgate.brokers.sql import SQLBroker, dialects
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.errors import TaskExistsError
-from taskgate.task import Status
+from taskgate.task import Filter, Status
 from taskgate.testing.contract._support import claim_one, new_task
 
 
@@ -129,17 +129,26 @@ def _flights(engine: Engine, call: Callable[[], object]) -> list[list[str]]:
     return [flight for flight in flights if flight]
 
 
-def test_a_get_on_postgresql_is_one_round_trip(postgresql_url):
+def test_reads_on_postgresql_are_one_round_trip_each(postgresql_url):
     """A read of one statement needs no BEGIN and COMMIT: the SELECT is all that goes out."""
     engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
     broker = SQLBroker(engine)
     try:
-        (task,) = broker.enqueue([new_task()])
-        got: list[object] = []
-        flights = _flights(engine, lambda: got.append(broker.get(task.id)))
-        assert got == [task]
-        assert len(flights) == 1
-        assert "SELECT" in flights[0][0] and "BEGIN" not in flights[0][0]
+        (task,) = broker.enqueue([new_task(business_key="k")])
+        reads: dict[str, Callable[[], object]] = {
+            "get": lambda: broker.get(task.id),
+            "list": lambda: broker.list(Filter(queue="q", limit=5)),
+            "history": lambda: broker.history("k"),
+            "counts": broker.counts,
+            "queue_length": lambda: broker.queue_length("q"),
+        }
+        answers: dict[str, object] = {}
+        for name, read in reads.items():
+            flights = _flights(engine, lambda name=name, read=read: answers.update({name: read()}))
+            assert len(flights) == 1, name
+            assert "SELECT" in flights[0][0] and "BEGIN" not in flights[0][0], name
+        assert answers["get"] == task and answers["list"] == [task] and answers["history"] == [task]
+        assert answers["queue_length"] == 1
     finally:
         broker.close()
         engine.dispose()

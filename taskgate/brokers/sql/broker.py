@@ -253,34 +253,34 @@ class SQLBroker:
     def get(self, task_id: str) -> Task:
         """The current snapshot of ``task_id``."""
         check_identifier(task_id, what="task id")
-        return self._run(
-            "get",
-            lambda tx: reads.get(tx, task_id),
-            read_only=True,
-            one_statement=self._traits.autocommit_reads,
-        )
+        return self._read("get", lambda tx: reads.get(tx, task_id), inline=True)
 
     def list(self, filter: Filter) -> builtins.list[Task]:
         """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
         if not isinstance(filter, Filter):
             raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
-        return self._run("list", lambda tx: reads.list_tasks(tx, filter), read_only=True, inline=False)
+        return self._read("list", lambda tx: reads.list_tasks(tx, filter))
 
     def history(self, business_key: str) -> builtins.list[Task]:
         """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
         check_identifier(business_key, what="business_key")
-        return self._run("history", lambda tx: reads.history(tx, business_key), read_only=True, inline=False)
+        return self._read("history", lambda tx: reads.history(tx, business_key))
 
     def counts(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status, from the (type, status) index; zero counts are absent."""
-        return self._run("counts", reads.counts, read_only=True, inline=False)
+        return self._read("counts", reads.counts)
 
     def queue_length(self, queue: str) -> int:
         """How many tasks of ``queue`` are pending or retrying (due or not)."""
         check_identifier(queue, what="queue")
-        return self._run(
-            "queue_length", lambda tx: reads.queue_length(tx, queue), read_only=True, inline=False
-        )
+        return self._read("queue_length", lambda tx: reads.queue_length(tx, queue))
+
+    def _read(self, operation: str, step: Callable[[Tx], _T], *, inline: bool = False) -> _T:
+        """Run a read of ONE statement: in autocommit where that saves BEGIN and COMMIT
+        (``traits.autocommit_reads``), else in a read-only transaction. ``inline``: see `_run`
+        (a read that may return many rows is not attempted on an event loop)."""
+        one_statement = self._traits.autocommit_reads
+        return self._run(operation, step, read_only=True, one_statement=one_statement, inline=inline)
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 
@@ -521,7 +521,7 @@ class SQLBroker:
         deadline = time.monotonic() + seconds
         seen = self._signals.seen(names)
         while not self._closed:
-            if self._run("wait_for_work", lambda tx: reads.anything_due(tx, names), read_only=True):
+            if self._read("wait_for_work", lambda tx: reads.anything_due(tx, names), inline=True):
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
