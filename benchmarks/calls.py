@@ -7,6 +7,7 @@ prints one line per backend and call: the median rate of ``repeats`` runs and th
 ``--what``:
 
 - ``get``: ``gate.get`` of one stored task (a status endpoint);
+- ``list``: ``gate.list`` of the queue's first 20 tasks (a status page);
 - ``submit``: ``gate.submit`` of a task with no options;
 - ``submit_key``: ``gate.submit`` with a new ``business_key`` each time (idempotent submits);
 - ``submit_child``: ``gate.submit`` with ``depends_on`` a pending parent (a pipeline step);
@@ -37,6 +38,10 @@ async def _get(gate: Gate, tasks: list[str], n: int) -> None:
     await gate.get(tasks[0])
 
 
+async def _list(gate: Gate, tasks: list[str], n: int) -> None:
+    await gate.list(queue=QUEUE, limit=20)
+
+
 async def _submit(gate: Gate, tasks: list[str], n: int) -> None:
     await gate.submit(QUEUE)
 
@@ -57,6 +62,7 @@ async def _cancel(gate: Gate, tasks: list[str], n: int) -> None:
 Call = Callable[[Gate, list[str], int], Awaitable[None]]
 CALLS: dict[str, Call] = {
     "get": _get,
+    "list": _list,
     "submit": _submit,
     "submit_key": _submit_key,
     "submit_child": _submit_child,
@@ -72,7 +78,7 @@ def rate(backend: str, what: str, n: int) -> float:
 
 async def _timed(gate: Gate, what: str, n: int) -> float:
     call = CALLS[what]
-    stored = n + 4 if what == "cancel" else 1
+    stored = n + 4 if what == "cancel" else 20 if what == "list" else 1
     tasks = await gate.submit_many(QUEUE, [None] * stored)
     for warm_up in range(-3, 0):  # the first calls open connections and prepare statements
         await call(gate, tasks, warm_up)

@@ -94,7 +94,7 @@ def test_the_api_calls_benchmark_prints_a_line_per_backend_and_call() -> None:
     args = ("--backend", "memory,sqlite", "-n", "20", "--repeats", "1")
     stdout = _stdout_of("benchmarks.calls", *args, timeout=120)
     lines = [line.split() for line in stdout.splitlines()]
-    calls = ["get", "submit", "submit_key", "submit_child", "cancel"]
+    calls = ["get", "list", "submit", "submit_key", "submit_child", "cancel"]
     assert [words[:2] for words in lines] == [[b, c] for b in ("memory", "sqlite") for c in calls]
     assert all(float(words[2].rstrip("/s").replace(",", "")) > 0 for words in lines)
 
