@@ -6,9 +6,9 @@ import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import BindParameter, Select, bindparam, func, select, true
+from sqlalchemy import BindParameter, Integer, Select, bindparam, func, select, true
 
-from taskgate.brokers.sql.rows import load_tasks, snapshot_select, task_of
+from taskgate.brokers.sql.rows import load_tasks, snapshot, snapshot_select, task_of
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 from taskgate.task import Filter, Status, Task
@@ -23,20 +23,31 @@ def get(tx: Tx, task_id: str) -> Task:
 
 def list_tasks(tx: Tx, filter: Filter) -> list[Task]:
     """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
-    task = tx.models.task
-    stmt = snapshot_select(tx.models)
-    for column, value in (
-        (task.type, filter.type),
-        (task.queue, filter.queue),
-        (task.status, None if filter.status is None else filter.status.value),
-        (task.business_key, filter.business_key),
-    ):
-        if value is not None:
-            stmt = stmt.where(column == value)
-    stmt = stmt.order_by(task.created_at, task.id).offset(filter.offset or None)
-    if filter.limit:
-        stmt = stmt.limit(filter.limit)
-    return load_tasks(tx, stmt)
+    values = {
+        "type": filter.type,
+        "queue": filter.queue,
+        "status": None if filter.status is None else filter.status.value,
+        "business_key": filter.business_key,
+    }
+    matched = tuple(name for name, value in values.items() if value is not None)
+    params: dict[str, Any] = {f"p_{name}": values[name] for name in matched}
+    params.update(p_offset=filter.offset, p_limit=filter.limit)
+    stmt = _listing(tx.models, matched, bool(filter.offset), bool(filter.limit))
+    return [snapshot(row) for row in tx.fetch(stmt, params)]
+
+
+@functools.lru_cache(maxsize=128)
+def _listing(models: Models, matched: tuple[str, ...], offset: bool, limit: bool) -> Select[Any]:
+    """`list_tasks`'s statement for one shape of filter (the fields it matches, whether it
+    skips or takes), built once per schema so it runs prepared."""
+    task = table_of(models.task)
+    stmt = snapshot_select(models).where(*(task.c[name] == bindparam(f"p_{name}") for name in matched))
+    stmt = stmt.order_by(task.c.created_at, task.c.id)
+    if offset:
+        stmt = stmt.offset(bindparam("p_offset", type_=Integer))
+    if limit:
+        stmt = stmt.limit(bindparam("p_limit", type_=Integer))
+    return stmt
 
 
 def history(tx: Tx, business_key: str) -> list[Task]:
