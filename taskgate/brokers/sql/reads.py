@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import BindParameter, Integer, Select, bindparam, func, select, true
 
-from taskgate.brokers.sql.rows import load_tasks, snapshot, snapshot_select, task_of
+from taskgate.brokers.sql.rows import snapshot, snapshot_select, task_of
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 from taskgate.task import Filter, Status, Task
@@ -56,8 +56,7 @@ def history(tx: Tx, business_key: str) -> list[Task]:
     Timestamps can tie (a coarse or frozen clock) and ids need not sort by age, but the chain
     ``replay_of`` links cannot lie, so the order comes from them.
     """
-    task = tx.models.task
-    found = load_tasks(tx, snapshot_select(tx.models).where(task.business_key == business_key))
+    found = [snapshot(row) for row in tx.fetch(_executions_of_key(tx.models), {"p_key": business_key})]
     by_parent = {t.replay_of: t for t in found}
     ids = {t.id for t in found}
     roots = sorted((t for t in found if t.replay_of not in ids), key=lambda t: (t.created_at, t.id))
@@ -72,19 +71,37 @@ def history(tx: Tx, business_key: str) -> list[Task]:
 
 def counts(tx: Tx) -> dict[str, dict[Status, int]]:
     """Counts by type and status from the (type, status) index; absent when zero."""
-    task = tx.models.task
-    stmt = select(task.type, task.status, func.count()).group_by(task.type, task.status)
     result: dict[str, dict[Status, int]] = {}
-    for type_, status, count in tx.conn.execute(stmt):
-        result.setdefault(type_, {})[Status(status)] = int(count)
+    for row in tx.fetch(_counts(tx.models), {}):
+        result.setdefault(row["type"], {})[Status(row["status"])] = int(row["n"])
     return result
 
 
 def queue_length(tx: Tx, queue: str) -> int:
     """Pending plus retrying tasks of ``queue`` (due or not), from the claim index."""
-    task = tx.models.task
-    stmt = select(func.count()).select_from(task).where(task.queue == queue, task.ready == true())
-    return int(tx.conn.execute(stmt).scalar_one())
+    (row,) = tx.fetch(_queue_length(tx.models), {"p_queue": queue})
+    return int(row["n"])
+
+
+# The statements of the reads, built once per schema (so they run prepared).
+
+
+@functools.lru_cache(maxsize=32)
+def _executions_of_key(models: Models) -> Select[Any]:
+    return snapshot_select(models).where(models.task.business_key == bindparam("p_key"))
+
+
+@functools.lru_cache(maxsize=32)
+def _counts(models: Models) -> Select[Any]:
+    task = table_of(models.task)
+    return select(task.c.type, task.c.status, func.count().label("n")).group_by(task.c.type, task.c.status)
+
+
+@functools.lru_cache(maxsize=32)
+def _queue_length(models: Models) -> Select[Any]:
+    task = table_of(models.task)
+    ready = (task.c.queue == bindparam("p_queue"), task.c.ready == true())
+    return select(func.count().label("n")).select_from(task).where(*ready)
 
 
 def anything_due(tx: Tx, queues: Collection[str]) -> bool:

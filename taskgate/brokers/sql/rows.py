@@ -19,7 +19,6 @@ __all__ = [
     "chunks",
     "decode_parents",
     "encode_parents",
-    "load_tasks",
     "snapshot",
     "snapshot_select",
     "status_values",
@@ -64,11 +63,6 @@ def snapshot_select(models: Models) -> Select[Any]:
     """SELECT of task rows plus the cancel mark of their lease, if any."""
     task, lease = models.task, models.lease
     return select(table_of(task), lease.cancel_requested).outerjoin(lease, lease.task_id == task.id)
-
-
-def load_tasks(tx: Tx, stmt: Select[Any]) -> list[Task]:
-    """Run a `snapshot_select` statement and build the snapshots, in the statement's order."""
-    return [snapshot(row) for row in tx.conn.execute(stmt)]
 
 
 def task_of(tx: Tx, task_id: str) -> Task:
