@@ -31,7 +31,10 @@ def list_tasks(tx: Tx, filter: Filter) -> list[Task]:
     }
     matched = tuple(name for name, value in values.items() if value is not None)
     params: dict[str, Any] = {f"p_{name}": values[name] for name in matched}
-    params.update(p_offset=filter.offset, p_limit=filter.limit)
+    if filter.offset:
+        params["p_offset"] = filter.offset
+    if filter.limit:
+        params["p_limit"] = filter.limit
     stmt = _listing(tx.models, matched, bool(filter.offset), bool(filter.limit))
     return [snapshot(row) for row in tx.fetch(stmt, params)]
 
