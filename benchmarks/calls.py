@@ -25,13 +25,12 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
+from benchmarks.cli import choose
 from benchmarks.common import QUEUE, make_gate
 from benchmarks.stores import BACKENDS, isolated_store
 from taskgate import Gate
 
 __all__ = ["CALLS", "main", "rate"]
-
-_ALIASES = {"pg": "postgresql", "postgres": "postgresql", "mysql": "mariadb", "mem": "memory"}
 
 
 async def _get(gate: Gate, tasks: list[str], n: int) -> None:
@@ -96,11 +95,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("-n", type=int, default=1000, help="calls per run")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    backends = [_ALIASES.get(name, name) for name in args.backend.split(",") if name]
-    calls = [name for name in args.what.split(",") if name]
-    unknown = sorted(set(backends) - set(BACKENDS)) + sorted(set(calls) - set(CALLS))
-    if unknown:
-        parser.error(f"unknown backend or call {', '.join(unknown)}")
+    backends = choose(args.backend, BACKENDS, "backend")
+    calls = choose(args.what, list(CALLS), "call")
     for backend in backends:
         for what in calls:
             samples = [rate(backend, what, args.n) for _ in range(args.repeats)]

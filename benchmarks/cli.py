@@ -27,7 +27,7 @@ from benchmarks.results import Figure, judge, median, percentile, render_table
 from benchmarks.settings import Settings
 from benchmarks.stores import BACKENDS, CROSS_PROCESS, isolated_store, server_address
 
-__all__ = ["main"]
+__all__ = ["ALIASES", "choose", "main"]
 
 ALIASES = {"pg": "postgresql", "postgres": "postgresql", "mysql": "mariadb", "mem": "memory"}
 
@@ -50,7 +50,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _choose(text: str, known: Sequence[str], what: str) -> list[str]:
+def choose(text: str, known: Sequence[str], what: str) -> list[str]:
+    """The comma-separated names in ``text`` (backend aliases resolved), each one of ``known``;
+    exits naming the unknown ones otherwise. ``what`` names them in that message."""
     chosen = [ALIASES.get(x.strip(), x.strip()) for x in text.split(",") if x.strip()]
     unknown = [x for x in chosen if x not in known]
     if unknown:
@@ -254,8 +256,8 @@ class Run:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmarks; exit status 1 when a group failed."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    backends = _choose(args.backend, BACKENDS, "backend")
-    groups = _choose(args.only, GROUPS, "group")
+    backends = choose(args.backend, BACKENDS, "backend")
+    groups = choose(args.only, GROUPS, "group")
     run = Run(settings_from(args), groups)
     run.header(backends)
     started = time.perf_counter()

@@ -13,13 +13,13 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+from benchmarks.cli import choose
 from benchmarks.stores import BACKENDS, isolated_store
 from taskgate.brokers.base import FailureKind, NewTask
 from taskgate.ids import new_id
 
 __all__ = ["main", "rates"]
 
-_ALIASES = {"pg": "postgresql", "postgres": "postgresql", "mysql": "mariadb", "mem": "memory"}
 _LEASE = timedelta(seconds=60)
 _WARM_UP = 5
 
@@ -50,11 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", default="postgresql,mariadb,sqlite,redis,memory")
     parser.add_argument("-n", type=int, default=300, help="calls of each per run")
     args = parser.parse_args(argv)
-    backends = [_ALIASES.get(name, name) for name in args.backend.split(",") if name]
-    unknown = sorted(set(backends) - set(BACKENDS))
-    if unknown:
-        parser.error(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
-    for backend in backends:
+    for backend in choose(args.backend, BACKENDS, "backend"):
         cancels, retries = rates(backend, args.n)
         print(f"{backend:10s} cancel {cancels:9,.0f}/s  claim+retry {retries:9,.0f}/s")
 
