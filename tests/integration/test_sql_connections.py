@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from gate_helpers import GUARD
 from psycopg import pq
-from sqlalchemy import Connection, Engine, create_engine, event, func, select, text
+from sqlalchemy import Connection, create_engine, event, func, select, text
 
 from taskgate.brokers.sql import SQLBroker, dialects
 from taskgate.brokers.sql import engine as engine_module
@@ -99,20 +99,23 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_the_connection_keeps_w
         engine.dispose()
 
 
-def _flights(engine: Engine, call: Callable[[], object]) -> list[list[str]]:
-    """The frontend messages ``call`` sends on ``engine``'s one pooled connection, per flight."""
+def _flights(broker: SQLBroker, call: Callable[[], object]) -> list[list[str]]:
+    """The frontend messages ``call`` sends, per flight: on the broker's one pooled connection
+    (transactions) and on its held one (one-statement calls, `taskgate.brokers.sql.held`)."""
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "trace"
         with path.open("w") as sink:
-            with engine.connect() as conn:
-                pgconn = conn.connection.driver_connection.pgconn  # type: ignore[union-attr]
+            # The held one first: it is taken out of the pool (of one connection) on first use.
+            with broker._autocommit.connect() as held, broker._engine.connect() as pooled:
+                pgconns = [conn.connection.dbapi_connection.pgconn for conn in (held, pooled)]  # type: ignore[union-attr]
+            for pgconn in pgconns:
                 pgconn.trace(sink.fileno())
                 pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
             try:
                 call()
             finally:
-                with engine.connect() as conn:
-                    conn.connection.driver_connection.pgconn.untrace()  # type: ignore[union-attr]
+                for pgconn in pgconns:
+                    pgconn.untrace()
         lines = path.read_text().splitlines()
     messages: list[str] = []  # a message's SQL goes on over the lines after its first
     for line in lines:
@@ -144,7 +147,7 @@ def test_reads_on_postgresql_are_one_round_trip_each(postgresql_url):
         }
         answers: dict[str, object] = {}
         for name, read in reads.items():
-            flights = _flights(engine, lambda name=name, read=read: answers.update({name: read()}))
+            flights = _flights(broker, lambda name=name, read=read: answers.update({name: read()}))
             assert len(flights) == 1, name
             assert "SELECT" in flights[0][0] and "BEGIN" not in flights[0][0], name
         assert answers["get"] == task and answers["list"] == [task] and answers["history"] == [task]
@@ -162,7 +165,7 @@ def test_a_submit_with_a_business_key_on_postgresql_is_one_round_trip(postgresql
     try:
         broker.enqueue_quiet([new_task()])  # the first call samples the server's clock
         first = new_task(business_key="order-1")
-        flights = _flights(engine, lambda: broker.enqueue_quiet([first]))
+        flights = _flights(broker, lambda: broker.enqueue_quiet([first]))
         assert len(flights) == 1
         assert "INSERT INTO taskgate_business_keys" in flights[0][0]
         assert [task.id for task in broker.history("order-1")] == [first.id]
@@ -182,7 +185,7 @@ def test_a_child_of_waiting_parents_on_postgresql_is_one_round_trip(postgresql_u
     try:
         first, second = broker.enqueue([new_task(), new_task()])
         child = new_task(depends_on=(second.id, first.id, second.id))  # a parent named twice
-        flights = _flights(engine, lambda: broker.enqueue_quiet([child]))
+        flights = _flights(broker, lambda: broker.enqueue_quiet([child]))
         assert len(flights) == 1
         assert broker.get(child.id).status is Status.BLOCKED
         assert broker.get(child.id).depends_on == (second.id, first.id, second.id)

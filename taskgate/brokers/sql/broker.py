@@ -54,6 +54,7 @@ from taskgate.brokers.sql import batch, create, finish, leases, quota_claim, quo
 from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
+from taskgate.brokers.sql.held import HeldConnection
 from taskgate.brokers.sql.prepared import PreparedCache
 from taskgate.brokers.sql.retry import Conflict, run_with_retries
 from taskgate.brokers.sql.rows import snapshot
@@ -105,7 +106,7 @@ class SQLBroker:
         self._poll = _check_poll_interval(poll_interval)
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
-        self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._autocommit = HeldConnection(self._engine.execution_options(isolation_level="AUTOCOMMIT"))
         self._prepared = PreparedCache()
         self._traits: Traits = traits_for(self._engine.dialect.name)
         self._clock = clock
@@ -644,6 +645,7 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
+        self._autocommit.close()
         if self._owns_engine:
             self._engine.dispose()
 

@@ -142,8 +142,8 @@ class Prepared:
 
     def _translated(self, conn: Connection, exc: Any, params: Any, cursor: Any) -> DBAPIError:
         """``exc`` as SQLAlchemy would raise it; a connection the error killed is invalidated."""
-        dbapi_connection = conn.connection.driver_connection
-        lost = self._dialect.is_disconnect(exc, dbapi_connection, cursor)
+        # The pool's proxy, as SQLAlchemy passes it (a detached one has no driver_connection).
+        lost = self._dialect.is_disconnect(exc, conn.connection, cursor)
         if lost:
             conn.invalidate(exc)
         error = DBAPIError.instance(
