@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -17,8 +17,10 @@ __all__ = [
     "LEASE",
     "QUEUE",
     "Countdown",
+    "calls_per_second",
     "completed_count",
     "completed_parent",
+    "drain_rate",
     "enqueue_noops",
     "make_gate",
     "wait_completed",
@@ -85,3 +87,24 @@ class Countdown:
         self.left -= 1
         if self.left == 0:
             self.done.set()
+
+
+async def calls_per_second(call: Callable[[], Awaitable[object]], n: int) -> float:
+    """Calls per second of ``n`` sequential awaits of ``call()``, after two to warm up."""
+    for _ in range(2):  # the first calls open the connections
+        await call()
+    start = time.perf_counter()
+    for _ in range(n):
+        await call()
+    return n / (time.perf_counter() - start)
+
+
+async def drain_rate(broker: Broker, n: int, workers: int) -> float:
+    """Tasks per second of a started gate with ``workers`` draining ``n`` pre-filled no-ops."""
+    gate = make_gate(broker, workers=workers)
+    countdown = Countdown(n)
+    gate.handle(QUEUE, countdown)
+    start = time.perf_counter()
+    async with gate:
+        await countdown.done.wait()
+    return n / (time.perf_counter() - start)

@@ -18,8 +18,9 @@ from benchmarks.common import QUEUE, make_gate
 from benchmarks.settings import Settings
 from benchmarks.stores import isolated_store
 from taskgate import Task
+from taskgate.brokers.base import Broker
 
-__all__ = ["latency_cross_process", "latency_same_process"]
+__all__ = ["latency_cross_process", "latency_same_process", "same_process_samples"]
 
 WARM_UP = 3  # first samples open connections and fill caches; not counted
 
@@ -27,32 +28,37 @@ WARM_UP = 3  # first samples open connections and fill caches; not counted
 def latency_same_process(backend: str, s: Settings) -> list[float]:
     """Milliseconds from ``submit`` to handler start, the gate running in the submitting process."""
     with isolated_store(backend) as store:
-        gate = make_gate(store.open())
-        started: dict[str, float] = {}
-        event = anyio.Event()
+        return same_process_samples(store.open(), s)
 
-        async def handler(task: Task) -> None:
-            started[task.id] = time.monotonic()
-            event.set()
 
-        gate.handle(QUEUE, handler)
+def same_process_samples(broker: Broker, s: Settings) -> list[float]:
+    """`latency_same_process` on ``broker``: ``s.latency_samples`` samples after `WARM_UP`."""
+    gate = make_gate(broker)
+    started: dict[str, float] = {}
+    event = anyio.Event()
 
-        async def measure() -> list[float]:
-            nonlocal event
-            samples = []
-            async with gate:
-                for _ in range(WARM_UP + s.latency_samples):
-                    await anyio.sleep(random.uniform(*s.latency_gap))
+    async def handler(task: Task) -> None:
+        started[task.id] = time.monotonic()
+        event.set()
+
+    gate.handle(QUEUE, handler)
+
+    async def measure() -> list[float]:
+        nonlocal event
+        samples = []
+        async with gate:
+            for _ in range(WARM_UP + s.latency_samples):
+                await anyio.sleep(random.uniform(*s.latency_gap))
+                event = anyio.Event()
+                t0 = time.monotonic()
+                task_id = await gate.submit(QUEUE)
+                while task_id not in started:
+                    await event.wait()
                     event = anyio.Event()
-                    t0 = time.monotonic()
-                    task_id = await gate.submit(QUEUE)
-                    while task_id not in started:
-                        await event.wait()
-                        event = anyio.Event()
-                    samples.append((started[task_id] - t0) * 1000)
-            return samples[WARM_UP:]
+                samples.append((started[task_id] - t0) * 1000)
+        return samples[WARM_UP:]
 
-        return anyio.run(measure)
+    return anyio.run(measure)
 
 
 def latency_cross_process(backend: str, s: Settings) -> list[float]:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import anyio
 
-from benchmarks.common import QUEUE, Countdown, enqueue_noops, make_gate
+from benchmarks.common import QUEUE, calls_per_second, drain_rate, enqueue_noops, make_gate
 from benchmarks.stores import isolated_store
 from taskgate.brokers.redis import RedisBroker
 
@@ -43,40 +42,20 @@ def rate(broker_class: type[RedisBroker], what: str, n: int) -> float:
             if what == "get":
                 return anyio.run(_gets, broker, n)
             enqueue_noops(broker, n)
-            return anyio.run(_drain, broker, n, int(what.removeprefix("w")))
+            return anyio.run(drain_rate, broker, n, int(what.removeprefix("w")))
         finally:
             broker.close()
 
 
 async def _submits(broker: RedisBroker, n: int) -> float:
     gate = make_gate(broker)
-    return await _rate_of(lambda: gate.submit(QUEUE), n)
+    return await calls_per_second(lambda: gate.submit(QUEUE), n)
 
 
 async def _gets(broker: RedisBroker, n: int) -> float:
     gate = make_gate(broker)
     task_id = await gate.submit(QUEUE)
-    return await _rate_of(lambda: gate.get(task_id), n)
-
-
-async def _rate_of(call: Callable[[], Awaitable[object]], n: int) -> float:
-    """Calls per second of ``n`` sequential awaits of ``call()``, after two to warm up."""
-    for _ in range(2):  # the first calls open the connections
-        await call()
-    start = time.perf_counter()
-    for _ in range(n):
-        await call()
-    return n / (time.perf_counter() - start)
-
-
-async def _drain(broker: RedisBroker, n: int, workers: int) -> float:
-    gate = make_gate(broker, workers=workers)
-    countdown = Countdown(n)
-    gate.handle(QUEUE, countdown)
-    start = time.perf_counter()
-    async with gate:
-        await countdown.done.wait()
-    return n / (time.perf_counter() - start)
+    return await calls_per_second(lambda: gate.get(task_id), n)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

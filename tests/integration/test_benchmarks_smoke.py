@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from taskgate.brokers.sql import SQLBroker
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -107,3 +109,27 @@ def test_the_transitions_benchmark_prints_a_line_per_backend() -> None:
         ("sqlite", "cancel", "claim+retry"),
     ]
     assert all(float(words[k].rstrip("/s").replace(",", "")) > 0 for words in lines for k in (2, 4))
+
+
+@pytest.mark.parametrize("what", ["submit", "latency"])
+def test_the_held_connection_a_b_runs_both_sides_on_postgresql(what: str) -> None:
+    stdout = _stdout_of("benchmarks.heldconn", "--what", what, "--rounds", "2", "-n", "20", timeout=120)
+    lines = stdout.splitlines()
+    assert [line.split()[:2] for line in lines[:2]] == [[what, "held"], [what, "pooled"]]
+    assert all(float(line.split()[3].replace(",", "")) > 0 for line in lines[:2])
+    assert lines[2].startswith("held vs pooled (above 1: held faster), paired: median ")
+
+
+def test_the_pooled_side_of_the_held_connection_a_b_takes_the_pool_s_connection(postgresql_url: str) -> None:
+    """The A/B's two sides are what they claim: the pooled side checks a connection out of the
+    pool for a call; the broker's own held connection is outside the pool."""
+    from benchmarks.heldconn import PooledCalls
+
+    for broker_class, checked_out in ((PooledCalls, 1), (SQLBroker, 0)):
+        broker = broker_class(postgresql_url)
+        try:
+            with broker._autocommit.connect():
+                assert broker._engine.pool.checkedout() == checked_out, broker_class
+            assert broker._engine.pool.checkedout() == 0
+        finally:
+            broker.close()

@@ -1,0 +1,106 @@
+"""The held connection against a pooled checkout per call, A/B in one process (PostgreSQL).
+
+``python -m benchmarks.heldconn --what submit --rounds 8`` alternates, round by round, an
+`SQLBroker` and the same broker whose one-statement calls check a pooled connection out and
+back in around each call (as before the nineteenth round, `taskgate.brokers.sql.held`), each
+on a fresh database, and prints the rates and the paired ratios. ``--what``: ``submit``
+(sequential ``gate.submit``, the gate not started), ``get`` (sequential ``gate.get`` of one
+task), ``w10`` / ``w100`` (``n`` pre-filled no-op tasks drained by a started gate with that
+many workers), ``latency`` (same-process submit -> start p50 in ms, as the runner measures it;
+the paired ratio is then pooled / held, so above 1 means faster with the held connection too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+from sqlalchemy import Connection, Engine
+
+from benchmarks.common import QUEUE, calls_per_second, drain_rate, enqueue_noops, make_gate
+from benchmarks.latency import same_process_samples
+from benchmarks.settings import Settings
+from benchmarks.stores import isolated_store
+from taskgate.brokers.sql import SQLBroker
+
+__all__ = ["PooledCalls", "main", "measure"]
+
+
+class _CheckoutPerCall:
+    """``connect()`` from the pool for every call (what `HeldConnection` replaced)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        with self._engine.connect() as conn:
+            yield conn
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+class PooledCalls(SQLBroker):
+    """An `SQLBroker` whose one-statement calls take a pooled connection each."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._autocommit = _CheckoutPerCall(self._engine.execution_options(isolation_level="AUTOCOMMIT"))  # type: ignore[assignment]
+
+
+def measure(broker_class: type[SQLBroker], what: str, n: int) -> float:
+    """One run of ``what`` on a fresh database: tasks per second, or the latency p50 in ms."""
+    with isolated_store("postgresql") as store:
+        broker = broker_class(store.spec["url"])
+        try:
+            if what == "latency":
+                return statistics.median(same_process_samples(broker, Settings(latency_samples=n)))
+            if what in ("submit", "get"):
+                return anyio.run(_calls, broker, what, n)
+            enqueue_noops(broker, n)
+            return anyio.run(drain_rate, broker, n, int(what.removeprefix("w")))
+        finally:
+            broker.close()
+
+
+async def _calls(broker: SQLBroker, what: str, n: int) -> float:
+    gate = make_gate(broker)
+    if what == "submit":
+        return await calls_per_second(lambda: gate.submit(QUEUE), n)
+    task_id = await gate.submit(QUEUE)
+    return await calls_per_second(lambda: gate.get(task_id), n)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print each side's median and samples, then the paired ratios held / pooled."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.heldconn")
+    parser.add_argument("--what", choices=["submit", "get", "w10", "w100", "latency"], default="submit")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "-n", type=int, default=0, help="calls, tasks or latency samples per run (default 1,000 / 5,000 / 40)"
+    )
+    args = parser.parse_args(argv)
+    n = args.n or {"submit": 1000, "get": 1000, "latency": 40}.get(args.what, 5000)
+    sides: dict[str, type[SQLBroker]] = {"held": SQLBroker, "pooled": PooledCalls}
+    values: dict[str, list[float]] = {name: [] for name in sides}
+    for round_number in range(args.rounds):
+        order = list(sides) if round_number % 2 else list(reversed(sides))
+        for name in order:
+            values[name].append(measure(sides[name], args.what, n))
+    unit = "ms p50" if args.what == "latency" else "/s"
+    for name, samples in values.items():
+        shown = " ".join(f"{x:,.2f}" if args.what == "latency" else f"{x:,.0f}" for x in samples)
+        print(f"{args.what} {name:6s} median {statistics.median(samples):9,.2f} {unit}  ({shown})")
+    pairs = zip(values["held"], values["pooled"], strict=True)
+    ratios = [pooled / held if args.what == "latency" else held / pooled for held, pooled in pairs]
+    paired = " ".join(f"{r:.2f}" for r in ratios)
+    print(f"held vs pooled (above 1: held faster), paired: median {statistics.median(ratios):.2f} ({paired})")
+
+
+if __name__ == "__main__":
+    main()
