@@ -1,9 +1,10 @@
-"""The held connection against a pooled checkout per call, A/B in one process (PostgreSQL).
+"""The held connection against a pooled checkout per call, A/B in one process.
 
-``python -m benchmarks.heldconn --what submit --rounds 8`` alternates, round by round, an
-`SQLBroker` and the same broker whose one-statement calls check a pooled connection out and
-back in around each call (as before the nineteenth round, `taskgate.brokers.sql.held`), each
-on a fresh database, and prints the rates and the paired ratios. ``--what``: ``submit``
+``python -m benchmarks.heldconn [--backend pg|sqlite|mariadb] --what submit --rounds 8``
+alternates, round by round, an `SQLBroker` and the same broker holding no connection, so that
+every call checks a pooled one out and back in (as before the nineteenth round,
+`taskgate.brokers.sql.held`), each on a fresh database, and prints the rates and the paired
+ratios. ``--what``: ``submit``
 (sequential ``gate.submit``, the gate not started), ``get`` (sequential ``gate.get`` of one
 task), ``w10`` / ``w100`` (``n`` pre-filled no-op tasks drained by a started gate with that
 many workers), ``latency`` (same-process submit -> start p50 in ms, as the runner measures it;
@@ -14,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
-from sqlalchemy import Connection, Engine
 
+from benchmarks.cli import choose
 from benchmarks.common import QUEUE, calls_per_second, drain_rate, enqueue_noops, make_gate
 from benchmarks.latency import same_process_samples
 from benchmarks.settings import Settings
@@ -30,32 +30,17 @@ from taskgate.brokers.sql import SQLBroker
 __all__ = ["PooledCalls", "main", "measure"]
 
 
-class _CheckoutPerCall:
-    """``connect()`` from the pool for every call (what `HeldConnection` replaced)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    @contextmanager
-    def connect(self) -> Iterator[Connection]:
-        with self._engine.connect() as conn:
-            yield conn
-
-    def close(self) -> None:
-        """Nothing held."""
-
-
 class PooledCalls(SQLBroker):
-    """An `SQLBroker` whose one-statement calls take a pooled connection each."""
+    """An `SQLBroker` that holds no connection: every call takes a pooled one."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._autocommit = _CheckoutPerCall(self._engine.execution_options(isolation_level="AUTOCOMMIT"))  # type: ignore[assignment]
+        self._held = None
 
 
-def measure(broker_class: type[SQLBroker], what: str, n: int) -> float:
+def measure(broker_class: type[SQLBroker], backend: str, what: str, n: int) -> float:
     """One run of ``what`` on a fresh database: tasks per second, or the latency p50 in ms."""
-    with isolated_store("postgresql") as store:
+    with isolated_store(backend) as store:
         broker = broker_class(store.spec["url"])
         try:
             if what == "latency":
@@ -79,19 +64,21 @@ async def _calls(broker: SQLBroker, what: str, n: int) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     """Print each side's median and samples, then the paired ratios held / pooled."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.heldconn")
+    parser.add_argument("--backend", default="postgresql", help="postgresql (pg), sqlite or mariadb")
     parser.add_argument("--what", choices=["submit", "get", "w10", "w100", "latency"], default="submit")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
         "-n", type=int, default=0, help="calls, tasks or latency samples per run (default 1,000 / 5,000 / 40)"
     )
     args = parser.parse_args(argv)
+    (backend,) = choose(args.backend, ["postgresql", "sqlite", "mariadb"], "SQL backend")
     n = args.n or {"submit": 1000, "get": 1000, "latency": 40}.get(args.what, 5000)
     sides: dict[str, type[SQLBroker]] = {"held": SQLBroker, "pooled": PooledCalls}
     values: dict[str, list[float]] = {name: [] for name in sides}
     for round_number in range(args.rounds):
         order = list(sides) if round_number % 2 else list(reversed(sides))
         for name in order:
-            values[name].append(measure(sides[name], args.what, n))
+            values[name].append(measure(sides[name], backend, args.what, n))
     unit = "ms p50" if args.what == "latency" else "/s"
     for name, samples in values.items():
         shown = " ".join(f"{x:,.2f}" if args.what == "latency" else f"{x:,.0f}" for x in samples)

@@ -57,7 +57,7 @@ def test_a_batch_of_acks_on_a_lost_connection_fails_and_the_next_one_goes_throug
         broker.enqueue([new_task() for _ in range(2)])
         items = [(lease.task.id, lease.token, None) for lease in broker.claim("q", 2, LEASE)]
         broker.enqueue([new_task() for _ in range(2)])  # the pool's connection (the claim held its own)
-        with broker._autocommit.connect() as held:
+        with broker._held.use() as held:
             held_pid = held.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         with admin.connect() as conn:
             killed = conn.execute(

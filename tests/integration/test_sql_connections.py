@@ -106,7 +106,7 @@ def _flights(broker: SQLBroker, call: Callable[[], object]) -> list[list[str]]:
         path = Path(directory) / "trace"
         with path.open("w") as sink:
             # The held one first: it is taken out of the pool (of one connection) on first use.
-            with broker._autocommit.connect() as held, broker._engine.connect() as pooled:
+            with broker._held.use() as held, broker._engine.connect() as pooled:
                 pgconns = [conn.connection.dbapi_connection.pgconn for conn in (held, pooled)]  # type: ignore[union-attr]
             for pgconn in pgconns:
                 pgconn.trace(sink.fileno())

@@ -1,5 +1,6 @@
-"""The connection a PostgreSQL broker holds for its one-statement calls (`taskgate.brokers.sql.held`):
-outside the pool, shared in turn, replaced when dead, never touched by a forked child, closed
+"""The connection an SQL broker keeps for its hottest calls (`taskgate.brokers.sql.held`):
+PostgreSQL's one-statement calls in autocommit, SQLite's and MySQL's write transactions.
+Outside the pool, taken in turn, replaced when dead, never touched by a forked child, closed
 with the broker."""
 
 from __future__ import annotations
@@ -7,11 +8,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from gate_helpers import GUARD
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
@@ -20,143 +24,229 @@ from taskgate.errors import BrokerError
 from taskgate.task import Status
 from taskgate.testing.contract._support import new_task
 
-
-def _one_connection_engine(url: str) -> Engine:
-    return create_engine(normalize_url(url), pool_size=1, max_overflow=0, pool_timeout=2)
+LEASE = timedelta(seconds=30)
 
 
-def _held_pid(broker: SQLBroker) -> int:
-    with broker._autocommit.connect() as held:
-        return int(held.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+@dataclass(frozen=True)
+class Server:
+    """How a test names, lists and ends one backend's sessions."""
 
+    url: str
+    session_query: str | None  # this session's id; None: no server (SQLite)
+    sessions_query: str | None = None  # every other session's id in the test's database
+    kill: Callable[[int], str] | None = None
 
-def _sessions(url: str) -> set[int]:
-    admin = create_engine(normalize_url(url), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            query = (
-                "SELECT pid FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return {int(pid) for (pid,) in conn.execute(text(query))}
-    finally:
-        admin.dispose()
+    def session_of(self, conn: Connection) -> int:
+        if self.session_query is None:
+            return id(conn.connection.dbapi_connection)  # one file, no server: the driver's object
+        return int(conn.exec_driver_sql(self.session_query).scalar_one())
 
+    def admin(self) -> Engine:
+        return create_engine(normalize_url(self.url), isolation_level="AUTOCOMMIT")
 
-def _terminate(url: str, pid: int) -> None:
-    admin = create_engine(normalize_url(url), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+    def sessions(self) -> set[int]:
+        assert self.sessions_query is not None
+        admin = self.admin()
+        try:
+            with admin.connect() as conn:
+                return {int(pid) for (pid,) in conn.execute(text(self.sessions_query))}
+        finally:
+            admin.dispose()
+
+    def terminate(self, session: int) -> None:
+        assert self.kill is not None
+        admin = self.admin()
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(self.kill(session)))
+        finally:
+            admin.dispose()
+        self.wait_gone(session, "its termination")
+
+    def wait_gone(self, session: int, after: str) -> None:
         deadline = time.monotonic() + GUARD
-        while pid in _sessions(url):
-            assert time.monotonic() < deadline, f"session {pid} outlived its termination"
+        while session in self.sessions():
+            assert time.monotonic() < deadline, f"session {session} outlived {after}"
             time.sleep(0.005)  # another server process's exit: nothing to wait on but its row
+
+
+def _postgresql(url: str) -> Server:
+    return Server(
+        url,
+        "SELECT pg_backend_pid()",
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        lambda pid: f"SELECT pg_terminate_backend({pid})",
+    )
+
+
+def _mysql(url: str) -> Server:
+    return Server(
+        url,
+        "SELECT CONNECTION_ID()",
+        "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+        lambda pid: f"KILL {pid}",
+    )
+
+
+@pytest.fixture(params=["postgresql", "mysql", "sqlite"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
+    if request.param == "sqlite":
+        return Server(f"sqlite:///{tmp_path / 'tasks.db'}", None)
+    url = request.getfixturevalue(f"{request.param}_url")
+    return _postgresql(url) if request.param == "postgresql" else _mysql(url)
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def networked(request: pytest.FixtureRequest) -> Server:
+    url = request.getfixturevalue(f"{request.param}_url")
+    return _postgresql(url) if request.param == "postgresql" else _mysql(url)
+
+
+def _held_session(broker: SQLBroker, server: Server) -> int:
+    assert broker._held is not None
+    with broker._held.use() as held:
+        return server.session_of(held)
+
+
+def test_the_held_connection_serves_each_backends_hottest_calls_in_its_mode(server):
+    broker = SQLBroker(server.url)
+    try:
+        assert broker._held is not None
+        # PostgreSQL's hot calls are single statements in autocommit; elsewhere transactions.
+        assert broker._held.transactions is (not server.url.startswith("postgresql"))
     finally:
-        admin.dispose()
+        broker.close()
 
 
-def test_one_statement_calls_go_through_while_transactions_hold_the_whole_pool(postgresql_url):
-    """The held connection is not the pool's: with the pool's one connection lent out, a
-    submit, a read and a claim still go through (a pooled checkout would time out)."""
-    engine = _one_connection_engine(postgresql_url)
+def test_hot_calls_go_through_while_the_pool_is_lent_out(server):
+    """The held connection is not the pool's: with the pool's one connection in use, a
+    submit and a claim still go through (a pooled checkout would time out)."""
+    engine = create_engine(normalize_url(server.url), pool_size=1, max_overflow=0, pool_timeout=2)
     broker = SQLBroker(engine)
     try:
-        (task,) = broker.enqueue([new_task()])
+        broker.enqueue([new_task()])
         with engine.connect() as lent:  # the pool's only connection, in use elsewhere
             lent.execute(text("SELECT 1"))
-            assert broker.get(task.id).status is Status.PENDING
-            broker.enqueue_quiet([new_task()])
-            assert len(broker.claim("q", 2, timedelta(seconds=30))) == 2
+            broker.enqueue([new_task()])
+            assert len(broker.claim("q", 2, LEASE)) == 2
     finally:
         broker.close()
         engine.dispose()
 
 
-def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_pool(postgresql_url):
-    engine = _one_connection_engine(postgresql_url)
-    broker = SQLBroker(engine)
+def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_pool(networked):
+    """(On SQLite the held connection's write transaction holds the file's one write lock, which
+    another writer waits for whichever connection it is on.)"""
+    server = networked
+    broker = SQLBroker(server.url)
     try:
-        (task,) = broker.enqueue([new_task(), new_task()])[:1]
-        held = _held_pid(broker)
-        broker.get(task.id)
-        broker.claim("q", 1, timedelta(seconds=30))
-        assert _held_pid(broker) == held  # the same session, call after call
+        (task,) = broker.enqueue([new_task()])
+        held = _held_session(broker, server)
+        broker.enqueue([new_task()])
+        broker.claim("q", 1, LEASE)
+        assert _held_session(broker, server) == held  # the same session, call after call
 
         answers: list[object] = []
-        with broker._autocommit.connect():  # the held connection busy (in another call)
-            reader = threading.Thread(target=lambda: answers.append(broker.get(task.id).id))
-            reader.start()
-            reader.join(GUARD)
-            assert answers == [task.id]  # did not wait for the held connection: took the pool's
-        assert _held_pid(broker) == held
+        assert broker._held is not None
+        with broker._held.use():  # the held connection busy (in another call)
+            submitter = threading.Thread(target=lambda: answers.append(broker.enqueue([new_task()])))
+            submitter.start()
+            submitter.join(GUARD)
+            assert len(answers) == 1  # did not wait for the held connection: took a pooled one
+        assert _held_session(broker, server) == held
+        assert broker.get(task.id).status is Status.RUNNING
     finally:
         broker.close()
-        engine.dispose()
 
 
-def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(postgresql_url):
+def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(networked):
     """Back in use within `PING_AFTER_IDLE` it is not pinged (as a pooled one would not be):
     the call that finds it dead fails with `BrokerError`; the next one opens another."""
-    broker = SQLBroker(postgresql_url)
+    broker = SQLBroker(networked.url)
     try:
-        (task,) = broker.enqueue([new_task()])
-        dead = _held_pid(broker)
-        _terminate(postgresql_url, dead)
+        broker.enqueue([new_task()])
+        dead = _held_session(broker, networked)
+        networked.terminate(dead)
         with pytest.raises(BrokerError):
-            broker.get(task.id)
-        assert broker.get(task.id).id == task.id
-        assert _held_pid(broker) != dead
+            broker.enqueue([new_task()])
+        broker.enqueue([new_task()])
+        assert _held_session(broker, networked) != dead
         assert broker._engine.pool.checkedout() == 0  # the new one is held outside the pool too
+        assert len(broker.claim("q", 3, LEASE)) == 2
     finally:
         broker.close()
 
 
-def test_a_held_connection_killed_while_idle_is_replaced_before_use(postgresql_url, monkeypatch):
-    broker = SQLBroker(postgresql_url)
+def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked, monkeypatch):
+    broker = SQLBroker(networked.url)
     try:
-        (task,) = broker.enqueue([new_task()])
-        dead = _held_pid(broker)
-        _terminate(postgresql_url, dead)
+        broker.enqueue([new_task()])
+        dead = _held_session(broker, networked)
+        networked.terminate(dead)
         monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)  # every connection is "idle"
-        assert broker.get(task.id).id == task.id
-        assert _held_pid(broker) != dead
+        broker.enqueue([new_task()])
+        assert _held_session(broker, networked) != dead
     finally:
         broker.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_opens_its_own_connection_and_leaves_the_parents_session_alone(postgresql_url):
-    broker = SQLBroker(postgresql_url)
+def test_a_forked_child_opens_its_own_connection_and_leaves_the_parents_alone(server):
+    broker = SQLBroker(server.url)
     try:
-        (task,) = broker.enqueue([new_task()])
-        parent_session = _held_pid(broker)
+        broker.enqueue([new_task()])
+        parent_session = _held_session(broker, server)
         child = os.fork()
         if child == 0:  # pragma: no cover -- the child reports through its exit status
             code = 1
             try:
                 broker._engine.dispose(close=False)  # SQLAlchemy's advice for a forked child's pool
-                if broker.get(task.id).id == task.id and _held_pid(broker) != parent_session:
+                broker.enqueue([new_task()])
+                if _held_session(broker, server) != parent_session:
                     code = 0
             finally:
                 os._exit(code)
         _, status = os.waitpid(child, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert broker.get(task.id).id == task.id  # the parent's session was not ended by the child
-        assert _held_pid(broker) == parent_session
+        broker.enqueue([new_task()])  # the parent's connection was not ended by the child
+        assert _held_session(broker, server) == parent_session
+        assert len(broker.claim("q", 5, LEASE)) == 3
     finally:
         broker.close()
 
 
-def test_closing_the_broker_ends_the_held_session(postgresql_url):
-    broker = SQLBroker(postgresql_url)
+def test_closing_the_broker_ends_the_held_session(networked):
+    broker = SQLBroker(networked.url)
     (task,) = broker.enqueue([new_task()])
-    held = _held_pid(broker)
-    assert held in _sessions(postgresql_url)
+    held = _held_session(broker, networked)
+    assert held in networked.sessions()
     broker.close()
-    deadline = time.monotonic() + GUARD
-    while held in _sessions(postgresql_url):
-        assert time.monotonic() < deadline, "the held session outlived the broker"
-        time.sleep(0.005)  # the server process's exit: nothing to wait on but its row
+    networked.wait_gone(held, "the broker")
     with pytest.raises(BrokerError):
         broker.get(task.id)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_during_a_call_on_the_held_connection_holds_one_of_its_own(networked):
+    """The parent's call (another thread's, in an application) had taken the held connection
+    when the fork happened: the child's calls still get a held connection, not the pool's."""
+    broker = SQLBroker(networked.url)
+    try:
+        broker.enqueue([new_task()])
+        assert broker._held is not None
+        with broker._held.use():
+            child = os.fork()
+            if child == 0:  # pragma: no cover -- the child reports through its exit status
+                code = 1
+                try:
+                    broker._engine.dispose(close=False)
+                    broker.enqueue([new_task()])
+                    with broker._held.use():
+                        if broker._engine.pool.checkedout() == 0:  # held, not lent by the pool
+                            code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        broker.close()

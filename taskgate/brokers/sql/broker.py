@@ -13,7 +13,7 @@ import builtins
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -106,7 +106,7 @@ class SQLBroker:
         self._poll = _check_poll_interval(poll_interval)
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
-        self._autocommit = HeldConnection(self._engine.execution_options(isolation_level="AUTOCOMMIT"))
+        self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._prepared = PreparedCache()
         self._traits: Traits = traits_for(self._engine.dialect.name)
         self._clock = clock
@@ -117,6 +117,13 @@ class SQLBroker:
         # busy_timeout's coarse steps (1 ms, 2 ms, 5 ms, ...). This process's own writers
         # (a claim overlapping an ack flush) take turns on a lock instead, at no such cost.
         self._writers = threading.Lock() if self._traits.name == "sqlite" and not memory else None
+        # The connection kept for the hottest calls: PostgreSQL's one-statement calls, in
+        # autocommit; elsewhere (every call a transaction) the write transactions.
+        self._held: HeldConnection | None = None
+        if self._traits.dml_ctes:
+            self._held = HeldConnection(self._autocommit, transactions=False)
+        elif not memory:  # one shared connection already
+            self._held = HeldConnection(self._engine, transactions=True)
         self._signals = Signals()
         self._listener: Listener | None = None
         self._listener_lock = threading.Lock()
@@ -599,12 +606,12 @@ class SQLBroker:
         self, step: Callable[[Tx], _T], read_only: bool, one_statement: bool, *, locked: bool = False
     ) -> _T:
         if one_statement:
-            with self._autocommit.connect() as conn:
+            with self._statement_connection() as conn:
                 tx = self._tx(conn)
                 result = step(tx)
         else:
-            engine = self._reader if read_only else self._engine
-            with nullcontext() if locked else self._serialized(read_only), engine.begin() as conn:
+            turn = nullcontext() if locked else self._serialized(read_only)
+            with turn, self._transaction(read_only) as conn:
                 tx = self._tx(conn)
                 result = step(tx)
                 if tx.woken:
@@ -612,6 +619,20 @@ class SQLBroker:
         if tx.woken:
             self._signals.bump(tx.woken)
         return result
+
+    def _statement_connection(self) -> AbstractContextManager[Connection]:
+        """A connection in autocommit for one statement: the held one when free."""
+        held = self._held
+        if held is not None and not held.transactions:
+            return held.use()
+        return self._autocommit.connect()
+
+    def _transaction(self, read_only: bool) -> AbstractContextManager[Connection]:
+        """A connection inside a new transaction: a write's on the held one when free."""
+        held = self._held
+        if held is not None and held.transactions and not read_only:
+            return held.use()
+        return (self._reader if read_only else self._engine).begin()
 
     def _tx(self, conn: Connection) -> Tx:
         return Tx(conn, self._models, self._traits, self._now, prepared=self._prepared)
@@ -645,7 +666,8 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
-        self._autocommit.close()
+        if self._held is not None:
+            self._held.close()
         if self._owns_engine:
             self._engine.dispose()
 

@@ -6,7 +6,7 @@ import sqlite3
 import time
 from typing import Any
 
-from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.pool import StaticPool
 
@@ -16,6 +16,7 @@ from taskgate.errors import ConfigError
 __all__ = [
     "PING_AFTER_IDLE",
     "SQLITE_BUSY_TIMEOUT",
+    "driver_connection",
     "is_memory_sqlite",
     "make_engine",
     "normalize_url",
@@ -100,6 +101,12 @@ def _ping_if_idle(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         raise
 
 
+def driver_connection(conn: Connection) -> Any:
+    """The driver's own connection under ``conn``, also when ``conn`` was detached from its
+    pool (`taskgate.brokers.sql.held`), where the pool's proxy no longer names it."""
+    return conn.dialect.get_driver_connection(conn.connection.dbapi_connection)  # type: ignore[arg-type]
+
+
 def prepare_engine(engine: Engine) -> Engine:
     """The engine the broker uses on an app's ``engine``: same pool, taskgate's settings.
 
@@ -151,7 +158,7 @@ def _begin_immediate(conn: Any) -> None:
     """
     mode = "BEGIN" if conn.get_execution_options().get("taskgate_read_only") else "BEGIN IMMEDIATE"
     # On the driver's connection: SQLAlchemy's statement machinery costs more than the BEGIN.
-    raw = conn.connection.driver_connection
+    raw = driver_connection(conn)
     try:
         if not nowait.active():
             raw.execute(mode)

@@ -1,17 +1,21 @@
-"""One autocommit connection kept open for the broker's one-statement calls.
+"""One connection the broker keeps checked out for its hottest calls, taken in turn.
 
-A one-statement call (a PostgreSQL submit, claim or read) is one round trip, and checking a
-connection out of the pool and back in around it was a fifth of the call's time in this
-process: SQLAlchemy builds a `Connection`, sets the driver's autocommit on the way out and
-resets it on the way back. Here one connection stays checked out, in autocommit, and the
-calls take turns on it; a call that finds it busy takes a pooled one as before, so calls in
-several threads never wait for each other here.
+Checking a connection out of the pool and back in around each call costs SQLAlchemy a new
+`Connection`, the pool's bookkeeping and, for a call in autocommit, switching the driver's
+autocommit on and back off: on PostgreSQL a fifth to a half of a one-statement call's time in
+this process, on SQLite two thirds of an empty write transaction. Here one connection stays
+checked out and the calls take turns on it; a call that finds it busy takes a pooled one as
+before, so calls in several threads never wait for each other here.
+
+What it serves depends on the dialect (`SQLBroker` decides): on PostgreSQL the one-statement
+calls (a submit, a claim, a read), in autocommit; on SQLite and MySQL, whose calls are all
+transactions, the write transactions. Read-only transactions keep using the pool.
 
 The connection is detached from the pool (`Connection.detach`): it is one connection beyond
-the pool's size, as the wake-up listener's is, and never counts against the connections the
-pool lends to transactions. Like a pooled one it is pinged before use after
+the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
+connections the pool lends out. Like a pooled one it is pinged before use after
 `taskgate.brokers.sql.engine.PING_AFTER_IDLE` seconds idle, and a dead one is replaced. A
-forked child never touches its parent's connection (closing the inherited copy would end the
+forked child never touches its parent's connection (closing the inherited copy could end the
 parent's session on the server); it opens its own.
 """
 
@@ -35,10 +39,15 @@ _INHERITED: list[Connection] = []
 
 
 class HeldConnection:
-    """``connect()``: the held autocommit connection when free, else one from ``engine``'s pool."""
+    """``use()``: the held connection when free, else one of ``engine``'s pool.
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine  # an autocommit option view of the broker's engine
+    ``transactions``: each use runs in a transaction (committed on a normal exit, rolled back
+    on an error), else in whatever mode ``engine`` sets (an autocommit option view).
+    """
+
+    def __init__(self, engine: Engine, *, transactions: bool) -> None:
+        self._engine = engine
+        self.transactions = transactions
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._idle_since = 0.0
@@ -46,18 +55,22 @@ class HeldConnection:
         self._closed = False
 
     @contextmanager
-    def connect(self) -> Iterator[Connection]:
-        """A connection in autocommit for one statement; returned (or kept) on exit."""
+    def use(self) -> Iterator[Connection]:
+        """A connection for one call; given back (kept, or returned to the pool) on exit."""
         if self._pid != os.getpid():
             self._forget_after_fork()
         if self._closed or not self._lock.acquire(blocking=False):
-            with self._engine.connect() as pooled:
+            with self._engine.begin() if self.transactions else self._engine.connect() as pooled:
                 yield pooled
             return
         try:
             conn = self._ready()
             try:
-                yield conn
+                if self.transactions:
+                    with conn.begin():
+                        yield conn
+                else:
+                    yield conn
             finally:
                 self._put_back(conn)
         finally:
@@ -86,8 +99,10 @@ class HeldConnection:
         return conn
 
     def _put_back(self, conn: Connection) -> None:
-        if conn.in_transaction():
-            conn.rollback()  # SQLAlchemy's own autobegun marker; the statements are committed
+        if conn.in_transaction() and not conn.invalidated:
+            # In autocommit: SQLAlchemy's own autobegun marker (the statements are committed).
+            # In a transaction: left open by an error in the commit itself.
+            conn.rollback()
         if self._closed or conn.invalidated:
             self._discard()  # an error found the connection dead: the next call opens another
         else:

@@ -26,6 +26,8 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 
+from taskgate.brokers.sql.engine import driver_connection
+
 __all__ = ["copy_rows"]
 
 
@@ -36,7 +38,7 @@ def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]])
     values_of = operator.itemgetter(*columns) if len(columns) > 1 else lambda row: (row[columns[0]],)
     oids = _binary_types(table, columns)
     statement = _copy_statement(table.schema, table.name, columns, binary=oids is not None)
-    driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+    driver: psycopg.Connection[Any] = driver_connection(conn)
     try:
         with driver.cursor() as cursor, cursor.copy(statement) as copy:
             if oids is not None:
