@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
+from taskgate.brokers.sql.held import HeldConnection
 from taskgate.errors import BrokerError
 from taskgate.task import Status
 from taskgate.testing.contract._support import new_task
@@ -102,33 +103,49 @@ def networked(request: pytest.FixtureRequest) -> Server:
     return _postgresql(url) if request.param == "postgresql" else _mysql(url)
 
 
-def _held_session(broker: SQLBroker, server: Server) -> int:
-    assert broker._held is not None
-    with broker._held.use() as held:
-        return server.session_of(held)
+def _hot(broker: SQLBroker) -> HeldConnection:
+    """The held connection a single submit and a claim run on (PostgreSQL: one statement each)."""
+    held = broker._held_statements or broker._held_writes
+    assert held is not None
+    return held
 
 
-def test_the_held_connection_serves_each_backends_hottest_calls_in_its_mode(server):
+def _held_session(broker: SQLBroker, server: Server, held: HeldConnection | None = None) -> int:
+    with (held or _hot(broker)).use() as conn:
+        return server.session_of(conn)
+
+
+def test_each_backend_holds_a_connection_for_its_writes_and_postgresql_one_for_statements(server):
     broker = SQLBroker(server.url)
     try:
-        assert broker._held is not None
-        # PostgreSQL's hot calls are single statements in autocommit; elsewhere transactions.
-        assert broker._held.transactions is (not server.url.startswith("postgresql"))
+        assert broker._held_writes is not None and broker._held_writes.transactions
+        if server.url.startswith("postgresql"):
+            assert broker._held_statements is not None and not broker._held_statements.transactions
+            assert _held_session(broker, server, broker._held_statements) != _held_session(
+                broker, server, broker._held_writes
+            )
+        else:  # every call is a transaction
+            assert broker._held_statements is None
     finally:
         broker.close()
 
 
 def test_hot_calls_go_through_while_the_pool_is_lent_out(server):
-    """The held connection is not the pool's: with the pool's one connection in use, a
-    submit and a claim still go through (a pooled checkout would time out)."""
+    """The held connections are not the pool's: with the pool's one connection in use, a
+    submit, a claim and an ack still go through (a pooled checkout would time out)."""
     engine = create_engine(normalize_url(server.url), pool_size=1, max_overflow=0, pool_timeout=2)
     broker = SQLBroker(engine)
     try:
+        # Each held connection is taken from the pool on first use: a single submit opens the
+        # one for statements (PostgreSQL), a submit of two the one for write transactions.
         broker.enqueue([new_task()])
+        broker.enqueue([new_task(), new_task()])
         with engine.connect() as lent:  # the pool's only connection, in use elsewhere
             lent.execute(text("SELECT 1"))
             broker.enqueue([new_task()])
-            assert len(broker.claim("q", 2, LEASE)) == 2
+            leases = broker.claim("q", 4, LEASE)
+            assert len(leases) == 4
+            assert broker.ack_many([(lease.task.id, lease.token, None) for lease in leases])
     finally:
         broker.close()
         engine.dispose()
@@ -147,8 +164,7 @@ def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_po
         assert _held_session(broker, server) == held  # the same session, call after call
 
         answers: list[object] = []
-        assert broker._held is not None
-        with broker._held.use():  # the held connection busy (in another call)
+        with _hot(broker).use():  # the held connection busy (in another call)
             submitter = threading.Thread(target=lambda: answers.append(broker.enqueue([new_task()])))
             submitter.start()
             submitter.join(GUARD)
@@ -218,10 +234,11 @@ def test_a_forked_child_opens_its_own_connection_and_leaves_the_parents_alone(se
 def test_closing_the_broker_ends_the_held_session(networked):
     broker = SQLBroker(networked.url)
     (task,) = broker.enqueue([new_task()])
-    held = _held_session(broker, networked)
-    assert held in networked.sessions()
+    held = {_held_session(broker, networked, h) for h in (broker._held_statements, broker._held_writes) if h}
+    assert held <= networked.sessions()
     broker.close()
-    networked.wait_gone(held, "the broker")
+    for session in held:
+        networked.wait_gone(session, "the broker")
     with pytest.raises(BrokerError):
         broker.get(task.id)
 
@@ -233,15 +250,14 @@ def test_a_child_forked_during_a_call_on_the_held_connection_holds_one_of_its_ow
     broker = SQLBroker(networked.url)
     try:
         broker.enqueue([new_task()])
-        assert broker._held is not None
-        with broker._held.use():
+        with _hot(broker).use():
             child = os.fork()
             if child == 0:  # pragma: no cover -- the child reports through its exit status
                 code = 1
                 try:
                     broker._engine.dispose(close=False)
                     broker.enqueue([new_task()])
-                    with broker._held.use():
+                    with _hot(broker).use():
                         if broker._engine.pool.checkedout() == 0:  # held, not lent by the pool
                             code = 0
                 finally:

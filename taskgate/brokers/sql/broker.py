@@ -117,13 +117,13 @@ class SQLBroker:
         # busy_timeout's coarse steps (1 ms, 2 ms, 5 ms, ...). This process's own writers
         # (a claim overlapping an ack flush) take turns on a lock instead, at no such cost.
         self._writers = threading.Lock() if self._traits.name == "sqlite" and not memory else None
-        # The connection kept for the hottest calls: PostgreSQL's one-statement calls, in
-        # autocommit; elsewhere (every call a transaction) the write transactions.
-        self._held: HeldConnection | None = None
-        if self._traits.dml_ctes:
-            self._held = HeldConnection(self._autocommit, transactions=False)
-        elif not memory:  # one shared connection already
-            self._held = HeldConnection(self._engine, transactions=True)
+        # Connections kept checked out for the hottest calls (`taskgate.brokers.sql.held`):
+        # PostgreSQL's one-statement calls, in autocommit, and every write transaction (one
+        # shared connection already for an in-memory SQLite database).
+        self._held_statements = (
+            HeldConnection(self._autocommit, transactions=False) if self._traits.dml_ctes else None
+        )
+        self._held_writes = None if memory else HeldConnection(self._engine, transactions=True)
         self._signals = Signals()
         self._listener: Listener | None = None
         self._listener_lock = threading.Lock()
@@ -622,16 +622,14 @@ class SQLBroker:
 
     def _statement_connection(self) -> AbstractContextManager[Connection]:
         """A connection in autocommit for one statement: the held one when free."""
-        held = self._held
-        if held is not None and not held.transactions:
-            return held.use()
+        if self._held_statements is not None:
+            return self._held_statements.use()
         return self._autocommit.connect()
 
     def _transaction(self, read_only: bool) -> AbstractContextManager[Connection]:
         """A connection inside a new transaction: a write's on the held one when free."""
-        held = self._held
-        if held is not None and held.transactions and not read_only:
-            return held.use()
+        if self._held_writes is not None and not read_only:
+            return self._held_writes.use()
         return (self._reader if read_only else self._engine).begin()
 
     def _tx(self, conn: Connection) -> Tx:
@@ -666,8 +664,9 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
-        if self._held is not None:
-            self._held.close()
+        for held in (self._held_statements, self._held_writes):
+            if held is not None:
+                held.close()
         if self._owns_engine:
             self._engine.dispose()
 
