@@ -1,4 +1,4 @@
-"""One connection the broker keeps checked out for its hottest calls, taken in turn.
+"""A connection the broker keeps checked out for its hottest calls, taken in turn.
 
 Checking a connection out of the pool and back in around each call costs SQLAlchemy a new
 `Connection`, the pool's bookkeeping and, for a call in autocommit, switching the driver's
@@ -7,11 +7,11 @@ this process, on SQLite two thirds of an empty write transaction. Here one conne
 checked out and the calls take turns on it; a call that finds it busy takes a pooled one as
 before, so calls in several threads never wait for each other here.
 
-What it serves depends on the dialect (`SQLBroker` decides): on PostgreSQL the one-statement
-calls (a submit, a claim, a read), in autocommit; on SQLite and MySQL, whose calls are all
-transactions, the write transactions. Read-only transactions keep using the pool.
+`SQLBroker` keeps one for its write transactions (``transactions=True``) and, on PostgreSQL,
+one for its one-statement calls (a submit, a claim, a read) in autocommit. Read-only
+transactions keep using the pool.
 
-The connection is detached from the pool (`Connection.detach`): it is one connection beyond
+A held connection is detached from the pool (`Connection.detach`): it is one connection beyond
 the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
 connections the pool lends out. Like a pooled one it is pinged before use after
 `taskgate.brokers.sql.engine.PING_AFTER_IDLE` seconds idle, and a dead one is replaced. A
