@@ -120,9 +120,12 @@ def test_the_held_connection_a_b_runs_both_sides_on_postgresql(what: str) -> Non
     assert lines[2].startswith("held vs pooled (above 1: held faster), paired: median ")
 
 
-def test_the_pooled_side_of_the_held_connection_a_b_takes_the_pool_s_connection(postgresql_url: str) -> None:
+def test_the_pooled_side_of_the_held_connection_a_b_takes_the_pool_s_connection(
+    postgresql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The A/B's two sides are what they claim: the pooled side checks a connection out of the
     pool for a call; the broker's own held connection is outside the pool."""
+    monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is not installed, only checked out
     from benchmarks.heldconn import PooledCalls
 
     for broker_class, checked_out in ((PooledCalls, 1), (SQLBroker, 0)):
