@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
@@ -17,6 +18,7 @@ __all__ = [
     "LEASE",
     "QUEUE",
     "Countdown",
+    "alternate",
     "calls_per_second",
     "completed_count",
     "completed_parent",
@@ -108,3 +110,29 @@ async def drain_rate(broker: Broker, n: int, workers: int) -> float:
     async with gate:
         await countdown.done.wait()
     return n / (time.perf_counter() - start)
+
+
+def alternate(
+    sides: Sequence[str], measure: Callable[[str], float], what: str, rounds: int, *, latency: bool
+) -> None:
+    """Measure ``sides`` round by round in alternating order (so the machine's drift hits both
+    alike) and print each side's median and samples, then the paired ratios of the first side
+    to the second -- inverted for a latency, so above 1 always means the first side is faster."""
+    first, second = sides
+    values: dict[str, list[float]] = {name: [] for name in sides}
+    for round_number in range(rounds):
+        order = list(sides) if round_number % 2 else list(reversed(sides))
+        for name in order:
+            values[name].append(measure(name))
+    unit = "ms p50" if latency else "/s"
+    width = max(len(name) for name in sides)
+    for name, samples in values.items():
+        shown = " ".join(f"{x:,.2f}" if latency else f"{x:,.0f}" for x in samples)
+        print(f"{what} {name:{width}s} median {statistics.median(samples):9,.2f} {unit}  ({shown})")
+    pairs = zip(values[first], values[second], strict=True)
+    ratios = [b / a if latency else a / b for a, b in pairs]
+    paired = " ".join(f"{r:.2f}" for r in ratios)
+    print(
+        f"{first} vs {second} (above 1: {first} faster), paired: "
+        f"median {statistics.median(ratios):.2f} ({paired})"
+    )

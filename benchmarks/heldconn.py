@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from benchmarks.cli import choose
-from benchmarks.common import QUEUE, calls_per_second, drain_rate, enqueue_noops, make_gate
+from benchmarks.common import QUEUE, alternate, calls_per_second, drain_rate, enqueue_noops, make_gate
 from benchmarks.latency import same_process_samples
 from benchmarks.settings import Settings
 from benchmarks.stores import isolated_store
@@ -62,7 +62,7 @@ async def _calls(broker: SQLBroker, what: str, n: int) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print each side's median and samples, then the paired ratios held / pooled."""
+    """Print each side's median and samples, then the paired ratios (`alternate`)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.heldconn")
     parser.add_argument("--backend", default="postgresql", help="postgresql (pg), sqlite or mariadb")
     parser.add_argument("--what", choices=["submit", "get", "w10", "w100", "latency"], default="submit")
@@ -74,19 +74,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     (backend,) = choose(args.backend, ["postgresql", "sqlite", "mariadb"], "SQL backend")
     n = args.n or {"submit": 1000, "get": 1000, "latency": 40}.get(args.what, 5000)
     sides: dict[str, type[SQLBroker]] = {"held": SQLBroker, "pooled": PooledCalls}
-    values: dict[str, list[float]] = {name: [] for name in sides}
-    for round_number in range(args.rounds):
-        order = list(sides) if round_number % 2 else list(reversed(sides))
-        for name in order:
-            values[name].append(measure(sides[name], backend, args.what, n))
-    unit = "ms p50" if args.what == "latency" else "/s"
-    for name, samples in values.items():
-        shown = " ".join(f"{x:,.2f}" if args.what == "latency" else f"{x:,.0f}" for x in samples)
-        print(f"{args.what} {name:6s} median {statistics.median(samples):9,.2f} {unit}  ({shown})")
-    pairs = zip(values["held"], values["pooled"], strict=True)
-    ratios = [pooled / held if args.what == "latency" else held / pooled for held, pooled in pairs]
-    paired = " ".join(f"{r:.2f}" for r in ratios)
-    print(f"held vs pooled (above 1: held faster), paired: median {statistics.median(ratios):.2f} ({paired})")
+    alternate(
+        list(sides),
+        lambda side: measure(sides[side], backend, args.what, n),
+        args.what,
+        args.rounds,
+        latency=args.what == "latency",
+    )
 
 
 if __name__ == "__main__":

@@ -50,17 +50,28 @@ from taskgate.brokers.checks import (
     check_quota_request,
     check_timeout,
 )
-from taskgate.brokers.sql import batch, create, finish, leases, quota_claim, quotas, reads, submit_claim
+from taskgate.brokers.split import SplitCall
+from taskgate.brokers.sql import (
+    batch,
+    create,
+    finish,
+    leases,
+    pg_split,
+    quota_claim,
+    quotas,
+    reads,
+    submit_claim,
+)
 from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
 from taskgate.brokers.sql.held import HeldConnection
-from taskgate.brokers.sql.prepared import PreparedCache
+from taskgate.brokers.sql.prepared import PreparedCache, preparable
 from taskgate.brokers.sql.retry import Conflict, run_with_retries
-from taskgate.brokers.sql.rows import snapshot
+from taskgate.brokers.sql.rows import snapshot, task_of_plan
 from taskgate.brokers.sql.schema import prepare_schema
 from taskgate.brokers.sql.serverclock import SampledServerClock
-from taskgate.brokers.sql.tx import Tx
+from taskgate.brokers.sql.tx import OneStatement, Tx
 from taskgate.brokers.sql.wakeups import Listener, Signals
 from taskgate.brokers.within_quota import claim_within_grant
 from taskgate.clock import Clock, utc
@@ -142,6 +153,8 @@ class SQLBroker:
             # connections, which beat one after the other (PostgreSQL -23 %, MariaDB -10 %
             # `process.w10` when they were joined).
             acks_in_claims=self._traits.name == "sqlite",
+            # One statement sent from the event loop through libpq (`pg_split`): psycopg only.
+            split_calls=self._held_statements is not None and self._engine.dialect.driver == "psycopg",
         )
         try:
             self._value_limit = self._setup(create_tables)
@@ -547,6 +560,89 @@ class SQLBroker:
         self._signals.close()
         self._dispose()
 
+    # -- split calls (PostgreSQL) -----------------------------------------------------------
+
+    def split(self, method: Callable[..., _T], /, *args: Any, **kwargs: Any) -> SplitCall[_T] | None:
+        """Send a one-statement call (a single submit, a submit that claims, a claim, `get`)
+        from the event loop on the held connection (`taskgate.brokers.sql.pg_split`); see
+        `taskgate.brokers.split.SplitCaller`. Anything else, or no idle held connection, or a
+        server clock due for a reading: None, nothing sent."""
+        planner = _SPLIT_PLANS.get(getattr(method, "__func__", None))
+        # Keyed by SQLBroker's own functions: a subclass's override runs whole, in a thread.
+        if planner is None or getattr(method, "__self__", None) is not self:
+            return None
+        held = self._held_statements
+        now = self._now_without_reading()
+        if held is None or now is None or self._closed:
+            return None
+        conn = held.take()
+        if conn is None:
+            return None
+        try:
+            tx = Tx(conn, self._models, self._traits, self._now, _now=now)
+            plan = planner(self, tx, *args, **kwargs) if preparable(conn) else None
+            prepared = None if plan is None else self._prepared.get(plan.statement, conn.dialect)
+        except BaseException:
+            held.give_back(conn)
+            raise
+        if plan is None or prepared is None:
+            held.give_back(conn)
+            return None
+        answer = plan.answer
+
+        def answered(rows: Sequence[Mapping[str, Any]]) -> Any:
+            result = answer(rows)
+            if tx.woken:
+                self._signals.bump(tx.woken)
+            return result
+
+        return pg_split.send(held, conn, prepared, plan.params, answered)
+
+    def _now_without_reading(self) -> datetime | None:
+        """`_now` when it needs no round trip: None when the server's clock is due for a reading."""
+        if self._clock is not None:
+            return utc(self._clock.now())
+        if self._traits.host_clock:
+            return None
+        return self._server_clock.now_if_fresh()
+
+    def _plan_get(self, tx: Tx, task_id: str) -> OneStatement[Task]:
+        check_identifier(task_id, what="task id")
+        return task_of_plan(tx, task_id)
+
+    def _plan_claim(self, tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> OneStatement[Any]:
+        check_claim(queue, limit, lease_ttl)
+        return leases.claim_plan(tx, queue, limit, lease_ttl)
+
+    def _plan_enqueue(self, tx: Tx, tasks: Sequence[NewTask]) -> OneStatement[Any] | None:
+        return self._plan_store_one(tx, tasks, snapshot)
+
+    def _plan_enqueue_quiet(self, tx: Tx, tasks: Sequence[NewTask]) -> OneStatement[Any] | None:
+        return self._plan_store_one(tx, tasks, _arrival_status)
+
+    def _plan_store_one(
+        self, tx: Tx, tasks: Sequence[NewTask], answer: Callable[[dict[str, Any]], _T]
+    ) -> OneStatement[builtins.list[_T]] | None:
+        """`_store_new`'s checks; the one-statement insert of a single task (else None)."""
+        items = check_new_tasks(tasks)
+        for item in items:
+            create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        if len(items) != 1:
+            return None
+        return create.enqueue_one_plan(tx, items[0], self._channel).then(
+            lambda stored: [answer(_stored_or_thread(stored))]
+        )
+
+    def _plan_enqueue_and_claim(
+        self, tx: Tx, task: NewTask, lease_ttl: timedelta
+    ) -> OneStatement[Any] | None:
+        (item,) = check_new_tasks([task])
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        if not _plain(item):
+            return None
+        return submit_claim.enqueue_and_claim_plan(tx, item, lease_ttl, self._channel).then(_stored_or_thread)
+
     # -- the one transaction runner --------------------------------------------------------
 
     def _run(
@@ -707,3 +803,18 @@ def _check_lease(task_id: object, token: object) -> None:
     check_identifier(task_id, what="task id")
     if not isinstance(token, str):
         raise TypeError(f"lease token must be a str, got {type(token).__name__}")
+
+
+def _stored_or_thread(stored: _T | None) -> _T:
+    """A split statement's answer, or `WouldBlock` when it stored nothing (a taken id or key, a
+    parent missing or final): the thread path's checks then name what was wrong."""
+    if stored is None:
+        raise nowait.WouldBlock("the one-statement insert stored nothing")
+    return stored
+
+
+# The methods `SQLBroker.split` sends from the event loop, each with the plan of its statement.
+_SPLIT_PLANS: dict[object, Callable[..., OneStatement[Any] | None]] = {
+    getattr(SQLBroker, name): getattr(SQLBroker, f"_plan_{name}")
+    for name in ("get", "claim", "enqueue", "enqueue_quiet", "enqueue_and_claim")
+}

@@ -9,7 +9,7 @@ and runs again (`Conflict`), and its checks then name the winner.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,7 +34,7 @@ from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
-from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.clock import utc
 from taskgate.errors import (
     AlreadyReplayedError,
@@ -51,6 +51,7 @@ __all__ = [
     "check_value_size",
     "enqueue",
     "enqueue_one_in_one_statement",
+    "enqueue_one_plan",
     "insert_keys",
     "new_row",
     "replay",
@@ -136,6 +137,11 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[st
     None when that does not hold, or the id or the key is taken (the statement changed
     nothing): the caller then runs `store_new`, whose checks name what was wrong.
     """
+    return tx.one(enqueue_one_plan(tx, item, channel))
+
+
+def enqueue_one_plan(tx: Tx, item: NewTask, channel: str) -> OneStatement[dict[str, Any] | None]:
+    """`enqueue_one_in_one_statement`'s statement and the meaning of its rows."""
     parents = tuple(dict.fromkeys(item.depends_on))
     row = new_row(item, tx.now, Status.BLOCKED if parents else Status.PENDING, None)
     params = {f"p_{name}": value for name, value in row.items()}
@@ -148,16 +154,16 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[st
         )
     else:
         params["p_channel"] = channel
+
+    def answer(inserted: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+        if not inserted:
+            return None  # a parent is missing or final
+        if not parents:
+            tx.woken.add(item.queue)
+        return row
+
     statement = _insert_one(tx.models, tx.traits, keyed=item.business_key is not None, child=bool(parents))
-    try:
-        inserted = tx.fetch(statement, params)
-    except IntegrityError:
-        return None
-    if not inserted:
-        return None  # a parent is missing or final
-    if not parents:
-        tx.woken.add(item.queue)
-    return row
+    return OneStatement(statement, params, answer, none_on_conflict=True)
 
 
 @functools.lru_cache(maxsize=32)

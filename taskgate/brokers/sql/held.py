@@ -53,6 +53,9 @@ class HeldConnection:
         self._idle_since = 0.0
         self._pid = os.getpid()
         self._closed = False
+        # What callers keep for the connection's server session (statements prepared on it):
+        # emptied whenever another connection takes its place.
+        self.session: dict[str, object] = {}
 
     @contextmanager
     def use(self) -> Iterator[Connection]:
@@ -73,6 +76,27 @@ class HeldConnection:
                     yield conn
             finally:
                 self._put_back(conn)
+        finally:
+            self._lock.release()
+
+    def take(self) -> Connection | None:
+        """The held connection for a call that may neither wait nor open one (on an event loop):
+        taken until `give_back`. None when it is busy, closed, not opened yet, idle long enough
+        to be pinged first, or the parent's after a fork: the caller then uses `use` in a thread.
+        """
+        if self._pid != os.getpid() or self._conn is None or not self._lock.acquire(blocking=False):
+            return None
+        conn = self._conn
+        idle = time.monotonic() - self._idle_since
+        if conn is None or self._closed or idle >= engine_settings.PING_AFTER_IDLE:
+            self._lock.release()
+            return None
+        return conn
+
+    def give_back(self, conn: Connection) -> None:
+        """End a `take`: the connection is kept, or discarded when it was invalidated."""
+        try:
+            self._put_back(conn)
         finally:
             self._lock.release()
 
@@ -110,6 +134,7 @@ class HeldConnection:
 
     def _discard(self) -> None:
         conn, self._conn = self._conn, None
+        self.session = {}
         if conn is not None:
             try:
                 conn.close()
@@ -120,6 +145,7 @@ class HeldConnection:
         if self._conn is not None:
             _INHERITED.append(self._conn)
         self._conn = None
+        self.session = {}
         self._lock = threading.Lock()  # the parent's may have been held by one of its threads
         self._pid = os.getpid()
 

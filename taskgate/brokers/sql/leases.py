@@ -8,7 +8,7 @@ for each other and never take the same task twice.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,7 +32,7 @@ from taskgate.brokers.base import Lease, Renewal
 from taskgate.brokers.sql.dialects import Traits, plain_insert
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
-from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.ids import new_tokens
 from taskgate.models import Models
@@ -43,6 +43,7 @@ __all__ = [
     "claim",
     "claim_in_one_statement",
     "claim_params",
+    "claim_plan",
     "due_order",
     "heartbeat",
     "lease_lost_error",
@@ -118,11 +119,22 @@ def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta)
     by the server's random generator -- atomic like any single statement, and one round trip
     instead of BEGIN, UPDATE, INSERT and COMMIT.
     """
+    return tx.one(claim_plan(tx, queue, limit, lease_ttl))
+
+
+def claim_plan(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> OneStatement[list[Lease]]:
+    """`claim_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
     expires_at = now + lease_ttl
     params = {**claim_params(queue, limit, now), "p_expires_at": expires_at}
-    rows = sorted(tx.fetch(_one_statement_claim(tx.models, tx.traits), params), key=due_order)
-    return [Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at) for row in rows]
+
+    def answer(rows: Sequence[Mapping[str, Any]]) -> list[Lease]:
+        return [
+            Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at)
+            for row in sorted(rows, key=due_order)
+        ]
+
+    return OneStatement(_one_statement_claim(tx.models, tx.traits), params, answer)
 
 
 def claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:

@@ -20,6 +20,7 @@ cannot be prepared; `Prepared.of` answers None for them and the caller executes 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -33,6 +34,8 @@ from sqlalchemy.sql.elements import ClauseElement
 __all__ = ["Prepared", "PreparedCache", "preparable"]
 
 Processor = Callable[[Any], Any]
+# A ``pyformat`` placeholder, or the doubled percent sign that stands for a literal one.
+_PYFORMAT = re.compile(r"%\(([^)]+)\)s|%%")
 # (name the driver sees, parameter key or None for a constant, the constant, its processor)
 _Bind = tuple[str, str | None, Any, Processor | None]
 
@@ -40,7 +43,7 @@ _Bind = tuple[str, str | None, Any, Processor | None]
 class Prepared:
     """One statement compiled for one dialect, executed on the driver's cursor."""
 
-    __slots__ = ("_binds", "_columns", "_dialect", "_positional", "_results", "sql")
+    __slots__ = ("_binds", "_columns", "_dialect", "_numbered", "_positional", "_results", "sql")
 
     def __init__(self, compiled: SQLCompiler, columns: Sequence[Any], dialect: Dialect) -> None:
         self.sql = compiled.string
@@ -60,6 +63,7 @@ class Prepared:
                 binds.append((escaped.get(name, name), None, process(value) if process else value, None))
         self._binds = tuple(binds)
         self._columns = tuple(column.key for column in columns)
+        self._numbered: tuple[str, tuple[str, ...]] | None = None
         self._results = tuple(
             (n, process)
             for n, column in enumerate(columns)
@@ -98,7 +102,7 @@ class Prepared:
                 fetched = cursor.fetchall()
             finally:
                 cursor.close()
-        return [self._row(values) for values in fetched]
+        return [self.row(values) for values in fetched]
 
     def run(self, conn: Connection, params: Mapping[str, Any]) -> int:
         """Execute a statement returning no rows; its row count."""
@@ -121,7 +125,23 @@ class Prepared:
         else:
             self._execute(conn, parameters, many=True).close()
 
-    def _row(self, values: Sequence[Any]) -> dict[str, Any]:
+    def numbered(self) -> tuple[str, tuple[str, ...]]:
+        """The SQL with libpq's own placeholders ``$1, $2, ...`` for its ``%(name)s`` ones, and
+        the names in that order (a statement compiled for the ``pyformat`` paramstyle)."""
+        if self._numbered is None:
+            names: dict[str, int] = {}
+
+            def number(match: re.Match[str]) -> str:
+                name = match.group(1)
+                if name is None:
+                    return "%"  # a literal percent sign, doubled by the pyformat compiler
+                return f"${names.setdefault(name, len(names) + 1)}"
+
+            self._numbered = (_PYFORMAT.sub(number, self.sql), tuple(names))
+        return self._numbered
+
+    def row(self, values: Sequence[Any]) -> dict[str, Any]:
+        """One row of driver values as a dict of column key -> value (as SQLAlchemy reads it)."""
         row = dict(zip(self._columns, values, strict=True))
         for n, process in self._results:
             key = self._columns[n]

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Row, Select, Update, bindparam, select, update
 
-from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.errors import TaskNotFoundError
 from taskgate.models import Models
 from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
@@ -23,6 +23,7 @@ __all__ = [
     "snapshot_select",
     "status_values",
     "task_of",
+    "task_of_plan",
     "write_task",
 ]
 
@@ -68,10 +69,18 @@ def snapshot_select(models: Models) -> Select[Any]:
 def task_of(tx: Tx, task_id: str) -> Task:
     """The snapshot of ``task_id`` (one statement, built once per schema); raises
     `TaskNotFoundError`."""
-    found = tx.fetch(_one_task(tx.models), {"p_id": task_id})
-    if not found:
-        raise TaskNotFoundError(f"no task with id {task_id!r}")
-    return snapshot(found[0])
+    return tx.one(task_of_plan(tx, task_id))
+
+
+def task_of_plan(tx: Tx, task_id: str) -> OneStatement[Task]:
+    """`task_of`'s statement and the meaning of its rows."""
+
+    def answer(found: Sequence[Mapping[str, Any]]) -> Task:
+        if not found:
+            raise TaskNotFoundError(f"no task with id {task_id!r}")
+        return snapshot(found[0])
+
+    return OneStatement(_one_task(tx.models), {"p_id": task_id}, answer)
 
 
 def write_task(tx: Tx, task_id: str, values: Mapping[str, Any]) -> None:

@@ -43,6 +43,16 @@ class SampledServerClock:
             # The server read its clock somewhere inside the round trip: take the middle.
             base = (server, (before + time.monotonic()) / 2)
             self._base = base
+        return self._carried(base)
+
+    def now_if_fresh(self) -> datetime | None:
+        """`now` for a caller that cannot wait for the server: None when a reading is due."""
+        base = self._base
+        if base is None or time.monotonic() - base[1] >= self._resync:
+            return None
+        return self._carried(base)
+
+    def _carried(self, base: tuple[datetime, float]) -> datetime:
         value = base[0] + timedelta(seconds=time.monotonic() - base[1])
         with self._lock:
             if self._last is not None and value < self._last:

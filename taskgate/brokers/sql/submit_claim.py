@@ -15,6 +15,7 @@ no one else can see it before the commit).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,11 +45,11 @@ from taskgate.brokers.sql import create, leases
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import snapshot, status_values
-from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
-__all__ = ["enqueue_and_claim", "enqueue_and_claim_in_one_statement"]
+__all__ = ["enqueue_and_claim", "enqueue_and_claim_in_one_statement", "enqueue_and_claim_plan"]
 
 
 def enqueue_and_claim(
@@ -88,23 +89,33 @@ def enqueue_and_claim_in_one_statement(
     insert, the lease and -- when the task stays pending -- the ``pg_notify`` of its queue are
     one round trip and one commit. A task not due on arrival goes the plain way.
     """
+    return tx.one(enqueue_and_claim_plan(tx, item, lease_ttl, channel))
+
+
+def enqueue_and_claim_plan(
+    tx: Tx, item: NewTask, lease_ttl: timedelta, channel: str
+) -> OneStatement[tuple[Task, Lease | None] | None]:
+    """`enqueue_and_claim_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
     if not _due_on_arrival(item, now):
-        inserted = create.enqueue_one_in_one_statement(tx, item, channel)
-        return None if inserted is None else (snapshot(inserted), None)
+        return create.enqueue_one_plan(tx, item, channel).then(
+            lambda inserted: None if inserted is None else (snapshot(inserted), None)
+        )
     pending = create.new_row(item, now, Status.PENDING, None)
     params: dict[str, Any] = {f"p_{name}": value for name, value in pending.items() if name not in _DECIDED}
     params.update(_due_params(item, now), p_expires_at=now + lease_ttl, p_channel=channel)
-    try:
-        (row,) = tx.fetch(_insert_claimed_or_notify(tx.models, tx.traits), params)
-    except IntegrityError:
-        return None
-    stored = snapshot(pending)
-    if row["lease_token"] is None:
-        tx.woken.add(item.queue)
-        return stored, None
-    running = snapshot(pending, _claimed_values(now))
-    return stored, Lease(task=running, token=row["lease_token"], expires_at=params["p_expires_at"])
+
+    def answer(rows: Sequence[Mapping[str, Any]]) -> tuple[Task, Lease | None]:
+        (row,) = rows
+        stored = snapshot(pending)
+        if row["lease_token"] is None:
+            tx.woken.add(item.queue)
+            return stored, None
+        running = snapshot(pending, _claimed_values(now))
+        return stored, Lease(task=running, token=row["lease_token"], expires_at=params["p_expires_at"])
+
+    statement = _insert_claimed_or_notify(tx.models, tx.traits)
+    return OneStatement(statement, params, answer, none_on_conflict=True)
 
 
 def _due_on_arrival(item: NewTask, now: datetime) -> bool:

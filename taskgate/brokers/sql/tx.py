@@ -5,16 +5,44 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from sqlalchemy import Connection, Table
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.base import Executable
 
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.prepared import Prepared, PreparedCache, preparable
 from taskgate.models import Models
 
-__all__ = ["Tx", "table_of"]
+__all__ = ["OneStatement", "Tx", "table_of"]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+@dataclass(frozen=True, slots=True)
+class OneStatement(Generic[T]):
+    """A transition that is exactly one statement: what to send, and what its rows mean.
+
+    The broker runs it with `Tx.one` in a broker thread or, on PostgreSQL, sends it from the
+    event loop (`taskgate.brokers.sql.pg_split`); both read the rows with the same ``answer``.
+    ``none_on_conflict``: a constraint violation (a taken id or key) answers None instead of
+    raising -- the statement changed nothing, and the caller takes the slower path whose
+    checks name what was wrong.
+    """
+
+    statement: Executable
+    params: Mapping[str, Any]
+    answer: Callable[[Sequence[Mapping[str, Any]]], T]
+    none_on_conflict: bool = False
+
+    def then(self, follow: Callable[[T], U]) -> OneStatement[U]:
+        """The same statement, its answer passed through ``follow``."""
+        answer = self.answer
+        return OneStatement(
+            self.statement, self.params, lambda rows: follow(answer(rows)), self.none_on_conflict
+        )
 
 
 @dataclass(slots=True)
@@ -57,6 +85,17 @@ class Tx:
         if prepared is None:
             return cast(Sequence[Mapping[str, Any]], self.conn.execute(statement, params).mappings().all())
         return prepared.rows(self.conn, params)
+
+    def one(self, plan: OneStatement[T]) -> T:
+        """Run ``plan``'s statement and answer its rows (None for a conflict it allows: its
+        answer's type admits None then)."""
+        try:
+            rows = self.fetch(plan.statement, plan.params)
+        except IntegrityError:
+            if plan.none_on_conflict:
+                return cast(T, None)
+            raise
+        return plan.answer(rows)
 
     def write(self, statement: Executable, params: Mapping[str, Any]) -> int:
         """Execute a statement returning no rows; the number of rows it matched."""
