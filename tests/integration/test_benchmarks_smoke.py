@@ -82,14 +82,30 @@ def test_the_server_count_runs_redis_under_valgrind_and_counts_each_phase() -> N
     assert all(10_000 < value < 10_000_000 for value in counts.values()), counts
 
 
-@pytest.mark.parametrize("what", ["submit", "get"])
-def test_the_split_calls_a_b_runs_both_sides_on_redis(what: str) -> None:
-    stdout = _stdout_of("benchmarks.splitcalls", "--what", what, "--rounds", "2", "-n", "50", timeout=120)
+@pytest.mark.parametrize(("backend", "what"), [("redis", "submit"), ("redis", "get"), ("pg", "latency")])
+def test_the_split_calls_a_b_runs_both_sides(backend: str, what: str) -> None:
+    args = ("--backend", backend, "--what", what, "--rounds", "2", "-n", "20")
+    stdout = _stdout_of("benchmarks.splitcalls", *args, timeout=120)
     lines = stdout.splitlines()
-    assert all(line.startswith(what) for line in lines[:2])
-    assert [line.split()[1] for line in lines[:2]] == ["split", "threads"]
-    assert all(float(line.split()[3].rstrip("/s").replace(",", "")) > 0 for line in lines[:2])
-    assert lines[2].startswith("split / threads, paired: median ")
+    assert [line.split()[:2] for line in lines[:2]] == [[what, "split"], [what, "threads"]]
+    assert all(float(line.split()[3].replace(",", "")) > 0 for line in lines[:2])
+    assert lines[2].startswith("split vs threads (above 1: split faster), paired: median ")
+
+
+def test_the_thread_side_of_the_split_calls_a_b_splits_nothing(
+    postgresql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The A/B's two sides are what they claim: only the split side declares split calls."""
+    monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is not installed, only checked out
+    from benchmarks.splitcalls import SQLThreadHops, ThreadHops
+
+    assert not ThreadHops.capabilities.split_calls
+    for broker_class, splits in ((SQLThreadHops, False), (SQLBroker, True)):
+        broker = broker_class(postgresql_url)
+        try:
+            assert broker.capabilities.split_calls is splits
+        finally:
+            broker.close()
 
 
 def test_the_api_calls_benchmark_prints_a_line_per_backend_and_call() -> None:

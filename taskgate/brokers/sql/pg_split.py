@@ -49,13 +49,18 @@ _STATEMENT_GONE = b"26000"
 
 class _Session:
     """What split calls keep for one server session: psycopg's adaptation context, and the
-    name each statement is prepared under (None: its PREPARE failed, never split it again)."""
+    name each statement is prepared under."""
 
-    __slots__ = ("names", "transformer")
+    __slots__ = ("names", "prepares", "transformer")
 
     def __init__(self, driver: psycopg.Connection[Any]) -> None:
         self.transformer = Transformer(driver)
-        self.names: dict[tuple[str, tuple[int, ...]], bytes | None] = {}
+        self.names: dict[tuple[str, tuple[int, ...]], bytes] = {}
+        self.prepares = 0  # names are never reused: a forgotten one may still exist on the server
+
+    def next_name(self) -> bytes:
+        self.prepares += 1
+        return f"taskgate_{self.prepares}".encode()
 
 
 class _Phase(Enum):
@@ -85,20 +90,17 @@ def send(
         transformer = session.transformer
         dumped = transformer.dump_sequence([values[name] for name in names], [PyFormat.AUTO] * len(names))
         key = (sql, tuple(transformer.types or ()))
-        name = session.names.get(key, b"")
+        name = session.names.get(key)
     except psycopg.Error:  # a value psycopg cannot adapt: the thread path raises what it raises
         held.give_back(conn)
         return None
     except BaseException:
         held.give_back(conn)
         raise
-    if name is None:  # its PREPARE failed on this session
-        held.give_back(conn)
-        return None
     formats = transformer.formats or ()
     call = StatementCall(held, conn, driver.pgconn, session, key, answer, prepared, dumped, formats)
     try:
-        if name:
+        if name is not None:
             call.send_execute(name)
         else:
             call.send_prepare(sql)
@@ -143,7 +145,7 @@ class StatementCall(Generic[T]):
 
     def send_prepare(self, sql: str) -> None:
         """First use on this session: PREPARE; the EXECUTE follows its reply (`receive`)."""
-        self._name = f"taskgate_{len(self._session.names)}".encode()
+        self._name = self._session.next_name()
         with _blocking(self._pgconn):
             self._pgconn.send_prepare(self._name, sql.encode(), self._key[1])
         self._phase = _Phase.PREPARING
@@ -199,7 +201,8 @@ class StatementCall(Generic[T]):
         """The PREPARE's reply is in: on success, remember the name and say so."""
         reply, self._reply = self._reply, None
         ok = reply is not None and reply.status == pq.ExecStatus.COMMAND_OK
-        self._session.names[self._key] = self._name if ok else None
+        if ok:  # else the thread path runs the call, and the next split prepares again
+            self._session.names[self._key] = self._name
         return ok
 
     def _complete(self) -> None:

@@ -1,0 +1,411 @@
+"""PostgreSQL calls split in two (`taskgate.brokers.sql.pg_split`): the statement leaves from the
+event loop on the held connection and the loop reads its reply. They answer what the same calls
+answer in a thread, send nothing when they cannot finish on the loop, go back to the thread path
+on any error the server answers, and a caller that gives up leaves the reply to a thread."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from gate_helpers import GUARD, make_gate
+from sqlalchemy import create_engine, text
+
+from taskgate import QueueConfig, Status, Task
+from taskgate.brokers import nowait
+from taskgate.brokers.base import Lease
+from taskgate.brokers.split import SplitCall
+from taskgate.brokers.sql import SQLBroker
+from taskgate.brokers.sql import engine as engine_module
+from taskgate.brokers.sql.engine import normalize_url
+from taskgate.brokers.sql.held import HeldConnection
+from taskgate.brokers.sql.serverclock import RESYNC_SECONDS
+from taskgate.errors import BrokerError, TaskNotFoundError
+from taskgate.runtime.calls import BrokerCalls
+from taskgate.testing.contract._support import TTL, new_task
+
+
+class CountingSplits(SQLBroker):
+    """An SQLBroker that counts the calls it split and those it left to a thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.split_names: list[str] = []
+        self.unsplit = 0
+
+    def split(self, method: Callable[..., Any], /, *args: Any, **kwargs: Any) -> SplitCall[Any] | None:
+        call = super().split(method, *args, **kwargs)
+        if call is None:
+            self.unsplit += 1
+        else:
+            self.split_names.append(getattr(method, "__name__", ""))
+        return call
+
+
+@pytest.fixture
+def broker(postgresql_url: str) -> Iterator[CountingSplits]:
+    opened = CountingSplits(postgresql_url)
+    yield opened
+    opened.close()
+
+
+def _held(broker: SQLBroker) -> HeldConnection:
+    assert broker._held_statements is not None
+    return broker._held_statements
+
+
+def _ready(broker: SQLBroker) -> None:
+    """A call in a thread opens the held connection and reads the server's clock, which a split
+    call can do neither of (it sends nothing until both are there)."""
+    assert broker.split(broker.get, "warm-up") is None
+    broker.claim("warm-up", 1, TTL)
+
+
+def _drive(call: SplitCall[Any]) -> Any:
+    """What the runtime does on the event loop, with select: wait readable, receive, answer."""
+    while True:
+        readable, _, _ = select.select([call.fileno()], [], [], GUARD)
+        assert readable, "no reply within the guard"
+        if call.receive():
+            return call.result()
+
+
+def _split(broker: SQLBroker, method: Callable[..., Any], *args: Any) -> Any:
+    call = broker.split(method, *args)
+    assert call is not None, "the call was not split"
+    return _drive(call)
+
+
+def _session(broker: SQLBroker) -> int:
+    with _held(broker).use() as conn:
+        return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+# -- the broker's side -----------------------------------------------------------------------
+
+
+def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
+    _ready(broker)
+    task = new_task(payload=b"\x00\xffpayload")
+    assert _split(broker, broker.enqueue_quiet, [task]) == [Status.PENDING]
+    assert broker.get(task.id).payload == b"\x00\xffpayload"
+
+    (stored,) = _split(broker, broker.enqueue, [new_task(business_key="order-7", delay=timedelta(hours=1))])
+    assert stored == broker.get(stored.id)
+    assert stored.business_key == "order-7" and stored.run_at > stored.created_at
+
+    (child,) = _split(broker, broker.enqueue, [new_task(depends_on=(task.id,))])
+    assert child.status is Status.BLOCKED and child == broker.get(child.id)
+
+    (lease,) = _split(broker, broker.claim, "q", 5, TTL)
+    assert isinstance(lease, Lease)
+    assert lease.task.id == task.id and lease.task.status is Status.RUNNING
+    assert lease.task == broker.get(task.id)
+    broker.ack(task.id, lease.token, b"done")  # the token the split claim answered holds the lease
+    assert broker.get(child.id).status is Status.PENDING
+
+    submitted, claimed = _split(broker, broker.enqueue_and_claim, new_task(queue="idle"), TTL)
+    assert submitted.status is Status.PENDING and claimed is not None
+    assert claimed.task == broker.get(submitted.id)
+    assert broker.ack(submitted.id, claimed.token, None).status is Status.COMPLETED
+    assert broker.split_names == ["enqueue_quiet", "enqueue", "enqueue", "claim", "enqueue_and_claim"]
+
+
+def test_a_split_get_answers_every_field_as_the_thread_path_reads_it(broker: CountingSplits) -> None:
+    _ready(broker)
+    (parent,) = broker.enqueue([new_task()])
+    (task,) = broker.enqueue(
+        [
+            new_task(
+                payload=bytes(range(256)),
+                business_key="k-1",
+                depends_on=(parent.id,),
+                ignore_parent_failure=True,
+                max_retry=3,
+            )
+        ]
+    )
+    for task_id in (parent.id, task.id):
+        assert _split(broker, broker.get, task_id) == broker.get(task_id)
+    missing = broker.split(broker.get, "no-such-task")
+    assert missing is not None
+    with pytest.raises(TaskNotFoundError, match="no-such-task"):
+        _drive(missing)
+
+
+def test_a_taken_id_sends_the_call_to_the_thread_path_having_changed_nothing(broker: CountingSplits) -> None:
+    _ready(broker)
+    task = new_task()
+    broker.enqueue([task])
+    call = broker.split(broker.enqueue_quiet, [new_task(id=task.id, queue="other")])
+    assert call is not None
+    with pytest.raises(nowait.WouldBlock):
+        _drive(call)
+    assert broker.counts() == {"t": {Status.PENDING: 1}}
+    with pytest.raises(ValueError, match="already in use"):
+        broker.enqueue_quiet([new_task(id=task.id, queue="other")])  # the thread path names it
+    assert _split(broker, broker.get, task.id).queue == "q"  # the connection went back
+
+
+def test_bad_arguments_raise_before_anything_is_sent(broker: CountingSplits) -> None:
+    _ready(broker)
+    with pytest.raises(ValueError, match="task id"):
+        broker.split(broker.get, "")
+    with pytest.raises(ValueError):
+        broker.split(broker.claim, "q", 0, TTL)
+    assert _split(broker, broker.claim, "q", 1, TTL) == []  # the held connection was given back
+
+
+class OverridesGet(SQLBroker):
+    def get(self, task_id: str) -> Task:
+        return super().get(task_id)
+
+
+def test_what_is_not_split_sends_nothing(broker: CountingSplits, postgresql_url: str) -> None:
+    _ready(broker)
+    assert broker.split(broker.enqueue_quiet, [new_task(), new_task()]) is None  # a batch
+    assert broker.split(broker.list, None) is None  # not a method split
+    assert broker.split(len, "x") is None
+    other = SQLBroker(postgresql_url)
+    try:
+        assert broker.split(other.get, "x") is None  # another broker's method
+    finally:
+        other.close()
+    overriding = OverridesGet(postgresql_url)
+    try:
+        _ready(overriding)
+        assert overriding.split(overriding.get, "x") is None
+    finally:
+        overriding.close()
+    assert broker.split_names == []
+
+
+def test_a_busy_held_connection_leaves_the_call_to_a_thread(broker: CountingSplits) -> None:
+    _ready(broker)
+    (task,) = broker.enqueue([new_task()])
+    with _held(broker).use():
+        assert broker.split(broker.get, task.id) is None
+    call = broker.split(broker.get, task.id)
+    assert call is not None
+    assert broker.split(broker.get, task.id) is None  # taken by the call in flight
+    assert _drive(call).id == task.id
+    assert _split(broker, broker.get, task.id).id == task.id
+
+
+def test_a_server_clock_due_for_a_reading_sends_nothing(broker: CountingSplits) -> None:
+    _ready(broker)
+    server_time, read_at = broker._server_clock._base or (None, 0.0)
+    assert server_time is not None
+    broker._server_clock._base = (server_time, read_at - RESYNC_SECONDS)  # an old reading
+    assert broker.split(broker.claim, "q", 1, TTL) is None
+    broker.claim("q", 1, TTL)  # a thread call reads the clock
+    assert _split(broker, broker.claim, "q", 1, TTL) == []
+
+
+def test_an_idle_held_connection_is_pinged_in_a_thread_first(broker: CountingSplits, monkeypatch) -> None:
+    _ready(broker)
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)
+    assert broker.split(broker.get, "x") is None
+    monkeypatch.undo()
+    assert _split(broker, broker.claim, "q", 1, TTL) == []
+
+
+def test_a_connection_killed_under_a_split_call_fails_it_and_is_replaced(
+    broker: CountingSplits, postgresql_url: str
+) -> None:
+    """The session ends while the statement waits on the server (a lock): the call fails with
+    `BrokerError`, as the same call in a thread fails, and the next call opens another session."""
+    _ready(broker)
+    (task,) = broker.enqueue([new_task()])
+    dead = _session(broker)
+    with _LockedTasks(postgresql_url) as locked:
+        call = broker.split(broker.claim, "q", 1, TTL)
+        assert call is not None
+        locked.wait_for_waiter()
+        admin = create_engine(normalize_url(postgresql_url))
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f"SELECT pg_terminate_backend({dead})"))
+        finally:
+            admin.dispose()
+        with pytest.raises(BrokerError, match="connection lost"):
+            _drive(call)
+    assert _held(broker).take() is None  # discarded: the next call opens another, in a thread
+    assert broker.get(task.id).status is Status.PENDING  # the claim changed nothing
+    assert _session(broker) != dead
+    assert broker._engine.pool.checkedout() == 0
+    (lease,) = _split(broker, broker.claim, "q", 1, TTL)  # prepared again on the new session
+    assert lease.task.id == task.id
+
+
+def test_a_statement_the_server_forgot_is_prepared_again(broker: CountingSplits) -> None:
+    _ready(broker)
+    (task,) = broker.enqueue([new_task()])
+    assert _split(broker, broker.get, task.id).id == task.id  # PREPARE, then EXECUTE
+    with _held(broker).use() as conn:
+        conn.exec_driver_sql("DEALLOCATE ALL")
+    forgotten = broker.split(broker.get, task.id)
+    assert forgotten is not None
+    with pytest.raises(nowait.WouldBlock):
+        _drive(forgotten)
+    assert _split(broker, broker.get, task.id).id == task.id
+
+
+def test_a_failed_prepare_sends_the_call_to_a_thread_and_the_next_split_prepares_again(
+    broker: CountingSplits,
+) -> None:
+    _ready(broker)
+    (task,) = broker.enqueue([new_task()])
+    with _held(broker).use() as conn:
+        conn.exec_driver_sql("SET search_path TO pg_catalog")  # the tables out of sight
+    refused = broker.split(broker.get, task.id)
+    assert refused is not None
+    with pytest.raises(nowait.WouldBlock):
+        _drive(refused)
+    with _held(broker).use() as conn:
+        conn.exec_driver_sql("RESET search_path")
+    assert _split(broker, broker.get, task.id).id == task.id
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_splits_on_its_parent_s_connection(broker: CountingSplits) -> None:
+    _ready(broker)
+    child = os.fork()
+    if child == 0:  # pragma: no cover -- the child reports through its exit status
+        code = 1
+        try:
+            if broker.split(broker.get, "x") is None:
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _split(broker, broker.claim, "q", 1, TTL) == []
+
+
+# -- the runtime's side ----------------------------------------------------------------------
+
+
+class _LockedTasks:
+    """Another session holds the task table locked: a claim's statement waits on the server."""
+
+    def __init__(self, url: str) -> None:
+        self._engine = create_engine(normalize_url(url))
+
+    def __enter__(self) -> _LockedTasks:
+        self._conn = self._engine.connect()
+        self._conn.begin()
+        self._conn.execute(text("LOCK TABLE taskgate_tasks IN ACCESS EXCLUSIVE MODE"))
+        return self
+
+    def wait_for_waiter(self) -> None:
+        """Until another session waits for the lock (the statement is on the server)."""
+        deadline = time.monotonic() + GUARD
+        query = text(
+            "SELECT count(*) FROM pg_locks WHERE relation = 'taskgate_tasks'::regclass AND NOT granted"
+        )
+        while not self._conn.execute(query).scalar_one():
+            assert time.monotonic() < deadline, "no statement came to wait for the lock"
+            time.sleep(0.005)  # another session's arrival: nothing to wait on but its lock row
+
+    def __exit__(self, *exc: object) -> None:
+        self._conn.rollback()
+        self._conn.close()
+        self._engine.dispose()
+
+
+class LateLeases:
+    """An ``on_abandoned`` that keeps what a late claim answered, for the test to wait on."""
+
+    def __init__(self) -> None:
+        self.leases: list[Lease] = []
+        self._got = threading.Event()
+
+    def __call__(self, leases: list[Lease]) -> None:
+        self.leases = leases
+        self._got.set()
+
+    def wait(self) -> list[Lease]:
+        assert self._got.wait(GUARD), "the abandoned call never answered"
+        return self.leases
+
+
+@pytest.mark.anyio
+async def test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned(
+    broker: CountingSplits, postgresql_url: str
+) -> None:
+    _ready(broker)
+    broker.enqueue([new_task(), new_task()])
+    calls = BrokerCalls(4, split=broker.split)
+    late = LateLeases()
+    with _LockedTasks(postgresql_url), pytest.raises(BrokerError, match="did not answer within"):
+        await calls(broker.claim, "q", 2, TTL, deadline=0.05, on_abandoned=late)
+    assert broker.split_names == ["claim"]  # it was split, not run in a thread
+    leases = late.wait()
+    assert [lease.task.status for lease in leases] == [Status.RUNNING] * 2
+    assert all(broker.get(lease.task.id).status is Status.RUNNING for lease in leases)
+    assert await calls(broker.get, leases[0].task.id) == leases[0].task  # the connection is back
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_wait_leaves_the_reply_to_a_thread(
+    broker: CountingSplits, postgresql_url: str
+) -> None:
+    _ready(broker)
+    task = new_task()
+    broker.enqueue([task])
+    calls = BrokerCalls(4, split=broker.split)
+    late = LateLeases()
+    with _LockedTasks(postgresql_url):
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: calls(broker.claim, "q", 1, TTL, on_abandoned=late))
+            with anyio.fail_after(GUARD):
+                while not broker.split_names:  # the statement is out; the lock holds it
+                    await anyio.lowlevel.checkpoint()
+            group.cancel_scope.cancel()
+    assert [lease.task.id for lease in late.wait()] == [task.id]
+    assert await calls(broker.get, task.id) == late.leases[0].task
+    assert broker.split_names == ["claim", "get"]
+
+
+@pytest.mark.anyio
+async def test_a_gate_submits_claims_and_reads_through_split_calls(broker: CountingSplits) -> None:
+    gate = make_gate(broker, {"q": QueueConfig(workers=4)})
+    done = anyio.Event()
+    seen: list[str] = []
+
+    @gate.handler("q")
+    async def work(task: Task) -> str:
+        seen.append(task.id)
+        if len(seen) == 40:
+            done.set()
+        return task.id
+
+    with anyio.fail_after(GUARD):
+        async with gate:
+            ids = [await gate.submit("q") for _ in range(40)]
+            await done.wait()
+    assert sorted(seen) == sorted(ids)
+    assert broker.counts()["q"] == {Status.COMPLETED: 40}
+    # A call finding the held connection taken by another in flight went to a thread.
+    names = set(broker.split_names)
+    assert names & {"enqueue_quiet", "enqueue_and_claim"} and names & {"claim", "enqueue_and_claim"}
+
+
+@pytest.mark.anyio
+async def test_a_gate_submits_and_reads_a_task_through_split_calls(broker: CountingSplits) -> None:
+    """A web process's submit and status read need no thread (the gate is not even started)."""
+    _ready(broker)
+    gate = make_gate(broker, {"q": QueueConfig(workers=1)})
+    task_id = await gate.submit("q", b"payload")
+    got = await gate.get(task_id)
+    assert (got.id, got.status, got.payload) == (task_id, Status.PENDING, b"payload")
+    assert broker.split_names == ["enqueue_quiet", "get"]
