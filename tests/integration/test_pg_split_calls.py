@@ -17,7 +17,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 from gate_helpers import GUARD, make_gate
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers import nowait
@@ -186,6 +186,23 @@ def test_what_is_not_split_sends_nothing(broker: CountingSplits, postgresql_url:
     finally:
         overriding.close()
     assert broker.split_names == []
+
+
+def test_a_traced_engine_sees_every_statement_because_nothing_is_split(broker: CountingSplits) -> None:
+    _ready(broker)
+    seen: list[str] = []
+
+    def trace(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        seen.append(statement)
+
+    event.listen(broker._engine, "before_cursor_execute", trace)
+    try:
+        assert broker.split(broker.claim, "q", 1, TTL) is None
+        broker.claim("q", 1, TTL)
+        assert any("SKIP LOCKED" in statement for statement in seen)
+    finally:
+        event.remove(broker._engine, "before_cursor_execute", trace)
+    assert _split(broker, broker.claim, "q", 1, TTL) == []
 
 
 def test_a_busy_held_connection_leaves_the_call_to_a_thread(broker: CountingSplits) -> None:

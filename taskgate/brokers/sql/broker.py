@@ -66,7 +66,7 @@ from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
 from taskgate.brokers.sql.held import HeldConnection
-from taskgate.brokers.sql.prepared import PreparedCache, preparable
+from taskgate.brokers.sql.prepared import PreparedCache, preparable, traced
 from taskgate.brokers.sql.retry import Conflict, run_with_retries
 from taskgate.brokers.sql.rows import snapshot, task_of_plan
 from taskgate.brokers.sql.schema import prepare_schema
@@ -154,7 +154,9 @@ class SQLBroker:
             # `process.w10` when they were joined).
             acks_in_claims=self._traits.name == "sqlite",
             # One statement sent from the event loop through libpq (`pg_split`): psycopg only.
-            split_calls=self._held_statements is not None and self._engine.dialect.driver == "psycopg",
+            split_calls=self._held_statements is not None
+            and self._engine.dialect.driver == "psycopg"
+            and self._engine.dialect.paramstyle == "pyformat",
         )
         try:
             self._value_limit = self._setup(create_tables)
@@ -580,7 +582,9 @@ class SQLBroker:
             return None
         try:
             tx = Tx(conn, self._models, self._traits, self._now, _now=now)
-            plan = planner(self, tx, *args, **kwargs) if preparable(conn) else None
+            # A schema map or a tracer (cursor events, statement logging) needs SQLAlchemy's
+            # own execution, which a split call bypasses.
+            plan = planner(self, tx, *args, **kwargs) if preparable(conn) and not traced(conn) else None
             prepared = None if plan is None else self._prepared.get(plan.statement, conn.dialect)
         except BaseException:
             held.give_back(conn)

@@ -31,7 +31,7 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-__all__ = ["Prepared", "PreparedCache", "preparable"]
+__all__ = ["Prepared", "PreparedCache", "preparable", "traced"]
 
 Processor = Callable[[Any], Any]
 # A ``pyformat`` placeholder, or the doubled percent sign that stands for a literal one.
@@ -94,7 +94,7 @@ class Prepared:
     def rows(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Execute and return every row as a dict of column key -> value (as SQLAlchemy reads it)."""
         parameters = self.parameters(params)
-        if _traced(conn):
+        if traced(conn):
             fetched: Sequence[Sequence[Any]] = conn.exec_driver_sql(self.sql, parameters).all()
         else:
             cursor = self._execute(conn, parameters)
@@ -107,7 +107,7 @@ class Prepared:
     def run(self, conn: Connection, params: Mapping[str, Any]) -> int:
         """Execute a statement returning no rows; its row count."""
         parameters = self.parameters(params)
-        if _traced(conn):
+        if traced(conn):
             return conn.exec_driver_sql(self.sql, parameters).rowcount
         cursor = self._execute(conn, parameters)
         try:
@@ -120,7 +120,7 @@ class Prepared:
         if not rows:
             return
         parameters = [self.parameters(row) for row in rows]
-        if _traced(conn):
+        if traced(conn):
             conn.exec_driver_sql(self.sql, parameters)
         else:
             self._execute(conn, parameters, many=True).close()
@@ -212,7 +212,7 @@ class PreparedCache:
         return found[2]
 
 
-def _traced(conn: Connection) -> bool:
+def traced(conn: Connection) -> bool:
     """Whether SQLAlchemy must see the statement: cursor-event listeners, or statement logging
     (``echo``, or the ``sqlalchemy.engine`` logger at INFO: the connection's own flag for it)."""
     dispatch = conn.dispatch
