@@ -33,7 +33,8 @@ class SplitCall(Protocol[T_co]):
 
     @property
     def timeout(self) -> float:
-        """Seconds the reply may take before the call counts as failed (the socket timeout)."""
+        """Seconds the reply may take before the call counts as failed (the socket timeout);
+        ``math.inf`` where the same call in a thread has no bound either."""
         ...
 
     def fileno(self) -> int:

@@ -12,6 +12,7 @@ the call to a thread, so it ends as an abandoned thread call would.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -117,20 +118,28 @@ async def _reply(
     deadline passed) leaves the rest to a thread of its own: it reads the reply and gives the
     answer to ``on_abandoned``, as `BrokerThreads` does for a call whose waiter gave up.
     """
+    seconds = call.timeout if deadline is None else deadline
     try:
-        with anyio.fail_after(call.timeout if deadline is None else deadline):
-            while True:
-                await anyio.wait_readable(call.fileno())
-                if call.receive():
-                    break
+        if seconds == math.inf:  # no bound, as for the same call in a thread: no scope to enter
+            await _received(call)
+        else:
+            with anyio.fail_after(seconds):
+                await _received(call)
     except BrokerError:
         raise  # the connection broke: the call is over, nothing is left to read
     except BaseException as exc:
         threading.Thread(target=_finish_abandoned, args=(call, on_abandoned), daemon=True).start()
         if isinstance(exc, TimeoutError):
-            raise _no_answer(fn, call.timeout if deadline is None else deadline) from None
+            raise _no_answer(fn, seconds) from None
         raise
     return call.result()
+
+
+async def _received(call: SplitCall[Any]) -> None:
+    while True:
+        await anyio.wait_readable(call.fileno())
+        if call.receive():
+            return
 
 
 def _finish_abandoned(call: SplitCall[T], on_abandoned: Callable[[T], object] | None) -> None:
