@@ -78,8 +78,8 @@ def _drive(call: SplitCall[Any]) -> Any:
             return call.result()
 
 
-def _split(broker: SQLBroker, method: Callable[..., Any], *args: Any) -> Any:
-    call = broker.split(method, *args)
+def _split(broker: SQLBroker, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    call = broker.split(method, *args, **kwargs)
     assert call is not None, "the call was not split"
     return _drive(call)
 
@@ -117,6 +117,28 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     assert claimed.task == broker.get(submitted.id)
     assert broker.ack(submitted.id, claimed.token, None).status is Status.COMPLETED
     assert broker.split_names == ["enqueue_quiet", "enqueue", "enqueue", "claim", "enqueue_and_claim"]
+
+
+def test_a_split_claim_within_quota_never_over_issues_its_window(broker: CountingSplits) -> None:
+    _ready(broker)
+    broker.enqueue([new_task() for _ in range(4)])
+    quota = {"key": "ocr", "quota_limit": 3, "period": timedelta(hours=1)}
+    unopened = broker.split(broker.claim_within_quota, "q", 1, TTL, **quota)
+    assert unopened is not None
+    with pytest.raises(nowait.WouldBlock):  # no window row yet: the thread path opens it
+        _drive(unopened)
+    assert broker.counts() == {"t": {Status.PENDING: 4}}  # the statement changed nothing
+    assert len(broker.claim_within_quota("q", 1, TTL, **quota).leases) == 1
+
+    call = broker.split(broker.claim_within_quota, "q", 4, TTL, **quota)
+    assert call is not None
+    taken = _drive(call)
+    assert len(taken.leases) == 2 and not taken.exhausted  # (units were left when it claimed)
+    assert (taken.grant.key, taken.grant.granted, taken.grant.limit) == ("ocr", 2, 3)
+    assert broker.counts() == {"t": {Status.RUNNING: 3, Status.PENDING: 1}}
+    assert broker.ack(taken.leases[0].task.id, taken.leases[0].token, None).status is Status.COMPLETED
+    spent = _split(broker, broker.claim_within_quota, "q", 1, TTL, **quota)
+    assert spent.leases == [] and spent.exhausted
 
 
 def test_a_split_get_answers_every_field_as_the_thread_path_reads_it(broker: CountingSplits) -> None:

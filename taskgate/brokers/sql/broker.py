@@ -5,6 +5,8 @@ transition from the modules named by noun (`create`, `reads`, `leases`, `finish`
 `_run` is also where the three cross-cutting concerns live, each once: the retry of
 transactions a deadlock or write conflict rolled back (`retry`), the translation of driver
 errors into `BrokerError` (`edge`), and the wake-ups announced on commit (`wakeups`).
+On PostgreSQL the calls that are one statement can also be sent from the event loop (`split`,
+`pg_split`), with the same plan of statement and answer (`tx.OneStatement`) as in `_run`.
 """
 
 from __future__ import annotations
@@ -195,9 +197,7 @@ class SQLBroker:
         self, tasks: Sequence[NewTask], answer: Callable[[dict[str, Any]], _T]
     ) -> builtins.list[_T]:
         """`enqueue`'s checks and writes; each stored row answered by ``answer``."""
-        items = check_new_tasks(tasks)
-        for item in items:
-            create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        items = self._checked_new(tasks)
         if not items:
             return []
         if self._traits.dml_ctes and len(items) == 1:
@@ -226,9 +226,7 @@ class SQLBroker:
         One commit where a submit and the claim after it take two, each waiting for the
         server's disk (see `taskgate.brokers.sql.submit_claim`).
         """
-        (item,) = check_new_tasks([task])
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        item = self._checked_submit_claim(task, lease_ttl)
         if self._traits.dml_ctes and _plain(item):
             done = self._run(
                 "enqueue_and_claim",
@@ -248,6 +246,17 @@ class SQLBroker:
             return submit_claim.enqueue_and_claim(tx, item, lease_ttl, check_ids=attempts > 1)
 
         return self._run("enqueue_and_claim", step)
+
+    def _checked_new(self, tasks: Sequence[NewTask]) -> builtins.list[NewTask]:
+        items = check_new_tasks(tasks)
+        for item in items:
+            create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        return items
+
+    def _checked_submit_claim(self, task: NewTask, lease_ttl: timedelta) -> NewTask:
+        (item,) = self._checked_new([task])
+        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        return item
 
     def replay(
         self,
@@ -628,24 +637,35 @@ class SQLBroker:
         self, tx: Tx, tasks: Sequence[NewTask], answer: Callable[[dict[str, Any]], _T]
     ) -> OneStatement[builtins.list[_T]] | None:
         """`_store_new`'s checks; the one-statement insert of a single task (else None)."""
-        items = check_new_tasks(tasks)
-        for item in items:
-            create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        items = self._checked_new(tasks)
         if len(items) != 1:
             return None
         return create.enqueue_one_plan(tx, items[0], self._channel).then(
-            lambda stored: [answer(_stored_or_thread(stored))]
+            lambda stored: [answer(_or_thread(stored))]
         )
 
     def _plan_enqueue_and_claim(
         self, tx: Tx, task: NewTask, lease_ttl: timedelta
     ) -> OneStatement[Any] | None:
-        (item,) = check_new_tasks([task])
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+        item = self._checked_submit_claim(task, lease_ttl)
         if not _plain(item):
             return None
-        return submit_claim.enqueue_and_claim_plan(tx, item, lease_ttl, self._channel).then(_stored_or_thread)
+        return submit_claim.enqueue_and_claim_plan(tx, item, lease_ttl, self._channel).then(_or_thread)
+
+    def _plan_claim_within_quota(
+        self,
+        tx: Tx,
+        queue: str,
+        limit: int,
+        lease_ttl: timedelta,
+        *,
+        key: str,
+        quota_limit: int,
+        period: timedelta,
+    ) -> OneStatement[QuotaClaim]:
+        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
+        plan = quota_claim.claim_within_quota_plan(tx, queue, limit, lease_ttl, key, quota_limit, period)
+        return plan.then(_or_thread)  # None: the window has no row yet, which a transaction opens
 
     # -- the one transaction runner --------------------------------------------------------
 
@@ -809,16 +829,17 @@ def _check_lease(task_id: object, token: object) -> None:
         raise TypeError(f"lease token must be a str, got {type(token).__name__}")
 
 
-def _stored_or_thread(stored: _T | None) -> _T:
-    """A split statement's answer, or `WouldBlock` when it stored nothing (a taken id or key, a
-    parent missing or final): the thread path's checks then name what was wrong."""
-    if stored is None:
-        raise nowait.WouldBlock("the one-statement insert stored nothing")
-    return stored
+def _or_thread(answer: _T | None) -> _T:
+    """A split statement's answer, or `WouldBlock` when it did nothing and the thread path
+    takes over (a taken id or key, a parent missing or final: its checks name what was wrong;
+    a quota window without its row yet: its transaction opens it)."""
+    if answer is None:
+        raise nowait.WouldBlock("the one statement changed nothing")
+    return answer
 
 
 # The methods `SQLBroker.split` sends from the event loop, each with the plan of its statement.
 _SPLIT_PLANS: dict[object, Callable[..., OneStatement[Any] | None]] = {
     getattr(SQLBroker, name): getattr(SQLBroker, f"_plan_{name}")
-    for name in ("get", "claim", "enqueue", "enqueue_quiet", "enqueue_and_claim")
+    for name in ("get", "claim", "claim_within_quota", "enqueue", "enqueue_quiet", "enqueue_and_claim")
 }

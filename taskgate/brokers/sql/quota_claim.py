@@ -17,6 +17,7 @@ opens the window.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,10 +29,15 @@ from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
 from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.rows import snapshot
-from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.models import Models
 
-__all__ = ["ShortWindow", "claim_then_count", "claim_within_quota_in_one_statement"]
+__all__ = [
+    "ShortWindow",
+    "claim_then_count",
+    "claim_within_quota_in_one_statement",
+    "claim_within_quota_plan",
+]
 
 
 class ShortWindow(Exception):
@@ -43,6 +49,13 @@ def claim_within_quota_in_one_statement(
     tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
 ) -> QuotaClaim | None:
     """The claim in one autocommit statement; None when the window has no row yet."""
+    return tx.one(claim_within_quota_plan(tx, queue, limit, lease_ttl, key, quota_limit, period))
+
+
+def claim_within_quota_plan(
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
+) -> OneStatement[QuotaClaim | None]:
+    """`claim_within_quota_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
     start, end = window_bounds(now, period)
     expires_at = now + lease_ttl
@@ -53,14 +66,21 @@ def claim_within_quota_in_one_statement(
         "p_start": start,
         "p_quota_limit": quota_limit,
     }
-    rows = tx.fetch(_statement(tx.models, tx.traits), params)
-    if not rows:
-        return None
-    left = max(0, quota_limit - int(rows[0]["quota_used"]))
-    claimed = sorted((row for row in rows if row["id"] is not None), key=due_order)
-    leases = [Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at) for row in claimed]
-    grant = QuotaGrant(key=key, window_start=start, window_end=end, granted=len(leases), limit=quota_limit)
-    return QuotaClaim(leases=leases, grant=grant, exhausted=left == 0)
+
+    def answer(rows: Sequence[Mapping[str, Any]]) -> QuotaClaim | None:
+        if not rows:
+            return None
+        left = max(0, quota_limit - int(rows[0]["quota_used"]))
+        claimed = sorted((row for row in rows if row["id"] is not None), key=due_order)
+        leases = [
+            Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at) for row in claimed
+        ]
+        grant = QuotaGrant(
+            key=key, window_start=start, window_end=end, granted=len(leases), limit=quota_limit
+        )
+        return QuotaClaim(leases=leases, grant=grant, exhausted=left == 0)
+
+    return OneStatement(_statement(tx.models, tx.traits), params, answer)
 
 
 @functools.lru_cache(maxsize=32)
