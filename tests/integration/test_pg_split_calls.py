@@ -227,6 +227,24 @@ def test_a_traced_engine_sees_every_statement_because_nothing_is_split(broker: C
     assert _split(broker, broker.claim, "q", 1, TTL) == []
 
 
+def test_connections_told_to_prepare_nothing_split_nothing(postgresql_url: str) -> None:
+    """``prepare_threshold=None`` (PgBouncer in transaction mode): a split call's PREPARE and
+    EXECUTE could meet two server sessions."""
+    engine = create_engine(normalize_url(postgresql_url), connect_args={"prepare_threshold": None})
+    unprepared = SQLBroker(engine)
+    try:
+        _ready(unprepared)
+        (task,) = unprepared.enqueue([new_task()])
+        assert unprepared.split(unprepared.get, task.id) is None
+        taken = _held(unprepared).take()  # given back: free for the next call
+        assert taken is not None
+        _held(unprepared).give_back(taken)
+        assert unprepared.get(task.id).id == task.id
+    finally:
+        unprepared.close()
+        engine.dispose()
+
+
 def test_a_busy_held_connection_leaves_the_call_to_a_thread(broker: CountingSplits) -> None:
     _ready(broker)
     (task,) = broker.enqueue([new_task()])

@@ -10,7 +10,9 @@ The statement is the broker's own `Prepared` form with libpq's ``$n`` placeholde
 psycopg's `Transformer` turns the parameters into what the server reads and the rows back into
 Python values, as psycopg's cursor does: a split call reads exactly what the same call in a
 thread reads. Each statement is prepared on the server once per session, under a name of our
-own: the first call of it on a connection sends PREPARE, then from its reply the EXECUTE.
+own: the first call of it on a connection sends PREPARE, then from its reply the EXECUTE. A
+connection psycopg was told to prepare nothing on (``prepare_threshold=None``, as behind
+PgBouncer in transaction mode) splits nothing.
 
 Every error the server answers sends the call back to the thread path (`WouldBlock`): a
 statement in autocommit that failed changed nothing, and in a thread SQLAlchemy's errors, the
@@ -81,6 +83,11 @@ def send(
     nothing was sent (the connection was given back): run the method in a thread."""
     try:
         driver = driver_connection(conn)
+        if driver.prepare_threshold is None:
+            # Told to prepare nothing (a pooler in transaction mode between us and the server
+            # would run our EXECUTE on a session that never saw our PREPARE).
+            held.give_back(conn)
+            return None
         session = held.session.get("pg_split")
         if not isinstance(session, _Session):
             session = held.session["pg_split"] = _Session(driver)
