@@ -22,7 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["SplitCall", "SplitCaller"]
+__all__ = ["MAX_SPLIT_REQUEST", "SplitCall", "SplitCaller"]
+
+# A larger request could fill the socket's send buffer and make the event loop wait for the
+# server to read it: such a call is not split, it runs in a thread.
+MAX_SPLIT_REQUEST = 64 * 1024
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)

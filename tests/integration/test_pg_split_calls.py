@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, event, text
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers import nowait
 from taskgate.brokers.base import Lease
-from taskgate.brokers.split import SplitCall
+from taskgate.brokers.split import MAX_SPLIT_REQUEST, SplitCall
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
@@ -194,6 +194,11 @@ class OverridesGet(SQLBroker):
 def test_what_is_not_split_sends_nothing(broker: CountingSplits, postgresql_url: str) -> None:
     _ready(broker)
     assert broker.split(broker.enqueue_quiet, [new_task(), new_task()]) is None  # a batch
+    big = new_task(payload=b"x" * (MAX_SPLIT_REQUEST + 1))  # could fill the socket's buffer
+    assert broker.split(broker.enqueue_quiet, [big]) is None
+    with pytest.raises(TaskNotFoundError):
+        broker.get(big.id)
+    assert len(_split(broker, broker.enqueue_quiet, [new_task(payload=b"x" * 1000)])) == 1
     assert broker.split(broker.list, None) is None  # not a method split
     assert broker.split(len, "x") is None
     other = SQLBroker(postgresql_url)
@@ -207,7 +212,7 @@ def test_what_is_not_split_sends_nothing(broker: CountingSplits, postgresql_url:
         assert overriding.split(overriding.get, "x") is None
     finally:
         overriding.close()
-    assert broker.split_names == []
+    assert broker.split_names == ["enqueue_quiet"]
 
 
 def test_a_traced_engine_sees_every_statement_because_nothing_is_split(broker: CountingSplits) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from taskgate.brokers.nowait import WouldBlock
+from taskgate.brokers.split import MAX_SPLIT_REQUEST
 from taskgate.errors import BrokerError
 
 hiredis: Any
@@ -40,9 +41,6 @@ T = TypeVar("T")
 
 # Split calls in flight at once; more wait for none -- they run in threads.
 MAX_LOOP_CONNECTIONS = 8
-# A larger request could fill the socket's send buffer and make the event loop wait for the
-# server to read it: such a call runs in a thread.
-MAX_SPLIT_REQUEST = 64 * 1024
 # The client name of the connections (when the client's own have none).
 LOOP_CLIENT_NAME = "taskgate-loop"
 _READ_SIZE = 65536

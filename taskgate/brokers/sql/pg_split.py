@@ -35,6 +35,7 @@ from psycopg.adapt import PyFormat, Transformer
 from sqlalchemy import Connection
 
 from taskgate.brokers import nowait
+from taskgate.brokers.split import MAX_SPLIT_REQUEST
 from taskgate.brokers.sql.engine import driver_connection
 from taskgate.brokers.sql.held import HeldConnection
 from taskgate.brokers.sql.prepared import Prepared
@@ -98,12 +99,16 @@ def send(
         dumped = transformer.dump_sequence([values[name] for name in names], [PyFormat.AUTO] * len(names))
         key = (sql, tuple(transformer.types or ()))
         name = session.names.get(key)
+        too_big = sum(len(value) for value in dumped if value is not None) > MAX_SPLIT_REQUEST
     except psycopg.Error:  # a value psycopg cannot adapt: the thread path raises what it raises
         held.give_back(conn)
         return None
     except BaseException:
         held.give_back(conn)
         raise
+    if too_big:  # a big payload: sent from a thread, the event loop never waits for the server
+        held.give_back(conn)
+        return None
     formats = transformer.formats or ()
     call = StatementCall(held, conn, driver.pgconn, session, key, answer, prepared, dumped, formats)
     try:
