@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -351,6 +354,23 @@ def test_a_forked_child_never_splits_on_its_parent_s_connection(broker: Counting
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert _split(broker, broker.claim, "q", 1, TTL) == []
+
+
+def test_a_broker_on_another_database_needs_no_psycopg(tmp_path: Path) -> None:
+    """psycopg is an optional dependency: split calls load it only for a psycopg engine."""
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    script = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None  # as if not installed: importing it raises\n"
+        "from taskgate.brokers.sql import SQLBroker\n"
+        f"broker = SQLBroker({url!r})\n"
+        "from taskgate.testing.contract._support import new_task\n"
+        "(task,) = broker.enqueue([new_task()])\n"
+        "assert not broker.capabilities.split_calls and broker.get(task.id).id == task.id\n"
+        "broker.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=GUARD * 4)
+    assert done.returncode == 0, done.stderr
 
 
 # -- the runtime's side ----------------------------------------------------------------------

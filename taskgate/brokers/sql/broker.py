@@ -58,7 +58,6 @@ from taskgate.brokers.sql import (
     create,
     finish,
     leases,
-    pg_split,
     quota_claim,
     quotas,
     reads,
@@ -160,6 +159,11 @@ class SQLBroker:
             and self._engine.dialect.driver == "psycopg"
             and self._engine.dialect.paramstyle == "pyformat",
         )
+        self._send_split: Callable[..., SplitCall[Any] | None] | None = None
+        if self.capabilities.split_calls:
+            from taskgate.brokers.sql import pg_split  # psycopg is there: its dialect is in use
+
+            self._send_split = pg_split.send
         try:
             self._value_limit = self._setup(create_tables)
         except BaseException:
@@ -582,9 +586,9 @@ class SQLBroker:
         # Keyed by SQLBroker's own functions: a subclass's override runs whole, in a thread.
         if planner is None or getattr(method, "__self__", None) is not self:
             return None
-        held = self._held_statements
+        held, send = self._held_statements, self._send_split
         now = self._now_without_reading()
-        if held is None or now is None or self._closed:
+        if held is None or send is None or now is None or self._closed:
             return None
         conn = held.take()
         if conn is None:
@@ -609,7 +613,8 @@ class SQLBroker:
                 self._signals.bump(tx.woken)
             return result
 
-        return pg_split.send(held, conn, prepared, plan.params, answered)
+        call: SplitCall[_T] | None = send(held, conn, prepared, plan.params, answered)
+        return call
 
     def _now_without_reading(self) -> datetime | None:
         """`_now` when it needs no round trip: None when the server's clock is due for a reading."""
