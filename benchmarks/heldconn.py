@@ -31,7 +31,9 @@ __all__ = ["PooledCalls", "main", "measure"]
 
 
 class PooledCalls(SQLBroker):
-    """An `SQLBroker` that holds no connection: every call takes a pooled one."""
+    """An `SQLBroker` that holds no connection: every call takes a pooled one (and nothing is
+    split on PostgreSQL, since split calls go on the held connection: for the hold alone,
+    compare `benchmarks.splitcalls`' thread side with this)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
