@@ -6,10 +6,8 @@ on any error the server answers, and a caller that gives up leaves the reply to 
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -20,12 +18,13 @@ import anyio
 import anyio.lowlevel
 import pytest
 from gate_helpers import GUARD, make_gate
+from helpers.split_calls import CountsSplits, LateLeases, drive
 from sqlalchemy import create_engine, event, text
 
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers import nowait
 from taskgate.brokers.base import Lease
-from taskgate.brokers.split import MAX_SPLIT_REQUEST, SplitCall
+from taskgate.brokers.split import MAX_SPLIT_REQUEST
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
@@ -36,21 +35,8 @@ from taskgate.runtime.calls import BrokerCalls
 from taskgate.testing.contract._support import TTL, new_task
 
 
-class CountingSplits(SQLBroker):
-    """An SQLBroker that counts the calls it split and those it left to a thread."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.split_names: list[str] = []
-        self.unsplit = 0
-
-    def split(self, method: Callable[..., Any], /, *args: Any, **kwargs: Any) -> SplitCall[Any] | None:
-        call = super().split(method, *args, **kwargs)
-        if call is None:
-            self.unsplit += 1
-        else:
-            self.split_names.append(getattr(method, "__name__", ""))
-        return call
+class CountingSplits(CountsSplits, SQLBroker):
+    """A SQLBroker that counts the calls it split and those it left to a thread."""
 
 
 @pytest.fixture
@@ -72,19 +58,10 @@ def _ready(broker: SQLBroker) -> None:
     broker.claim("warm-up", 1, TTL)
 
 
-def _drive(call: SplitCall[Any]) -> Any:
-    """What the runtime does on the event loop, with select: wait readable, receive, answer."""
-    while True:
-        readable, _, _ = select.select([call.fileno()], [], [], GUARD)
-        assert readable, "no reply within the guard"
-        if call.receive():
-            return call.result()
-
-
 def _split(broker: SQLBroker, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     call = broker.split(method, *args, **kwargs)
     assert call is not None, "the call was not split"
-    return _drive(call)
+    return drive(call)
 
 
 def _session(broker: SQLBroker) -> int:
@@ -129,13 +106,13 @@ def test_a_split_claim_within_quota_never_over_issues_its_window(broker: Countin
     unopened = broker.split(broker.claim_within_quota, "q", 1, TTL, **quota)
     assert unopened is not None
     with pytest.raises(nowait.WouldBlock):  # no window row yet: the thread path opens it
-        _drive(unopened)
+        drive(unopened)
     assert broker.counts() == {"t": {Status.PENDING: 4}}  # the statement changed nothing
     assert len(broker.claim_within_quota("q", 1, TTL, **quota).leases) == 1
 
     call = broker.split(broker.claim_within_quota, "q", 4, TTL, **quota)
     assert call is not None
-    taken = _drive(call)
+    taken = drive(call)
     assert len(taken.leases) == 2 and not taken.exhausted  # (units were left when it claimed)
     assert (taken.grant.key, taken.grant.granted, taken.grant.limit) == ("ocr", 2, 3)
     assert broker.counts() == {"t": {Status.RUNNING: 3, Status.PENDING: 1}}
@@ -163,7 +140,7 @@ def test_a_split_get_answers_every_field_as_the_thread_path_reads_it(broker: Cou
     missing = broker.split(broker.get, "no-such-task")
     assert missing is not None
     with pytest.raises(TaskNotFoundError, match="no-such-task"):
-        _drive(missing)
+        drive(missing)
 
 
 def test_a_taken_id_sends_the_call_to_the_thread_path_having_changed_nothing(broker: CountingSplits) -> None:
@@ -173,7 +150,7 @@ def test_a_taken_id_sends_the_call_to_the_thread_path_having_changed_nothing(bro
     call = broker.split(broker.enqueue_quiet, [new_task(id=task.id, queue="other")])
     assert call is not None
     with pytest.raises(nowait.WouldBlock):
-        _drive(call)
+        drive(call)
     assert broker.counts() == {"t": {Status.PENDING: 1}}
     with pytest.raises(ValueError, match="already in use"):
         broker.enqueue_quiet([new_task(id=task.id, queue="other")])  # the thread path names it
@@ -261,7 +238,7 @@ def test_a_busy_held_connection_leaves_the_call_to_a_thread(broker: CountingSpli
     call = broker.split(broker.get, task.id)
     assert call is not None
     assert broker.split(broker.get, task.id) is None  # taken by the call in flight
-    assert _drive(call).id == task.id
+    assert drive(call).id == task.id
     assert _split(broker, broker.get, task.id).id == task.id
 
 
@@ -302,7 +279,7 @@ def test_a_connection_killed_under_a_split_call_fails_it_and_is_replaced(
         finally:
             admin.dispose()
         with pytest.raises(BrokerError, match="connection lost"):
-            _drive(call)
+            drive(call)
     assert _held(broker).take() is None  # discarded: the next call opens another, in a thread
     assert broker.get(task.id).status is Status.PENDING  # the claim changed nothing
     assert _session(broker) != dead
@@ -320,7 +297,7 @@ def test_a_statement_the_server_forgot_is_prepared_again(broker: CountingSplits)
     forgotten = broker.split(broker.get, task.id)
     assert forgotten is not None
     with pytest.raises(nowait.WouldBlock):
-        _drive(forgotten)
+        drive(forgotten)
     assert _split(broker, broker.get, task.id).id == task.id
 
 
@@ -334,7 +311,7 @@ def test_a_failed_prepare_sends_the_call_to_a_thread_and_the_next_split_prepares
     refused = broker.split(broker.get, task.id)
     assert refused is not None
     with pytest.raises(nowait.WouldBlock):
-        _drive(refused)
+        drive(refused)
     with _held(broker).use() as conn:
         conn.exec_driver_sql("RESET search_path")
     assert _split(broker, broker.get, task.id).id == task.id
@@ -402,22 +379,6 @@ class _LockedTasks:
         self._conn.rollback()
         self._conn.close()
         self._engine.dispose()
-
-
-class LateLeases:
-    """An ``on_abandoned`` that keeps what a late claim answered, for the test to wait on."""
-
-    def __init__(self) -> None:
-        self.leases: list[Lease] = []
-        self._got = threading.Event()
-
-    def __call__(self, leases: list[Lease]) -> None:
-        self.leases = leases
-        self._got.set()
-
-    def wait(self) -> list[Lease]:
-        assert self._got.wait(GUARD), "the abandoned call never answered"
-        return self.leases
 
 
 @pytest.mark.anyio

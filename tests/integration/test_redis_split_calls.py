@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import os
 import select
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -16,6 +15,7 @@ import pytest
 import redis
 from gate_helpers import GUARD, make_gate
 from helpers.redis_servers import purge_keys
+from helpers.split_calls import CountsSplits, LateLeases, drive
 
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers.base import Lease
@@ -23,28 +23,13 @@ from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import function_library
 from taskgate.brokers.redis.split import LOOP_CLIENT_NAME, MAX_SPLIT_REQUEST
-from taskgate.brokers.split import SplitCall
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.testing.contract._support import TTL, new_task
 
 
-class CountingSplits(RedisBroker):
+class CountingSplits(CountsSplits, RedisBroker):
     """A RedisBroker that counts the calls it split and those it left to a thread."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.split_names: list[str] = []
-        self.unsplit = 0
-
-    def split(self, method: Callable[..., Any], /, *args: Any, **kwargs: Any) -> SplitCall[Any] | None:
-        call = super().split(method, *args, **kwargs)
-        if call is None:
-            self.unsplit += 1
-        else:
-            name = getattr(method, "__name__", None) or getattr(getattr(method, "func", None), "__name__", "")
-            self.split_names.append(name)
-        return call
 
 
 @pytest.fixture
@@ -62,15 +47,6 @@ def _ready(broker: RedisBroker) -> None:
     broker.claim("warm-up", 1, TTL)
 
 
-def _drive(call: SplitCall[Any]) -> Any:
-    """What the runtime does on the event loop, with select: wait readable, receive, answer."""
-    while True:
-        readable, _, _ = select.select([call.fileno()], [], [], GUARD)
-        assert readable, "no reply within the guard"
-        if call.receive():
-            return call.result()
-
-
 # -- the broker's side -----------------------------------------------------------------------
 
 
@@ -79,12 +55,12 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     task = new_task()
     submitted = broker.split(broker.enqueue_quiet, [task])
     assert submitted is not None
-    assert _drive(submitted) == [Status.PENDING]
+    assert drive(submitted) == [Status.PENDING]
     assert broker.get(task.id).status is Status.PENDING
 
     claimed = broker.split(broker.claim, "q", 5, TTL)
     assert claimed is not None
-    (lease,) = _drive(claimed)
+    (lease,) = drive(claimed)
     assert isinstance(lease, Lease)
     assert lease.task.id == task.id and lease.task.status is Status.RUNNING
 
@@ -92,10 +68,10 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     stale = broker.split(broker.ack, task.id, "not-the-token", None)
     assert stale is not None
     with pytest.raises(LeaseLostError):
-        _drive(stale)
+        drive(stale)
     acked = broker.split(broker.ack_many_quiet, [(task.id, lease.token, b"done")])
     assert acked is not None
-    assert _drive(acked) == [None]
+    assert drive(acked) == [None]
     assert broker.get(task.id).status is Status.COMPLETED
     assert broker.get(task.id).result == b"done"
 
@@ -104,11 +80,11 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     broker.enqueue([other])
     canceled = broker.split(broker.cancel, other.id)
     assert canceled is not None
-    assert _drive(canceled).status is Status.CANCELED
+    assert drive(canceled).status is Status.CANCELED
     again = broker.split(broker.cancel, task.id)
     assert again is not None
     with pytest.raises(AlreadyFinalError):
-        _drive(again)
+        drive(again)
 
 
 def test_a_split_get_answers_the_snapshot_or_raises_as_get_does(broker: CountingSplits) -> None:
@@ -117,11 +93,11 @@ def test_a_split_get_answers_the_snapshot_or_raises_as_get_does(broker: Counting
     (task,) = broker.enqueue([new_task(payload=b"p")])
     call = broker.split(broker.get, task.id)
     assert call is not None
-    assert _drive(call) == broker.get(task.id)
+    assert drive(call) == broker.get(task.id)
     missing = broker.split(broker.get, "no-such-task")
     assert missing is not None
     with pytest.raises(TaskNotFoundError, match="no-such-task"):
-        _drive(missing)
+        drive(missing)
     with pytest.raises(ValueError, match="task id"):
         broker.split(broker.get, "")  # checked before anything is sent
 
@@ -203,7 +179,7 @@ def test_an_idle_connection_the_server_closed_is_dropped_before_it_takes_a_reque
     broker.enqueue_quiet([task])  # the thread path reconnects, and opens a new loop connection
     again = broker.split(broker.claim, "q", 1, TTL)
     assert again is not None
-    assert [lease.task.id for lease in _drive(again)] == [task.id]
+    assert [lease.task.id for lease in drive(again)] == [task.id]
 
 
 def _loop_clients(client: redis.Redis) -> int:
@@ -241,7 +217,7 @@ def test_a_forked_child_never_uses_its_parent_s_event_loop_connections(broker: C
     task = new_task()
     call = broker.split(broker.enqueue_quiet, [task])
     assert call is not None
-    assert _drive(call) == [Status.PENDING]
+    assert drive(call) == [Status.PENDING]
     assert broker.get(task.id).status is Status.PENDING
 
 
@@ -256,7 +232,7 @@ def test_a_server_without_the_function_library_answers_would_block_having_run_no
     call = broker.split(broker.enqueue_quiet, [task])
     assert call is not None
     with pytest.raises(WouldBlock):
-        _drive(call)
+        drive(call)
     with pytest.raises(TaskNotFoundError):
         broker.get(task.id)
     assert broker.enqueue_quiet([task]) == [Status.PENDING]  # the thread path loads it again
@@ -277,22 +253,6 @@ class _Paused:
 
     def __exit__(self, *exc: object) -> None:
         self._client.execute_command("CLIENT", "UNPAUSE")
-
-
-class LateLeases:
-    """An ``on_abandoned`` that keeps what a late claim answered, for the test to wait on."""
-
-    def __init__(self) -> None:
-        self.leases: list[Lease] = []
-        self._got = threading.Event()
-
-    def __call__(self, leases: list[Lease]) -> None:
-        self.leases = leases
-        self._got.set()
-
-    def wait(self) -> list[Lease]:
-        assert self._got.wait(GUARD), "the abandoned call never answered"
-        return self.leases
 
 
 @pytest.mark.anyio
