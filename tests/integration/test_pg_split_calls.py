@@ -16,9 +16,11 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import psycopg
 import pytest
 from gate_helpers import GUARD, make_gate
 from helpers.split_calls import CountsSplits, LateLeases, drive
+from psycopg.types.string import TextLoader
 from sqlalchemy import create_engine, event, text
 
 from taskgate import QueueConfig, Status, Task
@@ -315,6 +317,44 @@ def test_a_failed_prepare_sends_the_call_to_a_thread_and_the_next_split_prepares
     with _held(broker).use() as conn:
         conn.exec_driver_sql("RESET search_path")
     assert _split(broker, broker.get, task.id).id == task.id
+
+
+class _RefusesBoom(TextLoader):
+    """Reads text as psycopg does, but fails on the value ``boom`` (a reply that cannot be read)."""
+
+    def load(self, data: Any) -> str:
+        text = str(super().load(data))
+        if text == "boom":
+            raise psycopg.DataError("cannot read 'boom'")
+        return text
+
+
+def test_a_reply_that_cannot_be_read_fails_the_call_without_running_it_again(postgresql_url: str) -> None:
+    """The statement ran: a claim's rows unread must not send the claim again to a thread."""
+    engine = create_engine(normalize_url(postgresql_url))
+    event.listen(
+        engine, "connect", lambda driver, _: driver.adapters.register_loader("varchar", _RefusesBoom)
+    )
+    broker = CountingSplits(engine)
+    try:
+        _ready(broker)
+        broker.enqueue([new_task(type="boom"), new_task(type="fine")])
+        session = _session(broker)
+        call = broker.split(broker.claim, "q", 1, TTL)
+        assert call is not None
+        with pytest.raises(BrokerError, match="could not be read"):
+            drive(call)
+        reader = SQLBroker(postgresql_url)  # reads 'boom' as any text
+        try:
+            assert reader.counts() == {"boom": {Status.RUNNING: 1}, "fine": {Status.PENDING: 1}}  # once
+        finally:
+            reader.close()
+        assert _session(broker) == session  # the session answered whole: kept
+        (lease,) = _split(broker, broker.claim, "q", 1, TTL)
+        assert lease.task.type == "fine"
+    finally:
+        broker.close()
+        engine.dispose()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

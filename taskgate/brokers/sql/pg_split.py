@@ -153,6 +153,7 @@ class StatementCall(Generic[T]):
         self._phase = _Phase.EXECUTING
         self._reply: pq.abc.PGresult | None = None
         self._rows: list[dict[str, Any]] | None = None
+        self._failure: BrokerError | None = None
         self._name = b""
         self._dumped = dumped
         self._formats = list(formats)
@@ -207,6 +208,8 @@ class StatementCall(Generic[T]):
 
     def result(self) -> T:
         """The method's answer; `WouldBlock` when the server answered an error (nothing ran)."""
+        if self._failure is not None:
+            raise self._failure
         if self._rows is None:
             raise nowait.WouldBlock("the server answered an error: the thread path names it")
         return self._answer(self._rows)
@@ -222,17 +225,28 @@ class StatementCall(Generic[T]):
     def _complete(self) -> None:
         """The reply is whole: read its rows, give the connection back."""
         reply, self._reply = self._reply, None
-        if reply is not None and reply.status == pq.ExecStatus.TUPLES_OK:
-            transformer = self._session.transformer
-            transformer.set_pgresult(reply)
-            self._rows = [
-                self._prepared.row(values) for values in transformer.load_rows(0, reply.ntuples, tuple)
-            ]
-            transformer.set_pgresult(None)
-        elif reply is not None and reply.error_field(pq.DiagnosticField.SQLSTATE) == _STATEMENT_GONE:
-            self._session.names.clear()  # the thread path runs it now; the next split prepares again
         self._phase = _Phase.DONE
-        self._give_back()
+        try:
+            if reply is not None and reply.status == pq.ExecStatus.TUPLES_OK:
+                self._rows = self._loaded(reply)
+            elif reply is not None and reply.error_field(pq.DiagnosticField.SQLSTATE) == _STATEMENT_GONE:
+                self._session.names.clear()  # the thread path runs it; the next split prepares again
+        except Exception as exc:
+            # The statement ran: running it again in a thread could claim twice. The call
+            # fails, as a thread call whose rows cannot be read fails after its commit.
+            self._failure = BrokerError(f"the reply of a PostgreSQL split call could not be read: {exc}")
+            self._failure.__cause__ = exc
+        finally:
+            self._give_back()  # the session is sound: it answered whole
+
+    def _loaded(self, reply: pq.abc.PGresult) -> list[dict[str, Any]]:
+        transformer = self._session.transformer
+        transformer.set_pgresult(reply)
+        try:
+            loaded = transformer.load_rows(0, reply.ntuples, tuple)
+        finally:
+            transformer.set_pgresult(None)
+        return [self._prepared.row(values) for values in loaded]
 
     def _lost(self, exc: Exception) -> None:
         self._phase = _Phase.DONE
