@@ -185,7 +185,7 @@ async def test_a_reaped_handler_is_stopped_even_when_its_task_ran_again_here_fir
 async def test_a_worker_that_cannot_heartbeat_fences_itself_before_its_lease_ends(gate_broker):
     broker = Faulty(gate_broker)
     broker.failing["heartbeat"] = BrokerError("connection is half-open")
-    ttl = 0.6
+    ttl = FENCED_TTL
     await _stopped_before_the_lease_ends(make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)}), ttl)
     assert broker.calls["heartbeat"] >= 1
 
@@ -205,6 +205,12 @@ class HangingHeartbeats(Faulty):
         self.heartbeats += 1
         self.release.wait(GUARD)
         raise BrokerError("the heartbeat never got through")
+
+
+# A lease short enough for a quick test, long enough that the fence's margin (FENCE_MARGIN of
+# it: 75 ms) outlasts a stall of a loaded machine's event loop (0.6 s, a 30 ms margin, once
+# stopped the handler 0.26 s past the lease's end).
+FENCED_TTL = 1.5
 
 
 async def _stopped_before_the_lease_ends(gate: Any, ttl: float) -> None:
@@ -232,7 +238,7 @@ async def _stopped_before_the_lease_ends(gate: Any, ttl: float) -> None:
 
 async def test_a_worker_whose_heartbeats_hang_fences_itself_before_its_lease_ends(gate_broker):
     broker = HangingHeartbeats(gate_broker)
-    ttl = 0.6
+    ttl = FENCED_TTL
     try:
         await _stopped_before_the_lease_ends(
             make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)}), ttl
@@ -285,7 +291,7 @@ async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(gate_
 
 
 async def test_a_manual_heartbeat_handler_that_never_renews_is_fenced_before_its_lease_ends(gate_broker):
-    ttl = 0.6
+    ttl = FENCED_TTL
     queues = {"q": QueueConfig(workers=1, lease_ttl=ttl, manual_heartbeat=True)}
     await _stopped_before_the_lease_ends(make_gate(gate_broker, queues), ttl)
 
