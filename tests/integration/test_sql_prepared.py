@@ -22,11 +22,13 @@ from sqlalchemy import (
     create_engine,
     event,
     insert,
+    literal_column,
     select,
     text,
     true,
     update,
 )
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 
 from taskgate.brokers.sql.dialects import traits_for
@@ -236,3 +238,19 @@ def test_a_connection_translating_schemas_runs_the_translated_statement(tmp_path
             assert len(tx.prepared or ()) == 1
     finally:
         engine.dispose()
+
+
+def test_numbered_sql_has_libpq_placeholders_and_keeps_literal_percent_signs() -> None:
+    """A split call (`pg_split`) sends the statement with ``$n`` placeholders, each name once."""
+    statement = select(
+        literal_column("'100%'").label("pct"),
+        bindparam("a", type_=Integer),
+        bindparam("b", type_=String),
+        bindparam("a", type_=Integer),
+    )
+    prepared = Prepared.of(statement, PGDialect_psycopg())
+    assert prepared is not None
+    sql, names = prepared.numbered()
+    assert names == ("a", "b")
+    assert "'100%'" in sql and "%%" not in sql and "%(" not in sql
+    assert sql.index("$1") < sql.index("$2") < sql.rindex("$1")
