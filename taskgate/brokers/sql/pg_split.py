@@ -94,11 +94,10 @@ def send(
         session = held.session.get("pg_split")
         if not isinstance(session, _Session):
             session = held.session["pg_split"] = _Session(driver)
-        sql, names = prepared.numbered()
-        values = prepared.parameters(params)
-        assert isinstance(values, dict), "a psycopg statement has named parameters"
+        sql, _ = prepared.numbered()
+        values = prepared.numbered_parameters(params)
         transformer = session.transformer
-        dumped = transformer.dump_sequence([values[name] for name in names], [PyFormat.AUTO] * len(names))
+        dumped = transformer.dump_sequence(values, [PyFormat.AUTO] * len(values))
         key = (sql, tuple(transformer.types or ()))
         name = session.names.get(key)
         too_big = sum(len(value) for value in dumped if value is not None) > MAX_SPLIT_REQUEST

@@ -43,7 +43,16 @@ _Bind = tuple[str, str | None, Any, Processor | None]
 class Prepared:
     """One statement compiled for one dialect, executed on the driver's cursor."""
 
-    __slots__ = ("_binds", "_columns", "_dialect", "_numbered", "_positional", "_results", "sql")
+    __slots__ = (
+        "_binds",
+        "_columns",
+        "_dialect",
+        "_numbered",
+        "_numbered_binds",
+        "_positional",
+        "_results",
+        "sql",
+    )
 
     def __init__(self, compiled: SQLCompiler, columns: Sequence[Any], dialect: Dialect) -> None:
         self.sql = compiled.string
@@ -64,6 +73,7 @@ class Prepared:
         self._binds = tuple(binds)
         self._columns = tuple(column.key for column in columns)
         self._numbered: tuple[str, tuple[str, ...]] | None = None
+        self._numbered_binds: tuple[int, ...] = ()  # the bind of each $n, by index in _binds
         self._results = tuple(
             (n, process)
             for n, column in enumerate(columns)
@@ -83,13 +93,22 @@ class Prepared:
 
     def parameters(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """The driver's parameters for ``params`` (keyed by the statement's parameter names)."""
-        values = [
-            constant if key is None else (process(params[key]) if process else params[key])
-            for _, key, constant, process in self._binds
-        ]
+        values = self._values(params)
         if self._positional:
             return tuple(values)
         return {name: value for (name, _, _, _), value in zip(self._binds, values, strict=True)}
+
+    def numbered_parameters(self, params: Mapping[str, Any]) -> list[Any]:
+        """The driver's values for ``params`` in the order of `numbered`'s ``$1, $2, ...``."""
+        self.numbered()
+        values = self._values(params)
+        return [values[n] for n in self._numbered_binds]
+
+    def _values(self, params: Mapping[str, Any]) -> list[Any]:
+        return [
+            constant if key is None else (process(params[key]) if process else params[key])
+            for _, key, constant, process in self._binds
+        ]
 
     def rows(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Execute and return every row as a dict of column key -> value (as SQLAlchemy reads it)."""
@@ -137,7 +156,10 @@ class Prepared:
                     return "%"  # a literal percent sign, doubled by the pyformat compiler
                 return f"${names.setdefault(name, len(names) + 1)}"
 
-            self._numbered = (_PYFORMAT.sub(number, self.sql), tuple(names))
+            sql = _PYFORMAT.sub(number, self.sql)
+            position = {name: n for n, (name, _, _, _) in enumerate(self._binds)}
+            self._numbered_binds = tuple(position[name] for name in names)
+            self._numbered = (sql, tuple(names))
         return self._numbered
 
     def row(self, values: Sequence[Any]) -> dict[str, Any]:
