@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from gate_helpers import GUARD
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
@@ -115,17 +115,76 @@ def _held_session(broker: SQLBroker, server: Server, held: HeldConnection | None
         return server.session_of(conn)
 
 
-def test_each_backend_holds_a_connection_for_its_writes_and_postgresql_one_for_statements(server):
+def test_each_backend_holds_a_connection_for_its_writes_and_servers_one_for_statements(server):
     broker = SQLBroker(server.url)
     try:
         assert broker._held_writes is not None and broker._held_writes.transactions
-        if server.url.startswith("postgresql"):
+        if server.session_query is not None:  # PostgreSQL's one-statement calls, MySQL's lone INSERT
             assert broker._held_statements is not None and not broker._held_statements.transactions
             assert _held_session(broker, server, broker._held_statements) != _held_session(
                 broker, server, broker._held_writes
             )
         else:  # every call is a transaction
             assert broker._held_statements is None
+    finally:
+        broker.close()
+
+
+def _commits(broker: SQLBroker) -> list[None]:
+    """One entry per COMMIT the broker's connections send from now on."""
+    sent: list[None] = []
+    event.listen(broker._engine, "commit", lambda conn: sent.append(None))
+    return sent
+
+
+def test_mysql_stores_a_plain_single_task_by_its_insert_alone(mysql_url):
+    """In autocommit the INSERT commits itself: no COMMIT round trip. A task with a business key
+    (two rows) is still stored in a transaction."""
+    broker = SQLBroker(mysql_url)
+    try:
+        broker.enqueue([new_task()])  # opens the held connections
+        commits = _commits(broker)
+        (plain,) = broker.enqueue([new_task()])
+        assert commits == []
+        (keyed,) = broker.enqueue([new_task(business_key="k")])
+        assert len(commits) == 1
+        assert broker.get(plain.id).status is Status.PENDING
+        assert broker.history("k") == [keyed]
+    finally:
+        broker.close()
+
+
+def test_mysql_a_lone_insert_through_an_apps_option_view_is_committed(mysql_url):
+    """The app's engine an option view with an isolation level of its own: the broker's
+    autocommit view of it would keep that level, and the INSERT would wait uncommitted."""
+    app_engine = create_engine(normalize_url(mysql_url)).execution_options(isolation_level="REPEATABLE READ")
+    broker = SQLBroker(app_engine)
+    try:
+        (task,) = broker.enqueue([new_task()])
+        with app_engine.connect() as other:
+            seen = other.execute(text("SELECT status FROM taskgate_tasks WHERE id = :id"), {"id": task.id})
+            assert seen.scalar_one() == Status.PENDING.value
+    finally:
+        broker.close()
+        app_engine.dispose()
+
+
+def test_mysql_a_lone_insert_finding_the_held_connection_busy_runs_in_a_transaction(mysql_url):
+    """Not on a pooled connection switched to autocommit and back (a round trip each way)."""
+    broker = SQLBroker(mysql_url)
+    try:
+        broker.enqueue([new_task()])
+        commits = _commits(broker)
+        held = broker._held_statements
+        assert held is not None
+        stored: list[object] = []
+        with held.use():  # busy, in another call
+            submitter = threading.Thread(target=lambda: stored.extend(broker.enqueue([new_task()])))
+            submitter.start()
+            submitter.join(GUARD)
+        assert len(stored) == 1 and len(commits) == 1
+        (task,) = stored
+        assert broker.get(task.id).status is Status.PENDING  # type: ignore[attr-defined]
     finally:
         broker.close()
 

@@ -129,11 +129,19 @@ class SQLBroker:
         # busy_timeout's coarse steps (1 ms, 2 ms, 5 ms, ...). This process's own writers
         # (a claim overlapping an ack flush) take turns on a lock instead, at no such cost.
         self._writers = threading.Lock() if self._traits.name == "sqlite" and not memory else None
-        # Connections kept checked out for the hottest calls (`taskgate.brokers.sql.held`):
-        # PostgreSQL's one-statement calls, in autocommit, and every write transaction (one
-        # shared connection already for an in-memory SQLite database).
+        # Connections kept checked out for the hottest calls (`taskgate.brokers.sql.held`): the
+        # one-statement calls in autocommit (PostgreSQL's, MySQL's lone INSERT), and every write
+        # transaction (one shared connection already for an in-memory SQLite database). PyMySQL
+        # switches a pooled connection to autocommit and back with a round trip each: while the
+        # held one is busy, a lone INSERT runs in a transaction instead.
         self._held_statements = (
-            HeldConnection(self._autocommit, transactions=False) if self._traits.dml_ctes else None
+            HeldConnection(
+                self._autocommit,
+                transactions=False,
+                overflow=None if self._traits.autocommit_reads else lambda: self._transaction(False),
+            )
+            if self._traits.dml_ctes or self._traits.lone_inserts
+            else None
         )
         self._held_writes = None if memory else HeldConnection(self._engine, transactions=True)
         self._signals = Signals()
@@ -204,13 +212,8 @@ class SQLBroker:
         items = self._checked_new(tasks)
         if not items:
             return []
-        if self._traits.dml_ctes and len(items) == 1:
-            item = items[0]
-            stored = self._run(
-                "enqueue",
-                lambda tx: create.enqueue_one_in_one_statement(tx, item, self._channel),
-                one_statement=True,
-            )
+        if len(items) == 1:
+            stored = self._store_alone(items[0])
             if stored is not None:
                 return [answer(stored)]
         attempts = 0
@@ -222,6 +225,19 @@ class SQLBroker:
             return [answer(row) for row in create.store_new(tx, items, check_ids=attempts > 1)]
 
         return self._run("enqueue", step, inline=len(items) <= INLINE_MAX_ROWS)
+
+    def _store_alone(self, item: NewTask) -> dict[str, Any] | None:
+        """A single task stored by one statement in autocommit, where the dialect can: its row.
+        None when it cannot, or when its id is taken (nothing changed): the transaction runs."""
+        if self._traits.dml_ctes:
+            return self._run(
+                "enqueue",
+                lambda tx: create.enqueue_one_in_one_statement(tx, item, self._channel),
+                one_statement=True,
+            )
+        if self._traits.lone_inserts and _plain(item):
+            return self._run("enqueue", lambda tx: create.insert_alone(tx, item), one_statement=True)
+        return None
 
     def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
         """`enqueue` of ``task``, leased at once when it is due and no other task of its queue

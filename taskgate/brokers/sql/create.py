@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import NewTask, Unset
-from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.dialects import Traits, plain_insert
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
@@ -138,6 +138,19 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[st
     nothing): the caller then runs `store_new`, whose checks name what was wrong.
     """
     return tx.one(enqueue_one_plan(tx, item, channel))
+
+
+def insert_alone(tx: Tx, item: NewTask) -> dict[str, Any] | None:
+    """Store ``item``, a task without parents or business key, by its INSERT alone (run in
+    autocommit: the statement is the transaction); its row. None when its id is taken (nothing
+    changed): the caller then runs `store_new`, whose check names the id."""
+    row = new_row(item, tx.now, Status.PENDING, None)
+    try:
+        tx.write(plain_insert(table_of(tx.models.task)), row)
+    except IntegrityError:
+        return None
+    tx.woken.add(item.queue)
+    return row
 
 
 def enqueue_one_plan(tx: Tx, item: NewTask, channel: str) -> OneStatement[dict[str, Any] | None]:

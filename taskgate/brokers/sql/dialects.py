@@ -47,6 +47,10 @@ class Traits:
     # A read of one statement runs without BEGIN and COMMIT (autocommit): the driver switches a
     # pooled connection to autocommit without a round trip.
     autocommit_reads = False
+    # A task without parents or business key is stored by its INSERT alone, in autocommit on a
+    # held connection: the INSERT commits itself, one round trip where INSERT and COMMIT take
+    # two. (``dml_ctes`` dialects store every single task in one statement of their own.)
+    lone_inserts = False
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         """``stmt`` taking write locks on the rows it reads (``SKIP LOCKED``: skip busy rows)."""
@@ -195,6 +199,7 @@ class MySQLTraits(Traits):
     """MySQL 8 / MariaDB >= 10.6: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE`` by ids."""
 
     name = "mysql"
+    lone_inserts = True
     # 1213 deadlock, 1205 lock wait timeout (the statement or whole transaction rolled back).
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})
     # Room for the statement around the value inside one max_allowed_packet.

@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 from sqlalchemy import Connection, Engine
 
@@ -42,12 +42,21 @@ class HeldConnection:
     """``use()``: the held connection when free, else one of ``engine``'s pool.
 
     ``transactions``: each use runs in a transaction (committed on a normal exit, rolled back
-    on an error), else in whatever mode ``engine`` sets (an autocommit option view).
+    on an error), else in autocommit (``engine`` an autocommit option view, for the pool).
+    ``overflow``: where a use goes while the held connection is busy, instead of the pool of
+    ``engine`` (where switching a connection to autocommit and back can cost round trips).
     """
 
-    def __init__(self, engine: Engine, *, transactions: bool) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        transactions: bool,
+        overflow: Callable[[], AbstractContextManager[Connection]] | None = None,
+    ) -> None:
         self._engine = engine
         self.transactions = transactions
+        self._overflow = overflow
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._idle_since = 0.0
@@ -63,7 +72,7 @@ class HeldConnection:
         if self._pid != os.getpid():
             self._forget_after_fork()
         if self._closed or not self._lock.acquire(blocking=False):
-            with self._engine.begin() if self.transactions else self._engine.connect() as pooled:
+            with self._pooled() as pooled:
                 yield pooled
             return
         try:
@@ -78,6 +87,11 @@ class HeldConnection:
                 self._put_back(conn)
         finally:
             self._lock.release()
+
+    def _pooled(self) -> AbstractContextManager[Connection]:
+        if self._overflow is not None:
+            return self._overflow()
+        return self._engine.begin() if self.transactions else self._engine.connect()
 
     def take(self) -> Connection | None:
         """The held connection for a call that may neither wait nor open one (on an event loop):
@@ -118,6 +132,11 @@ class HeldConnection:
                 conn = None
         if conn is None:
             conn = self._engine.connect()
+            if not self.transactions:
+                # Set on the connection itself: an option view of an app's engine that is an
+                # option view already keeps the inner view's isolation level (SQLAlchemy 2.0),
+                # and a statement meant to commit itself would wait in an open transaction.
+                conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.detach()
             self._conn = conn
         return conn
