@@ -22,7 +22,7 @@ from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.brokers.sql.held import HeldConnection
 from taskgate.errors import BrokerError
-from taskgate.task import Status
+from taskgate.task import Filter, Status
 from taskgate.testing.contract._support import new_task
 
 LEASE = timedelta(seconds=30)
@@ -137,6 +137,12 @@ def _commits(broker: SQLBroker) -> list[None]:
     return sent
 
 
+def _rollbacks(broker: SQLBroker) -> list[None]:
+    sent: list[None] = []
+    event.listen(broker._engine, "rollback", lambda conn: sent.append(None))
+    return sent
+
+
 def test_mysql_stores_a_plain_single_task_by_its_insert_alone(mysql_url):
     """In autocommit the INSERT commits itself: no COMMIT round trip. A task with a business key
     (two rows) is still stored in a transaction."""
@@ -150,6 +156,40 @@ def test_mysql_stores_a_plain_single_task_by_its_insert_alone(mysql_url):
         assert len(commits) == 1
         assert broker.get(plain.id).status is Status.PENDING
         assert broker.history("k") == [keyed]
+    finally:
+        broker.close()
+
+
+def test_mysql_reads_of_one_statement_run_in_autocommit_on_the_held_connection(mysql_url):
+    """A read costs its statement alone: no COMMIT or ROLLBACK after it."""
+    broker = SQLBroker(mysql_url)
+    try:
+        (task,) = broker.enqueue([new_task(business_key="k")])
+        broker.get(task.id)
+        commits, rollbacks = _commits(broker), _rollbacks(broker)
+        assert broker.get(task.id) == task
+        assert broker.list(Filter(queue="q")) == [task]
+        assert broker.history("k") == [task]
+        assert broker.queue_length("q") == 1
+        assert commits == [] and rollbacks == []
+    finally:
+        broker.close()
+
+
+def test_mysql_a_read_finding_the_held_connection_busy_runs_in_a_transaction(mysql_url):
+    broker = SQLBroker(mysql_url)
+    try:
+        (task,) = broker.enqueue([new_task()])
+        broker.get(task.id)
+        commits = _commits(broker)
+        held = broker._held_statements
+        assert held is not None
+        read: list[object] = []
+        with held.use():  # busy, in another call
+            reader = threading.Thread(target=lambda: read.append(broker.get(task.id)))
+            reader.start()
+            reader.join(GUARD)
+        assert read == [task] and len(commits) == 1
     finally:
         broker.close()
 

@@ -130,17 +130,11 @@ class SQLBroker:
         # (a claim overlapping an ack flush) take turns on a lock instead, at no such cost.
         self._writers = threading.Lock() if self._traits.name == "sqlite" and not memory else None
         # Connections kept checked out for the hottest calls (`taskgate.brokers.sql.held`): the
-        # one-statement calls in autocommit (PostgreSQL's, MySQL's lone INSERT), and every write
-        # transaction (one shared connection already for an in-memory SQLite database). PyMySQL
-        # switches a pooled connection to autocommit and back with a round trip each: while the
-        # held one is busy, a lone INSERT runs in a transaction instead.
+        # one-statement calls in autocommit (on PostgreSQL and MySQL), and every write
+        # transaction (one shared connection already for an in-memory SQLite database).
         self._held_statements = (
-            HeldConnection(
-                self._autocommit,
-                transactions=False,
-                overflow=None if self._traits.autocommit_reads else lambda: self._transaction(False),
-            )
-            if self._traits.dml_ctes or self._traits.lone_inserts
+            HeldConnection(self._autocommit, transactions=False)
+            if self._traits.statement_connection
             else None
         )
         self._held_writes = None if memory else HeldConnection(self._engine, transactions=True)
@@ -235,7 +229,7 @@ class SQLBroker:
                 lambda tx: create.enqueue_one_in_one_statement(tx, item, self._channel),
                 one_statement=True,
             )
-        if self._traits.lone_inserts and _plain(item):
+        if self._traits.lone_inserts and self._held_statements is not None and _plain(item):
             return self._run("enqueue", lambda tx: create.insert_alone(tx, item), one_statement=True)
         return None
 
@@ -328,10 +322,10 @@ class SQLBroker:
         return self._read("queue_length", lambda tx: reads.queue_length(tx, queue))
 
     def _read(self, operation: str, step: Callable[[Tx], _T], *, inline: bool = False) -> _T:
-        """Run a read of ONE statement: in autocommit where that saves BEGIN and COMMIT
-        (``traits.autocommit_reads``), else in a read-only transaction. ``inline``: see `_run`
-        (a read that may return many rows is not attempted on an event loop)."""
-        one_statement = self._traits.autocommit_reads
+        """Run a read of ONE statement: in autocommit on a server (no BEGIN and COMMIT), in a
+        read-only transaction on SQLite. ``inline``: see `_run` (a read that may return many
+        rows is not attempted on an event loop)."""
+        one_statement = self._held_statements is not None
         return self._run(operation, step, read_only=True, one_statement=one_statement, inline=inline)
 
     # -- tasks: the worker's transitions ---------------------------------------------------
@@ -747,7 +741,7 @@ class SQLBroker:
         self, step: Callable[[Tx], _T], read_only: bool, one_statement: bool, *, locked: bool = False
     ) -> _T:
         if one_statement:
-            with self._statement_connection() as conn:
+            with self._statement_connection(read_only) as conn:
                 tx = self._tx(conn)
                 result = step(tx)
         else:
@@ -761,11 +755,16 @@ class SQLBroker:
             self._signals.bump(tx.woken)
         return result
 
-    def _statement_connection(self) -> AbstractContextManager[Connection]:
-        """A connection in autocommit for one statement: the held one when free."""
-        if self._held_statements is not None:
-            return self._held_statements.use()
-        return self._autocommit.connect()
+    def _statement_connection(self, read_only: bool) -> AbstractContextManager[Connection]:
+        """A connection in autocommit for one statement: the held one when free. Else a pooled
+        one, in autocommit where the driver switches it without a round trip (psycopg), in a
+        transaction where that costs one each way (PyMySQL's ``SET autocommit``)."""
+        held = self._held_statements
+        if held is None:
+            return self._autocommit.connect()
+        if self._traits.cheap_autocommit:
+            return held.use()
+        return held.use(lambda: self._transaction(read_only))
 
     def _transaction(self, read_only: bool) -> AbstractContextManager[Connection]:
         """A connection inside a new transaction: a write's on the held one when free."""

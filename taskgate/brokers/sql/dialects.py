@@ -44,9 +44,11 @@ class Traits:
     update_returning = False
     # UPDATE/INSERT … RETURNING inside WITH: a transition of several writes in one statement.
     dml_ctes = False
-    # A read of one statement runs without BEGIN and COMMIT (autocommit): the driver switches a
-    # pooled connection to autocommit without a round trip.
-    autocommit_reads = False
+    # The driver switches a pooled connection to autocommit and back without a round trip.
+    cheap_autocommit = False
+    # Calls of one statement run in autocommit on a connection held for them (a server;
+    # SQLite's writers take turns on one lock instead, which those calls would bypass).
+    statement_connection = False
     # A task without parents or business key is stored by its INSERT alone, in autocommit on a
     # held connection: the INSERT commits itself, one round trip where INSERT and COMMIT take
     # two. (``dml_ctes`` dialects store every single task in one statement of their own.)
@@ -129,7 +131,8 @@ class PostgreSQLTraits(Traits):
     push_wakeups = True
     update_returning = True
     dml_ctes = True
-    autocommit_reads = True  # psycopg: a client-side switch (PyMySQL sends SET autocommit)
+    cheap_autocommit = True  # psycopg: a client-side switch (PyMySQL sends SET autocommit)
+    statement_connection = True
     _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
     # Below this many rows one multi-row INSERT costs no more than setting up a COPY.
     _COPY_FROM = 16
@@ -199,6 +202,7 @@ class MySQLTraits(Traits):
     """MySQL 8 / MariaDB >= 10.6: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE`` by ids."""
 
     name = "mysql"
+    statement_connection = True
     lone_inserts = True
     # 1213 deadlock, 1205 lock wait timeout (the statement or whole transaction rolled back).
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})

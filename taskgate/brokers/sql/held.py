@@ -7,9 +7,9 @@ this process, on SQLite two thirds of an empty write transaction. Here one conne
 checked out and the calls take turns on it; a call that finds it busy takes a pooled one as
 before, so calls in several threads never wait for each other here.
 
-`SQLBroker` keeps one for its write transactions (``transactions=True``) and, on PostgreSQL,
-one for its one-statement calls (a submit, a claim, a read) in autocommit. Read-only
-transactions keep using the pool.
+`SQLBroker` keeps one for its write transactions (``transactions=True``) and, on PostgreSQL
+and MySQL, one for its one-statement calls (a submit, a read; on PostgreSQL a claim too) in
+autocommit. Read-only transactions (SQLite's reads) keep using the pool.
 
 A held connection is detached from the pool (`Connection.detach`): it is one connection beyond
 the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
@@ -43,20 +43,11 @@ class HeldConnection:
 
     ``transactions``: each use runs in a transaction (committed on a normal exit, rolled back
     on an error), else in autocommit (``engine`` an autocommit option view, for the pool).
-    ``overflow``: where a use goes while the held connection is busy, instead of the pool of
-    ``engine`` (where switching a connection to autocommit and back can cost round trips).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        transactions: bool,
-        overflow: Callable[[], AbstractContextManager[Connection]] | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, *, transactions: bool) -> None:
         self._engine = engine
         self.transactions = transactions
-        self._overflow = overflow
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._idle_since = 0.0
@@ -67,12 +58,19 @@ class HeldConnection:
         self.session: dict[str, object] = {}
 
     @contextmanager
-    def use(self) -> Iterator[Connection]:
-        """A connection for one call; given back (kept, or returned to the pool) on exit."""
+    def use(
+        self, overflow: Callable[[], AbstractContextManager[Connection]] | None = None
+    ) -> Iterator[Connection]:
+        """A connection for one call; given back (kept, or returned to the pool) on exit.
+
+        ``overflow``: where the call goes while the held connection is busy, instead of the
+        pool of ``engine`` (where switching a connection to autocommit and back can cost a
+        round trip each way).
+        """
         if self._pid != os.getpid():
             self._forget_after_fork()
         if self._closed or not self._lock.acquire(blocking=False):
-            with self._pooled() as pooled:
+            with self._pooled() if overflow is None else overflow() as pooled:
                 yield pooled
             return
         try:
@@ -89,8 +87,6 @@ class HeldConnection:
             self._lock.release()
 
     def _pooled(self) -> AbstractContextManager[Connection]:
-        if self._overflow is not None:
-            return self._overflow()
         return self._engine.begin() if self.transactions else self._engine.connect()
 
     def take(self) -> Connection | None:
