@@ -323,9 +323,10 @@ class SQLBroker:
 
     def _read(self, operation: str, step: Callable[[Tx], _T], *, inline: bool = False) -> _T:
         """Run a read of ONE statement: in autocommit on a server (no BEGIN and COMMIT), in a
-        read-only transaction on SQLite. ``inline``: see `_run` (a read that may return many
-        rows is not attempted on an event loop)."""
-        one_statement = self._held_statements is not None
+        read-only transaction on SQLite (and on MySQL without a held connection, where a pooled
+        one's switch to autocommit costs more than the COMMIT). ``inline``: see `_run` (a read
+        that may return many rows is not attempted on an event loop)."""
+        one_statement = self._held_statements is not None or self._traits.cheap_autocommit
         return self._run(operation, step, read_only=True, one_statement=one_statement, inline=inline)
 
     # -- tasks: the worker's transitions ---------------------------------------------------
