@@ -143,6 +143,36 @@ def _rollbacks(broker: SQLBroker) -> list[None]:
     return sent
 
 
+def test_mysql_overlapping_write_transactions_run_on_two_held_connections(mysql_url):
+    """A claim and an ack overlap in every cycle of a busy queue: the second write transaction
+    runs on a spare held connection, and only a third goes to the pool (whose return would
+    cost a ROLLBACK round trip)."""
+    broker = SQLBroker(mysql_url)
+    try:
+        broker.enqueue([new_task() for _ in range(4)])
+        claimed: list[int] = []
+
+        def claim_in_a_thread() -> None:
+            worker = threading.Thread(target=lambda: claimed.append(len(broker.claim("q", 1, LEASE))))
+            worker.start()
+            worker.join(GUARD)
+
+        held, spare = broker._held_writes, broker._spare_writes
+        assert held is not None and spare is not None
+        with held.use():
+            claim_in_a_thread()  # opens the spare (a checkout, then detached from the pool)
+        checkouts: list[None] = []
+        event.listen(broker._engine.pool, "checkout", lambda *args: checkouts.append(None))
+        with held.use():  # a write transaction in flight
+            claim_in_a_thread()
+            assert claimed == [1, 1] and checkouts == []  # on the spare
+            with spare.use():  # and a second one
+                claim_in_a_thread()
+        assert claimed == [1, 1, 1] and len(checkouts) == 1
+    finally:
+        broker.close()
+
+
 def test_mysql_stores_a_plain_single_task_by_its_insert_alone(mysql_url):
     """In autocommit the INSERT commits itself: no COMMIT round trip. A task with a business key
     (two rows) is still stored in a transaction."""

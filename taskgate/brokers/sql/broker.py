@@ -138,6 +138,12 @@ class SQLBroker:
             else None
         )
         self._held_writes = None if memory else HeldConnection(self._engine, transactions=True)
+        # MySQL runs a claim and an ack as transactions, which overlap in every cycle of a busy
+        # queue: the one finding the held connection busy took a pooled one, whose return the
+        # pool answers with a ROLLBACK round trip.
+        self._spare_writes = (
+            HeldConnection(self._engine, transactions=True) if self._traits.spare_writer else None
+        )
         self._signals = Signals()
         self._listener: Listener | None = None
         self._listener_lock = threading.Lock()
@@ -770,7 +776,8 @@ class SQLBroker:
     def _transaction(self, read_only: bool) -> AbstractContextManager[Connection]:
         """A connection inside a new transaction: a write's on the held one when free."""
         if self._held_writes is not None and not read_only:
-            return self._held_writes.use()
+            spare = self._spare_writes
+            return self._held_writes.use(None if spare is None else spare.use)
         return (self._reader if read_only else self._engine).begin()
 
     def _tx(self, conn: Connection) -> Tx:
@@ -805,7 +812,7 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
-        for held in (self._held_statements, self._held_writes):
+        for held in (self._held_statements, self._held_writes, self._spare_writes):
             if held is not None:
                 held.close()
         if self._owns_engine:

@@ -53,6 +53,9 @@ class Traits:
     # held connection: the INSERT commits itself, one round trip where INSERT and COMMIT take
     # two. (``dml_ctes`` dialects store every single task in one statement of their own.)
     lone_inserts = False
+    # A second connection held for write transactions, for a claim and an ack that overlap
+    # (MySQL, where both are transactions and a pooled connection's return costs a round trip).
+    spare_writer = False
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         """``stmt`` taking write locks on the rows it reads (``SKIP LOCKED``: skip busy rows)."""
@@ -204,6 +207,7 @@ class MySQLTraits(Traits):
     name = "mysql"
     statement_connection = True
     lone_inserts = True
+    spare_writer = True
     # 1213 deadlock, 1205 lock wait timeout (the statement or whole transaction rolled back).
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})
     # Room for the statement around the value inside one max_allowed_packet.

@@ -7,7 +7,8 @@ this process, on SQLite two thirds of an empty write transaction. Here one conne
 checked out and the calls take turns on it; a call that finds it busy takes a pooled one as
 before, so calls in several threads never wait for each other here.
 
-`SQLBroker` keeps one for its write transactions (``transactions=True``) and, on PostgreSQL
+`SQLBroker` keeps one for its write transactions (``transactions=True``; on MySQL a spare too,
+for a claim and an ack that overlap) and, on PostgreSQL
 and MySQL, one for its one-statement calls (a submit, a read; on PostgreSQL a claim too) in
 autocommit. Read-only transactions (SQLite's reads) keep using the pool.
 
