@@ -1,7 +1,7 @@
-"""The connection an SQL broker keeps for its hottest calls (`taskgate.brokers.sql.held`):
-PostgreSQL's one-statement calls in autocommit, SQLite's and MySQL's write transactions.
-Outside the pool, taken in turn, replaced when dead, never touched by a forked child, closed
-with the broker."""
+"""The connections an SQL broker keeps for its hottest calls (`taskgate.brokers.sql.held`):
+PostgreSQL's and MySQL's one-statement calls in autocommit, every backend's write transactions
+(on MySQL on two). Outside the pool, taken in turn, replaced when dead, never touched by a
+forked child, closed with the broker."""
 
 from __future__ import annotations
 
