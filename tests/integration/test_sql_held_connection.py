@@ -22,7 +22,7 @@ from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.brokers.sql.held import HeldConnection
 from taskgate.errors import BrokerError
-from taskgate.task import Filter, Status
+from taskgate.task import Filter, Status, Task
 from taskgate.testing.contract._support import new_task
 
 LEASE = timedelta(seconds=30)
@@ -214,7 +214,7 @@ def test_mysql_a_read_finding_the_held_connection_busy_runs_in_a_transaction(mys
         commits = _commits(broker)
         held = broker._held_statements
         assert held is not None
-        read: list[object] = []
+        read: list[Task] = []
         with held.use():  # busy, in another call
             reader = threading.Thread(target=lambda: read.append(broker.get(task.id)))
             reader.start()
@@ -247,14 +247,14 @@ def test_mysql_a_lone_insert_finding_the_held_connection_busy_runs_in_a_transact
         commits = _commits(broker)
         held = broker._held_statements
         assert held is not None
-        stored: list[object] = []
+        stored: list[Task] = []
         with held.use():  # busy, in another call
             submitter = threading.Thread(target=lambda: stored.extend(broker.enqueue([new_task()])))
             submitter.start()
             submitter.join(GUARD)
         assert len(stored) == 1 and len(commits) == 1
         (task,) = stored
-        assert broker.get(task.id).status is Status.PENDING  # type: ignore[attr-defined]
+        assert broker.get(task.id).status is Status.PENDING
     finally:
         broker.close()
 
