@@ -1,6 +1,6 @@
 """The connections an SQL broker keeps for its hottest calls (`taskgate.brokers.sql.held`):
 PostgreSQL's and MySQL's one-statement calls in autocommit, every backend's write transactions
-(on MySQL on two). Outside the pool, taken in turn, replaced when dead, never touched by a
+(on MySQL on two), SQLite's reads. Outside the pool, taken in turn, replaced when dead, never touched by a
 forked child, closed with the broker."""
 
 from __future__ import annotations
@@ -141,6 +141,35 @@ def _rollbacks(broker: SQLBroker) -> list[None]:
     sent: list[None] = []
     event.listen(broker._engine, "rollback", lambda conn: sent.append(None))
     return sent
+
+
+def test_sqlite_reads_run_on_a_held_connection_in_read_only_transactions(tmp_path: Path):
+    """No pool checkout per read once it is open; a read finding it busy takes a pooled one. An
+    in-memory database (one shared connection) holds none."""
+    broker = SQLBroker(f"sqlite:///{tmp_path / 'tasks.db'}")
+    try:
+        (task,) = broker.enqueue([new_task(business_key="k")])
+        broker.get(task.id)  # opens it
+        checkouts: list[None] = []
+        event.listen(broker._engine.pool, "checkout", lambda *args: checkouts.append(None))
+        assert broker.get(task.id) == task
+        assert broker.list(Filter(queue="q")) == [task]
+        assert broker.history("k") == [task]
+        assert broker.queue_length("q") == 1
+        assert checkouts == []
+        held = broker._held_reads
+        assert held is not None and held.transactions
+        with held.use():  # busy, in another call
+            assert broker.get(task.id) == task
+        assert len(checkouts) == 1
+    finally:
+        broker.close()
+    assert broker._held_reads is not None and broker._held_reads._conn is None  # closed with it
+    memory = SQLBroker("sqlite://")
+    try:
+        assert memory._held_reads is None
+    finally:
+        memory.close()
 
 
 def test_mysql_overlapping_write_transactions_run_on_two_held_connections(mysql_url):

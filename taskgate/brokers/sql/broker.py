@@ -144,6 +144,13 @@ class SQLBroker:
         self._spare_writes = (
             HeldConnection(self._engine, transactions=True) if self._traits.spare_writer else None
         )
+        # SQLite's reads are read-only transactions (a server's are statements in autocommit):
+        # one connection held for them spares each read the pool's checkout and return.
+        self._held_reads = (
+            HeldConnection(self._reader, transactions=True)
+            if self._held_statements is None and not memory
+            else None
+        )
         self._signals = Signals()
         self._listener: Listener | None = None
         self._listener_lock = threading.Lock()
@@ -774,11 +781,13 @@ class SQLBroker:
         return held.use(lambda: self._transaction(read_only))
 
     def _transaction(self, read_only: bool) -> AbstractContextManager[Connection]:
-        """A connection inside a new transaction: a write's on the held one when free."""
-        if self._held_writes is not None and not read_only:
+        """A connection inside a new transaction: on a held one when free."""
+        if read_only:
+            return self._reader.begin() if self._held_reads is None else self._held_reads.use()
+        if self._held_writes is not None:
             spare = self._spare_writes
             return self._held_writes.use(None if spare is None else spare.use)
-        return (self._reader if read_only else self._engine).begin()
+        return self._engine.begin()
 
     def _tx(self, conn: Connection) -> Tx:
         return Tx(conn, self._models, self._traits, self._now, prepared=self._prepared)
@@ -812,7 +821,7 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
-        for held in (self._held_statements, self._held_writes, self._spare_writes):
+        for held in (self._held_statements, self._held_writes, self._spare_writes, self._held_reads):
             if held is not None:
                 held.close()
         if self._owns_engine:

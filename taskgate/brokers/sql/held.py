@@ -10,7 +10,7 @@ before, so calls in several threads never wait for each other here.
 `SQLBroker` keeps one for its write transactions (``transactions=True``; on MySQL a spare too,
 for a claim and an ack that overlap) and, on PostgreSQL
 and MySQL, one for its one-statement calls (a submit, a read; on PostgreSQL a claim too) in
-autocommit. Read-only transactions (SQLite's reads) keep using the pool.
+autocommit; on SQLite one for its reads (read-only transactions).
 
 A held connection is detached from the pool (`Connection.detach`): it is one connection beyond
 the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
