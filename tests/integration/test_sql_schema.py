@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gate_helpers import GUARD
 from sqlalchemy import create_engine, event, text
 
 from taskgate.brokers.base import NewTask
@@ -58,6 +60,75 @@ def test_brokers_created_at_once_on_a_fresh_database_all_succeed(empty_database:
     finally:
         for broker in brokers:
             broker.close()
+
+
+def test_mysql_a_second_broker_sees_the_schema_the_first_one_is_committing(mysql_url: str) -> None:
+    """The schema lock is held until the creating transaction has committed. Released before
+    the commit, a broker taking it next saw no version row yet, wrote it again and failed on
+    the duplicate key once the first committed (a race of brokers starting at once)."""
+    engine = create_engine(normalize_url(mysql_url))
+    creator = threading.current_thread()
+    stamped, committing, go_on = threading.Event(), threading.Event(), threading.Event()
+
+    def note_stamp(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if threading.current_thread() is creator and statement.startswith(_STAMP):
+            stamped.set()
+
+    def hold_commit(conn: Any) -> None:
+        if threading.current_thread() is creator and stamped.is_set() and not go_on.is_set():
+            committing.set()
+            assert go_on.wait(GUARD)
+
+    event.listen(engine, "before_cursor_execute", note_stamp)
+    event.listen(engine, "commit", hold_commit)
+    second: list[SQLBroker | BaseException] = []
+
+    def construct_second() -> None:
+        assert committing.wait(GUARD)
+        try:
+            second.append(SQLBroker(engine))
+        except BaseException as exc:
+            second.append(exc)
+
+    other = threading.Thread(target=construct_second)
+    other.start()
+    releaser = threading.Thread(target=lambda: (_wait_for_the_second(mysql_url), go_on.set()))
+    releaser.start()
+    first = SQLBroker(engine)  # its schema transaction's commit waits for the second to wait
+    other.join(GUARD)
+    releaser.join(GUARD)
+    try:
+        assert len(second) == 1 and isinstance(second[0], SQLBroker), second
+        with engine.connect() as conn:
+            versions = conn.execute(text("SELECT version_num FROM taskgate_alembic_version")).all()
+        assert [v for (v,) in versions] == [SCHEMA_REVISION]
+    finally:
+        first.close()
+        for broker in second:
+            if isinstance(broker, SQLBroker):
+                broker.close()
+        engine.dispose()
+
+
+_STAMP = "INSERT INTO taskgate_alembic_version"
+
+
+def _wait_for_the_second(url: str) -> None:
+    """Until another session of the test's database waits for the schema lock (``User lock``)
+    or sits in its own stamp of the version row (waiting for the first one's row)."""
+    admin = create_engine(normalize_url(url), isolation_level="AUTOCOMMIT")
+    query = text(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+        " AND ID <> CONNECTION_ID() AND (STATE = 'User lock' OR INFO LIKE :stamp)"
+    )
+    deadline = time.monotonic() + GUARD
+    try:
+        with admin.connect() as conn:
+            while not conn.execute(query, {"stamp": f"{_STAMP}%"}).scalar():
+                assert time.monotonic() < deadline, "the second broker never waited"
+                time.sleep(0.005)  # another session's state: nothing to wait on but its row
+    finally:
+        admin.dispose()
 
 
 @pytest.mark.parametrize("prefix", ["", "1tasks_", "task-gate_", "tg; DROP TABLE x", "a" * 32, "tg_ä"])

@@ -15,7 +15,20 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Connection, String, Table, any_, bindparam, cast, func, insert, select, text, true
+from sqlalchemy import (
+    Connection,
+    Engine,
+    String,
+    Table,
+    any_,
+    bindparam,
+    cast,
+    func,
+    insert,
+    select,
+    text,
+    true,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
@@ -83,9 +96,12 @@ class Traits:
         return False
 
     @contextmanager
-    def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
-        """Hold a lock named ``name`` so only one process creates the schema at a time."""
-        yield
+    def schema_transaction(self, engine: Engine, name: str) -> Iterator[Connection]:
+        """A transaction holding a lock named ``name`` until it has committed, so only one
+        process creates the schema at a time and the next one sees what it created. (SQLite:
+        ``BEGIN IMMEDIATE`` takes the file's write lock, held to the commit.)"""
+        with engine.begin() as conn:
+            yield conn
 
     def value_limit(self, conn: Connection) -> int | None:
         """The largest payload/result in bytes the server accepts, or None for no practical limit."""
@@ -159,10 +175,11 @@ class PostgreSQLTraits(Traits):
         return utc(conn.execute(select(func.clock_timestamp())).scalar_one())
 
     @contextmanager
-    def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
+    def schema_transaction(self, engine: Engine, name: str) -> Iterator[Connection]:
         """A transaction-scoped advisory lock; PostgreSQL DDL is transactional, so it covers all."""
-        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": name})
-        yield
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": name})
+            yield conn
 
     def notify(self, conn: Connection, channel: str, queues: Sequence[str]) -> None:
         """``pg_notify`` per queue; PostgreSQL delivers them when (and only if) we commit."""
@@ -229,15 +246,20 @@ class MySQLTraits(Traits):
         return utc(value)
 
     @contextmanager
-    def schema_lock(self, conn: Connection, name: str) -> Iterator[None]:
-        """``GET_LOCK``: MySQL DDL commits implicitly, so a transaction cannot serialise it."""
-        got = conn.execute(select(func.get_lock(name, 60))).scalar()
-        if got != 1:
-            raise TimeoutError(f"could not take MySQL lock {name!r} within 60 s to create the schema")
-        try:
-            yield
-        finally:
-            conn.execute(select(func.release_lock(name)))
+    def schema_transaction(self, engine: Engine, name: str) -> Iterator[Connection]:
+        """``GET_LOCK`` (the session's): MySQL DDL commits implicitly, so a transaction cannot
+        serialise it. Released only once the transaction has committed: released before, the
+        next process would miss the version row this one wrote and write it again."""
+        with engine.connect() as conn:
+            got = conn.execute(select(func.get_lock(name, 60))).scalar()
+            conn.commit()  # the lock outlives the transaction its statement began
+            if got != 1:
+                raise TimeoutError(f"could not take MySQL lock {name!r} within 60 s to create the schema")
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                conn.execute(select(func.release_lock(name)))
 
     def value_limit(self, conn: Connection) -> int:
         """``max_allowed_packet`` minus room for the rest of the statement."""

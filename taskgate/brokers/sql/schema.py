@@ -34,7 +34,7 @@ def version_table(prefix: str, metadata: MetaData | None = None) -> Table:
 def prepare_schema(engine: Engine, models: Models, traits: Traits, *, create: bool) -> None:
     """Create missing tables (``create``) under a lock, then check the schema revision."""
     versions = version_table(models.prefix)
-    with engine.begin() as conn, traits.schema_lock(conn, f"{models.prefix}schema"):
+    with traits.schema_transaction(engine, f"{models.prefix}schema") as conn:
         if create:
             models.metadata.create_all(conn, tables=models.tables, checkfirst=True)
             versions.create(conn, checkfirst=True)
