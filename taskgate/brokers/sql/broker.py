@@ -148,7 +148,7 @@ class SQLBroker:
         # one connection held for them spares each read the pool's checkout and return.
         self._held_reads = (
             HeldConnection(self._reader, transactions=True)
-            if self._held_statements is None and not memory
+            if not self._traits.statement_connection and not memory
             else None
         )
         self._signals = Signals()

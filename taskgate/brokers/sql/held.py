@@ -8,9 +8,9 @@ checked out and the calls take turns on it; a call that finds it busy takes a po
 before, so calls in several threads never wait for each other here.
 
 `SQLBroker` keeps one for its write transactions (``transactions=True``; on MySQL a spare too,
-for a claim and an ack that overlap) and, on PostgreSQL
-and MySQL, one for its one-statement calls (a submit, a read; on PostgreSQL a claim too) in
-autocommit; on SQLite one for its reads (read-only transactions).
+for a claim and an ack that overlap); on PostgreSQL and MySQL one for its one-statement calls
+(a submit, a read; on PostgreSQL a claim too) in autocommit; on SQLite one for its reads
+(read-only transactions).
 
 A held connection is detached from the pool (`Connection.detach`): it is one connection beyond
 the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
