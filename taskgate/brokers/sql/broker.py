@@ -67,6 +67,7 @@ from taskgate.brokers.sql.dialects import Traits, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
 from taskgate.brokers.sql.held import HeldConnection
+from taskgate.brokers.sql.json_rows import JsonRows
 from taskgate.brokers.sql.prepared import PreparedCache, preparable, traced
 from taskgate.brokers.sql.retry import Conflict, run_with_retries
 from taskgate.brokers.sql.rows import snapshot, task_of_plan
@@ -119,8 +120,8 @@ class SQLBroker:
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._prepared = PreparedCache()
         self._traits: Traits = traits_for(self._engine.dialect.name)
+        self._prepared = PreparedCache(JsonRows.of if self._traits.json_rows else None)
         self._clock = clock
         self._server_clock = SampledServerClock(self._traits)
         # One shared connection (in-memory SQLite) must not interleave two transactions.

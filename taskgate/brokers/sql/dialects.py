@@ -69,6 +69,9 @@ class Traits:
     # A second connection held for write transactions, for a claim and an ack that overlap
     # (MySQL, where both are transactions and a pooled connection's return costs a round trip).
     spare_writer = False
+    # Wide rows come back as one JSON array each (`taskgate.brokers.sql.json_rows`): the
+    # driver parses every column in Python (PyMySQL), json.loads in C.
+    json_rows = False
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         """``stmt`` taking write locks on the rows it reads (``SKIP LOCKED``: skip busy rows)."""
@@ -225,6 +228,7 @@ class MySQLTraits(Traits):
     statement_connection = True
     lone_inserts = True
     spare_writer = True
+    json_rows = True
     # 1213 deadlock, 1205 lock wait timeout (the statement or whole transaction rolled back).
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})
     # Room for the statement around the value inside one max_allowed_packet.

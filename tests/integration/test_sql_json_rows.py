@@ -1,0 +1,102 @@
+"""MySQL's wide rows read with their small columns packed in one JSON array
+(`taskgate.brokers.sql.json_rows`): the same tasks as the plain reads, field by field."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import create_engine, event
+
+from taskgate.brokers.base import FailureKind
+from taskgate.brokers.sql import SQLBroker
+from taskgate.brokers.sql.dialects import MySQLTraits
+from taskgate.brokers.sql.engine import normalize_url
+from taskgate.task import Filter, Task
+from taskgate.testing.contract._support import new_task
+
+LEASE = timedelta(seconds=30)
+ODD_TEXT = "quote ' double \" backslash \\ newline \n tab \t ü 中文 🙂"
+
+
+def _store_every_kind_of_row(broker: SQLBroker) -> list[str]:
+    """Tasks whose rows hold every kind of value a column can: NULLs, empty and binary bytes,
+    odd text, whole-second and fractional datetimes, a lease marked for cancel."""
+    every_byte = bytes(range(256)) * 40
+    parent, child, empty, _, due_later = broker.enqueue(
+        [
+            new_task(payload=every_byte, business_key=ODD_TEXT[:60], max_retry=3),
+            new_task(queue="q2", payload=None),
+            new_task(payload=b""),
+            new_task(payload=ODD_TEXT.encode()),
+            new_task(queue="later", run_at=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)),
+        ]
+    )
+    (blocked,) = broker.enqueue([new_task(depends_on=(parent.id, child.id), ignore_parent_failure=True)])
+    running, done, failed = broker.claim("q", 3, LEASE)
+    broker.cancel(running.task.id)  # running: its lease is marked for cancel
+    broker.ack(done.task.id, done.token, b"\x00result\xff")
+    broker.fail(failed.task.id, failed.token, kind=FailureKind.BUSINESS, error=ODD_TEXT)
+    return [parent.id, child.id, empty.id, due_later.id, blocked.id]
+
+
+@pytest.fixture
+def plain_and_packed(mysql_url, monkeypatch):
+    """Two brokers on one database: one reading rows plainly, one packing them."""
+    monkeypatch.setattr(MySQLTraits, "json_rows", False)
+    plain = SQLBroker(mysql_url)
+    monkeypatch.setattr(MySQLTraits, "json_rows", True)
+    packed = SQLBroker(mysql_url)
+    yield plain, packed
+    plain.close()
+    packed.close()
+
+
+def test_mysql_packed_rows_read_as_the_plain_ones(plain_and_packed):
+    plain, packed = plain_and_packed
+    ids = _store_every_kind_of_row(packed)
+    every: list[Task] = plain.list(Filter())
+    assert len(every) == len(ids) + 1
+    assert packed.list(Filter()) == every
+    for task_id in ids:
+        assert packed.get(task_id) == plain.get(task_id)
+    key = ODD_TEXT[:60]
+    assert packed.history(key) == plain.history(key) != []
+    assert {t.status for t in every} >= {"pending", "blocked", "running", "completed", "failed"}
+    assert any(t.cancel_requested for t in every)
+    assert {t.payload for t in every} >= {None, b"", bytes(range(256)) * 40}
+
+
+def test_mysql_a_packed_claim_leases_the_rows_the_plain_read_finds(plain_and_packed):
+    plain, packed = plain_and_packed
+    _store_every_kind_of_row(plain)
+    (task,) = plain.enqueue([new_task(queue="fresh", payload=bytes(range(256)), max_retry=2)])
+    (lease,) = packed.claim("fresh", 5, LEASE)
+    assert lease.task == plain.get(task.id)
+    assert lease.task.payload == bytes(range(256))
+
+
+def test_mysql_wide_reads_pack_their_small_columns_and_narrow_ones_do_not(mysql_url):
+    engine = create_engine(normalize_url(mysql_url))
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    broker = SQLBroker(engine)
+    try:
+        (task,) = broker.enqueue([new_task(payload=b"p")])
+        statements.clear()
+        broker.get(task.id)
+        broker.list(Filter(queue="q"))
+        broker.claim("q", 1, LEASE)
+        broker.counts()
+    finally:
+        broker.close()
+        engine.dispose()
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    wide = [s for s in reads if "JSON_ARRAY(" in s.upper()]
+    assert len(wide) == 3  # get, list and the claim's locking read
+    for sql in wide:
+        start = sql.upper().index("JSON_ARRAY(")
+        packed = sql[start : sql.index(")", start)]  # the packed columns: no call among them
+        assert "payload" not in packed and "last_error" not in packed  # unbounded: plain
+        assert "run_at" in packed and "business_key" in packed
+    assert any("count(" in s.lower() and "JSON_ARRAY" not in s.upper() for s in reads)
