@@ -94,6 +94,7 @@ def test_mysql_wide_reads_pack_their_small_columns_and_narrow_ones_do_not(mysql_
     reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
     wide = [s for s in reads if "JSON_ARRAY(" in s.upper()]
     assert len(wide) == 3  # get, list and the claim's locking read
+    assert "FOR UPDATE SKIP LOCKED" in wide[2].upper()  # the claim still skips rows others hold
     for sql in wide:
         start = sql.upper().index("JSON_ARRAY(")
         packed = sql[start : sql.index(")", start)]  # the packed columns: no call among them
