@@ -69,8 +69,9 @@ class Traits:
     # A second connection held for write transactions, for a claim and an ack that overlap
     # (MySQL, where both are transactions and a pooled connection's return costs a round trip).
     spare_writer = False
-    # Wide rows come back as one JSON array each (`taskgate.brokers.sql.json_rows`): the
-    # driver parses every column in Python (PyMySQL), json.loads in C.
+    # A wide row's small columns come back packed in one JSON array
+    # (`taskgate.brokers.sql.json_rows`): the driver parses each column in Python (PyMySQL),
+    # json.loads the array in C.
     json_rows = False
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:

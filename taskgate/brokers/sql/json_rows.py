@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Select, TypeDecorator, func
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from taskgate.brokers.sql.prepared import Prepared
 
@@ -51,7 +52,9 @@ class JsonRows(Prepared):
             *(columns[n] for n in plain),
             maintain_column_froms=True,
         )
-        super().__init__(cast(Any, transported.compile(dialect=dialect)), columns, dialect)
+        compiled = transported.compile(dialect=dialect)
+        assert isinstance(compiled, SQLCompiler)  # as the plain statement's (`Prepared.of`)
+        super().__init__(compiled, columns, dialect)
         self._decoders = tuple(ways[n][1] for n in packed)
         # Where each column's value is among [*packed values, *plain values].
         slot = {n: k for k, n in enumerate([*packed, *plain])}
