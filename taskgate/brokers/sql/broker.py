@@ -120,7 +120,7 @@ class SQLBroker:
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._traits: Traits = traits_for(self._engine.dialect.name)
+        self._traits: Traits = traits_for(self._engine.dialect.name, self._engine.dialect.driver)
         self._prepared = PreparedCache(JsonRows.of if self._traits.json_rows else None)
         self._clock = clock
         self._server_clock = SampledServerClock(self._traits)

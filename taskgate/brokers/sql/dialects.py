@@ -234,6 +234,20 @@ class MySQLTraits(Traits):
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})
     # Room for the statement around the value inside one max_allowed_packet.
     _PACKET_SLACK = 64 * 1024
+    # Drivers that quote a list parameter themselves, as a parenthesised list of values.
+    _LIST_QUOTING_DRIVERS = frozenset({"pymysql", "mysqldb"})
+
+    def __init__(self, driver: str = "pymysql") -> None:
+        self._driver_quotes_lists = driver in self._LIST_QUOTING_DRIVERS
+
+    def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
+        """``column IN %(name)s``, the list quoted by the driver as ``('a', 'b', …)`` (PyMySQL,
+        mysqlclient): one statement text for any length, so it runs prepared where an
+        expanding ``IN`` is rendered again at every run. An empty list matches nothing. Other
+        drivers get the expanding ``IN``."""
+        if not self._driver_quotes_lists:
+            return super().listed(column, name)
+        return column.op("IN")(bindparam(name, type_=DriverQuotedList()))
 
     def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
         """``INSERT IGNORE`` (the values are ours and valid, so only the duplicate is ignored)."""
@@ -338,12 +352,26 @@ class JSONList(TypeDecorator[list[str]]):
         return None if value is None else json.dumps(list(value))
 
 
-def traits_for(dialect_name: str) -> Traits:
-    """The traits of a SQLAlchemy dialect name; an unsupported database fails loudly."""
+class DriverQuotedList(TypeDecorator[list[str]]):
+    """A list of strings the driver quotes itself (`MySQLTraits.listed`): as a tuple, and an
+    empty list as ``(NULL)``, which matches nothing where ``()`` would not parse."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: Sequence[str] | None, dialect: Any) -> tuple[str | None, ...] | None:
+        if value is None:
+            return None
+        return tuple(value) or (None,)
+
+
+def traits_for(dialect_name: str, driver: str = "") -> Traits:
+    """The traits of a SQLAlchemy dialect (its name, and its driver's where it matters); an
+    unsupported database fails loudly."""
     if dialect_name == "postgresql":
         return PostgreSQLTraits()
     if dialect_name in ("mysql", "mariadb"):
-        return MySQLTraits()
+        return MySQLTraits(driver)
     if dialect_name == "sqlite":
         return SQLiteTraits()
     raise ConfigError(f"SQLBroker supports sqlite, postgresql and mysql/mariadb, not {dialect_name!r}")

@@ -1,17 +1,20 @@
-"""MySQL's wide rows read with their small columns packed in one JSON array
-(`taskgate.brokers.sql.json_rows`): the same tasks as the plain reads, field by field."""
+"""MySQL's reads shaped for PyMySQL: wide rows with their small columns packed in one JSON
+array (`taskgate.brokers.sql.json_rows`), the same tasks as the plain reads field by field;
+id lists quoted by the driver (`MySQLTraits.listed`), matching as an ``IN`` list does."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.dialects import mysql
 
 from taskgate.brokers.base import FailureKind
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.dialects import MySQLTraits
 from taskgate.brokers.sql.engine import normalize_url
+from taskgate.models import models_for
 from taskgate.task import Filter, Task
 from taskgate.testing.contract._support import new_task
 
@@ -101,3 +104,62 @@ def test_mysql_wide_reads_pack_their_small_columns_and_narrow_ones_do_not(mysql_
         assert "payload" not in packed and "last_error" not in packed  # unbounded: plain
         assert "run_at" in packed and "business_key" in packed
     assert any("count(" in s.lower() and "JSON_ARRAY" not in s.upper() for s in reads)
+
+
+# Id lists quoted by the driver (`MySQLTraits.listed`): one statement text for any length.
+
+
+def _ids_matching(url: str, driver_quotes_lists: bool, ids: list[str]) -> list[str]:
+    engine = create_engine(normalize_url(url))
+    models = models_for("taskgate_")
+    traits = MySQLTraits("pymysql" if driver_quotes_lists else "mariadbconnector")
+    task = models.task.__table__
+    stmt = select(task.c.id).where(traits.listed(task.c.id, "p_ids")).order_by(task.c.id)
+    try:
+        with engine.connect() as conn:
+            return [row.id for row in conn.execute(stmt, {"p_ids": ids})]
+    finally:
+        engine.dispose()
+
+
+def test_mysql_id_lists_match_as_an_in_list_does_whatever_they_hold(mysql_url):
+    broker = SQLBroker(mysql_url)
+    try:
+        stored = [t.id for t in broker.enqueue([new_task(), new_task(), new_task()])]
+    finally:
+        broker.close()
+    odd = "x') OR ('1'='1"  # quoted by the driver, never read as SQL
+    for quoted in (True, False):
+        assert _ids_matching(mysql_url, quoted, [stored[2], stored[0], stored[2], odd]) == sorted(
+            [stored[0], stored[2]]
+        )
+        assert _ids_matching(mysql_url, quoted, [odd]) == []
+    assert _ids_matching(mysql_url, True, []) == []  # (NULL): nothing, where () would not parse
+
+
+def test_mysql_id_lists_keep_one_statement_text_so_their_statements_run_prepared(mysql_url):
+    engine = create_engine(normalize_url(mysql_url))
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    broker = SQLBroker(engine)
+    try:
+        broker.enqueue([new_task() for _ in range(5)])
+        for size in (2, 3):
+            leases = broker.claim("q", size, LEASE)
+            broker.ack_many([(lease.task.id, lease.token, None) for lease in leases])
+    finally:
+        broker.close()
+        engine.dispose()
+    marks = {s for s in statements if s.lstrip().upper().startswith("UPDATE") and "claims" in s}
+    assert len(marks) == 1  # the claims of 2 and of 3 tasks sent the same text
+    assert "IN %(p_ids)s" in marks.pop()
+    drops = {s for s in statements if s.lstrip().upper().startswith("DELETE")}
+    assert len(drops) == 1 and "IN %(p_ids)s" in drops.pop()
+
+
+def test_other_mysql_drivers_get_an_expanding_in() -> None:
+    task = models_for("taskgate_").task.__table__
+    for driver, expanding in (("pymysql", False), ("mysqldb", False), ("mariadbconnector", True)):
+        clause = MySQLTraits(driver).listed(task.c.id, "p_ids")
+        sql = str(select(task.c.id).where(clause).compile(dialect=mysql.dialect()))
+        assert ("POSTCOMPILE" in sql) is expanding, (driver, sql)
