@@ -157,9 +157,9 @@ def test_mysql_id_lists_keep_one_statement_text_so_their_statements_run_prepared
     assert len(drops) == 1 and "IN %(p_ids)s" in drops.pop()
 
 
-def test_other_mysql_drivers_get_an_expanding_in() -> None:
+def test_mysql_drivers_other_than_pymysql_get_an_expanding_in() -> None:
     task = models_for("taskgate_").task.__table__
-    for driver, expanding in (("pymysql", False), ("mysqldb", False), ("mariadbconnector", True)):
+    for driver, expanding in (("pymysql", False), ("mysqldb", True), ("mariadbconnector", True)):
         clause = MySQLTraits(driver).listed(task.c.id, "p_ids")
         sql = str(select(task.c.id).where(clause).compile(dialect=mysql.dialect()))
         assert ("POSTCOMPILE" in sql) is expanding, (driver, sql)

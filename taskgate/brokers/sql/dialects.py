@@ -234,17 +234,17 @@ class MySQLTraits(Traits):
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})
     # Room for the statement around the value inside one max_allowed_packet.
     _PACKET_SLACK = 64 * 1024
-    # Drivers that quote a list parameter themselves, as a parenthesised list of values.
-    _LIST_QUOTING_DRIVERS = frozenset({"pymysql", "mysqldb"})
+    # Drivers known (and tested) to quote a list parameter themselves as a parenthesised list.
+    _LIST_QUOTING_DRIVERS = frozenset({"pymysql"})
 
     def __init__(self, driver: str = "pymysql") -> None:
         self._driver_quotes_lists = driver in self._LIST_QUOTING_DRIVERS
 
     def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
-        """``column IN %(name)s``, the list quoted by the driver as ``('a', 'b', …)`` (PyMySQL,
-        mysqlclient): one statement text for any length, so it runs prepared where an
-        expanding ``IN`` is rendered again at every run. An empty list matches nothing. Other
-        drivers get the expanding ``IN``."""
+        """``column IN %(name)s``, the list quoted by PyMySQL as ``('a', 'b', …)``: one
+        statement text for any length, so it runs prepared where an expanding ``IN`` is
+        rendered again at every run. An empty list matches nothing. Other drivers get the
+        expanding ``IN``."""
         if not self._driver_quotes_lists:
             return super().listed(column, name)
         return column.op("IN")(bindparam(name, type_=DriverQuotedList()))
