@@ -79,21 +79,26 @@ def test_mysql_a_packed_claim_leases_the_rows_the_plain_read_finds(plain_and_pac
     assert lease.task.payload == bytes(range(256))
 
 
-def test_mysql_wide_reads_pack_their_small_columns_and_narrow_ones_do_not(mysql_url):
+@pytest.fixture
+def traced(mysql_url):
+    """A broker on an app's engine whose cursor events record every statement sent."""
     engine = create_engine(normalize_url(mysql_url))
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
     broker = SQLBroker(engine)
-    try:
-        (task,) = broker.enqueue([new_task(payload=b"p")])
-        statements.clear()
-        broker.get(task.id)
-        broker.list(Filter(queue="q"))
-        broker.claim("q", 1, LEASE)
-        broker.counts()
-    finally:
-        broker.close()
-        engine.dispose()
+    yield broker, statements
+    broker.close()
+    engine.dispose()
+
+
+def test_mysql_wide_reads_pack_their_small_columns_and_narrow_ones_do_not(traced):
+    broker, statements = traced
+    (task,) = broker.enqueue([new_task(payload=b"p")])
+    statements.clear()
+    broker.get(task.id)
+    broker.list(Filter(queue="q"))
+    broker.claim("q", 1, LEASE)
+    broker.counts()
     reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
     wide = [s for s in reads if "JSON_ARRAY(" in s.upper()]
     assert len(wide) == 3  # get, list and the claim's locking read
@@ -137,19 +142,12 @@ def test_mysql_id_lists_match_as_an_in_list_does_whatever_they_hold(mysql_url):
     assert _ids_matching(mysql_url, True, []) == []  # (NULL): nothing, where () would not parse
 
 
-def test_mysql_id_lists_keep_one_statement_text_so_their_statements_run_prepared(mysql_url):
-    engine = create_engine(normalize_url(mysql_url))
-    statements: list[str] = []
-    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
-    broker = SQLBroker(engine)
-    try:
-        broker.enqueue([new_task() for _ in range(5)])
-        for size in (2, 3):
-            leases = broker.claim("q", size, LEASE)
-            broker.ack_many([(lease.task.id, lease.token, None) for lease in leases])
-    finally:
-        broker.close()
-        engine.dispose()
+def test_mysql_id_lists_keep_one_statement_text_so_their_statements_run_prepared(traced):
+    broker, statements = traced
+    broker.enqueue([new_task() for _ in range(5)])
+    for size in (2, 3):
+        leases = broker.claim("q", size, LEASE)
+        broker.ack_many([(lease.task.id, lease.token, None) for lease in leases])
     marks = {s for s in statements if s.lstrip().upper().startswith("UPDATE") and "claims" in s}
     assert len(marks) == 1  # the claims of 2 and of 3 tasks sent the same text
     assert "IN %(p_ids)s" in marks.pop()
