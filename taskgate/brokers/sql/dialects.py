@@ -237,7 +237,7 @@ class MySQLTraits(Traits):
     # Drivers known (and tested) to quote a list parameter themselves as a parenthesised list.
     _LIST_QUOTING_DRIVERS = frozenset({"pymysql"})
 
-    def __init__(self, driver: str = "pymysql") -> None:
+    def __init__(self, driver: str = "") -> None:
         self._driver_quotes_lists = driver in self._LIST_QUOTING_DRIVERS
 
     def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
