@@ -161,3 +161,20 @@ def test_mysql_drivers_other_than_pymysql_get_an_expanding_in() -> None:
         clause = MySQLTraits(driver).listed(task.c.id, "p_ids")
         sql = str(select(task.c.id).where(clause).compile(dialect=mysql.dialect()))
         assert ("POSTCOMPILE" in sql) is expanding, (driver, sql)
+
+
+def test_mysql_leases_of_tasks_with_odd_ids_are_stored_under_those_ids(mysql_url):
+    """A claim's leases go in as one JSON text (`MySQLTraits.insert_leases`): each id comes out
+    of it exactly, whatever characters it holds."""
+    odd_ids = ['quote\'d "id"', "back\\slash", "ü 中文 🙂", "per%cent %(x)s", "x" * 255]
+    broker = SQLBroker(mysql_url)
+    try:
+        broker.enqueue([new_task(id=task_id) for task_id in odd_ids])
+        leases = broker.claim("q", len(odd_ids), LEASE)
+        assert sorted(lease.task.id for lease in leases) == sorted(odd_ids)
+        assert {broker.get(task_id).status for task_id in odd_ids} == {"running"}
+        for lease in leases:  # each lease row holds its task's id and token: the ack finds it
+            assert broker.ack(lease.task.id, lease.token, None).status == "completed"
+        assert {t.status for t in broker.list(Filter())} == {"completed"}
+    finally:
+        broker.close()

@@ -23,8 +23,10 @@ from sqlalchemy import (
     any_,
     bindparam,
     cast,
+    false,
     func,
     insert,
+    literal_column,
     select,
     text,
     true,
@@ -129,6 +131,16 @@ class Traits:
     def insert_rows(self, tx: Tx, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """INSERT ``rows`` (each with every column of ``table``) in as few round trips as the
         driver allows."""
+        tx.write_many(plain_insert(table), rows)
+
+    def insert_leases(
+        self, tx: Tx, table: Table, leases: Sequence[tuple[str, str]], expires_at: datetime
+    ) -> None:
+        """INSERT a lease row, not marked for cancel, for each ``(task id, token)``."""
+        rows = [
+            {"task_id": task_id, "token": token, "expires_at": expires_at, "cancel_requested": False}
+            for task_id, token in leases
+        ]
         tx.write_many(plain_insert(table), rows)
 
     def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
@@ -249,6 +261,15 @@ class MySQLTraits(Traits):
             return super().listed(column, name)
         return column.op("IN")(bindparam(name, type_=DriverQuotedList()))
 
+    def insert_leases(
+        self, tx: Tx, table: Table, leases: Sequence[tuple[str, str]], expires_at: datetime
+    ) -> None:
+        """``INSERT … SELECT`` from ``JSON_TABLE`` over the ``(task id, token)`` pairs sent as one
+        JSON text: two values for the driver to escape, where a row of VALUES per lease has
+        four (PyMySQL escapes each in Python: a tenth of a worker's CPU in a busy queue)."""
+        params = {"p_leases": json.dumps(leases, ensure_ascii=False), "p_expires_at": expires_at}
+        tx.write(_leases_from_json(table), params)
+
     def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
         """``INSERT IGNORE`` (the values are ours and valid, so only the duplicate is ignored)."""
         return table.insert().values(dict(values)).prefix_with("IGNORE")
@@ -350,6 +371,24 @@ class JSONList(TypeDecorator[list[str]]):
 
     def process_bind_param(self, value: list[str] | None, dialect: Any) -> str | None:
         return None if value is None else json.dumps(list(value))
+
+
+@functools.lru_cache(maxsize=32)
+def _leases_from_json(table: Table) -> Insert:
+    """`MySQLTraits.insert_leases`' statement for ``table``, built once (so it runs prepared)."""
+    lengths = {name: table.c[name].type.length for name in ("task_id", "token")}  # type: ignore[attr-defined]
+    pairs = text(
+        "JSON_TABLE(:p_leases, '$[*]' COLUMNS ("
+        f"task_id VARCHAR({lengths['task_id']}) PATH '$[0]', token VARCHAR({lengths['token']}) PATH '$[1]'"
+        ")) AS pairs"
+    ).bindparams(bindparam("p_leases", type_=String()))
+    values = select(
+        literal_column("pairs.task_id"),
+        literal_column("pairs.token"),
+        bindparam("p_expires_at", type_=table.c.expires_at.type),
+        false(),
+    ).select_from(pairs)
+    return insert(table).from_select(["task_id", "token", "expires_at", "cancel_requested"], values)
 
 
 class DriverQuotedList(TypeDecorator[list[str]]):

@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 
 from taskgate.brokers.base import Lease, Renewal
-from taskgate.brokers.sql.dialects import Traits, plain_insert
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
@@ -72,11 +72,8 @@ def lease_running(tx: Tx, tasks: list[Task], lease_ttl: timedelta) -> list[Lease
         return []
     expires_at = tx.now + lease_ttl
     tokens = new_tokens(len(tasks))
-    rows = [
-        {"task_id": task.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
-        for task, token in zip(tasks, tokens, strict=True)
-    ]
-    tx.write_many(plain_insert(table_of(tx.models.lease)), rows)
+    pairs = [(task.id, token) for task, token in zip(tasks, tokens, strict=True)]
+    tx.traits.insert_leases(tx, table_of(tx.models.lease), pairs, expires_at)
     return [
         Lease(task=task, token=token, expires_at=expires_at)
         for task, token in zip(tasks, tokens, strict=True)
