@@ -266,7 +266,7 @@ class MySQLTraits(Traits):
     ) -> None:
         """``INSERT … SELECT`` from ``JSON_TABLE`` over the ``(task id, token)`` pairs sent as one
         JSON text: two values for the driver to escape, where a row of VALUES per lease has
-        four (PyMySQL escapes each in Python: a tenth of a worker's CPU in a busy queue)."""
+        four (PyMySQL escapes each in Python)."""
         params = {"p_leases": json.dumps(leases, ensure_ascii=False), "p_expires_at": expires_at}
         tx.write(_leases_from_json(table), params)
 
