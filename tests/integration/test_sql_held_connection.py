@@ -1,26 +1,22 @@
 """The connections an SQL broker keeps for its hottest calls (`taskgate.brokers.sql.held`):
 PostgreSQL's and MySQL's one-statement calls in autocommit, every backend's write transactions
-(on MySQL on two), SQLite's reads. Outside the pool, taken in turn, replaced when dead, never touched by a
-forked child, closed with the broker."""
+(on MySQL on two), SQLite's reads. Outside the pool, taken in turn, replaced when dead, closed
+with the broker. (A forked child's: test_sql_fork.py.)"""
 
 from __future__ import annotations
 
-import os
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from gate_helpers import GUARD
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sql_sessions import Server, held_session, hot, server_for
+from sqlalchemy import create_engine, event, text
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
-from taskgate.brokers.sql.held import HeldConnection
 from taskgate.errors import BrokerError
 from taskgate.task import Filter, Status, Task
 from taskgate.testing.contract._support import new_task
@@ -28,91 +24,14 @@ from taskgate.testing.contract._support import new_task
 LEASE = timedelta(seconds=30)
 
 
-@dataclass(frozen=True)
-class Server:
-    """How a test names, lists and ends one backend's sessions."""
-
-    url: str
-    session_query: str | None  # this session's id; None: no server (SQLite)
-    sessions_query: str | None = None  # every other session's id in the test's database
-    kill: Callable[[int], str] | None = None
-
-    def session_of(self, conn: Connection) -> int:
-        if self.session_query is None:
-            return id(conn.connection.dbapi_connection)  # one file, no server: the driver's object
-        return int(conn.exec_driver_sql(self.session_query).scalar_one())
-
-    def admin(self) -> Engine:
-        return create_engine(normalize_url(self.url), isolation_level="AUTOCOMMIT")
-
-    def sessions(self) -> set[int]:
-        assert self.sessions_query is not None
-        admin = self.admin()
-        try:
-            with admin.connect() as conn:
-                return {int(pid) for (pid,) in conn.execute(text(self.sessions_query))}
-        finally:
-            admin.dispose()
-
-    def terminate(self, session: int) -> None:
-        assert self.kill is not None
-        admin = self.admin()
-        try:
-            with admin.connect() as conn:
-                conn.execute(text(self.kill(session)))
-        finally:
-            admin.dispose()
-        self.wait_gone(session, "its termination")
-
-    def wait_gone(self, session: int, after: str) -> None:
-        deadline = time.monotonic() + GUARD
-        while session in self.sessions():
-            assert time.monotonic() < deadline, f"session {session} outlived {after}"
-            time.sleep(0.005)  # another server process's exit: nothing to wait on but its row
-
-
-def _postgresql(url: str) -> Server:
-    return Server(
-        url,
-        "SELECT pg_backend_pid()",
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
-        lambda pid: f"SELECT pg_terminate_backend({pid})",
-    )
-
-
-def _mysql(url: str) -> Server:
-    return Server(
-        url,
-        "SELECT CONNECTION_ID()",
-        "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
-        lambda pid: f"KILL {pid}",
-    )
-
-
 @pytest.fixture(params=["postgresql", "mysql", "sqlite"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
-    if request.param == "sqlite":
-        return Server(f"sqlite:///{tmp_path / 'tasks.db'}", None)
-    url = request.getfixturevalue(f"{request.param}_url")
-    return _postgresql(url) if request.param == "postgresql" else _mysql(url)
+    return server_for(request, tmp_path)
 
 
 @pytest.fixture(params=["postgresql", "mysql"])
-def networked(request: pytest.FixtureRequest) -> Server:
-    url = request.getfixturevalue(f"{request.param}_url")
-    return _postgresql(url) if request.param == "postgresql" else _mysql(url)
-
-
-def _hot(broker: SQLBroker) -> HeldConnection:
-    """The held connection a single submit and a claim run on (PostgreSQL: one statement each)."""
-    held = broker._held_statements or broker._held_writes
-    assert held is not None
-    return held
-
-
-def _held_session(broker: SQLBroker, server: Server, held: HeldConnection | None = None) -> int:
-    with (held or _hot(broker)).use() as conn:
-        return server.session_of(conn)
+def networked(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
+    return server_for(request, tmp_path)
 
 
 def test_each_backend_holds_a_connection_for_its_writes_and_servers_one_for_statements(server):
@@ -121,7 +40,7 @@ def test_each_backend_holds_a_connection_for_its_writes_and_servers_one_for_stat
         assert broker._held_writes is not None and broker._held_writes.transactions
         if server.session_query is not None:  # PostgreSQL's one-statement calls, MySQL's lone INSERT
             assert broker._held_statements is not None and not broker._held_statements.transactions
-            assert _held_session(broker, server, broker._held_statements) != _held_session(
+            assert held_session(broker, server, broker._held_statements) != held_session(
                 broker, server, broker._held_writes
             )
         else:  # every call is a transaction
@@ -316,18 +235,18 @@ def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_po
     broker = SQLBroker(server.url)
     try:
         (task,) = broker.enqueue([new_task()])
-        held = _held_session(broker, server)
+        held = held_session(broker, server)
         broker.enqueue([new_task()])
         broker.claim("q", 1, LEASE)
-        assert _held_session(broker, server) == held  # the same session, call after call
+        assert held_session(broker, server) == held  # the same session, call after call
 
         answers: list[object] = []
-        with _hot(broker).use():  # the held connection busy (in another call)
+        with hot(broker).use():  # the held connection busy (in another call)
             submitter = threading.Thread(target=lambda: answers.append(broker.enqueue([new_task()])))
             submitter.start()
             submitter.join(GUARD)
             assert len(answers) == 1  # did not wait for the held connection: took a pooled one
-        assert _held_session(broker, server) == held
+        assert held_session(broker, server) == held
         assert broker.get(task.id).status is Status.RUNNING
     finally:
         broker.close()
@@ -339,12 +258,12 @@ def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(ne
     broker = SQLBroker(networked.url)
     try:
         broker.enqueue([new_task()])
-        dead = _held_session(broker, networked)
+        dead = held_session(broker, networked)
         networked.terminate(dead)
         with pytest.raises(BrokerError):
             broker.enqueue([new_task()])
         broker.enqueue([new_task()])
-        assert _held_session(broker, networked) != dead
+        assert held_session(broker, networked) != dead
         assert broker._engine.pool.checkedout() == 0  # the new one is held outside the pool too
         assert len(broker.claim("q", 3, LEASE)) == 2
     finally:
@@ -355,72 +274,22 @@ def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked, m
     broker = SQLBroker(networked.url)
     try:
         broker.enqueue([new_task()])
-        dead = _held_session(broker, networked)
+        dead = held_session(broker, networked)
         networked.terminate(dead)
         monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)  # every connection is "idle"
         broker.enqueue([new_task()])
-        assert _held_session(broker, networked) != dead
+        assert held_session(broker, networked) != dead
     finally:
         broker.close()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_opens_its_own_connection_and_leaves_the_parents_alone(server):
-    broker = SQLBroker(server.url)
-    try:
-        broker.enqueue([new_task()])
-        parent_session = _held_session(broker, server)
-        child = os.fork()
-        if child == 0:  # pragma: no cover -- the child reports through its exit status
-            code = 1
-            try:
-                broker._engine.dispose(close=False)  # SQLAlchemy's advice for a forked child's pool
-                broker.enqueue([new_task()])
-                if _held_session(broker, server) != parent_session:
-                    code = 0
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(child, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        broker.enqueue([new_task()])  # the parent's connection was not ended by the child
-        assert _held_session(broker, server) == parent_session
-        assert len(broker.claim("q", 5, LEASE)) == 3
-    finally:
-        broker.close()
-
-
-def test_closing_the_broker_ends_the_held_session(networked):
+def test_closing_the_broker_ends_theheld_session(networked):
     broker = SQLBroker(networked.url)
     (task,) = broker.enqueue([new_task()])
-    held = {_held_session(broker, networked, h) for h in (broker._held_statements, broker._held_writes) if h}
+    held = {held_session(broker, networked, h) for h in (broker._held_statements, broker._held_writes) if h}
     assert held <= networked.sessions()
     broker.close()
     for session in held:
         networked.wait_gone(session, "the broker")
     with pytest.raises(BrokerError):
         broker.get(task.id)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_child_forked_during_a_call_on_the_held_connection_holds_one_of_its_own(networked):
-    """The parent's call (another thread's, in an application) had taken the held connection
-    when the fork happened: the child's calls still get a held connection, not the pool's."""
-    broker = SQLBroker(networked.url)
-    try:
-        broker.enqueue([new_task()])
-        with _hot(broker).use():
-            child = os.fork()
-            if child == 0:  # pragma: no cover -- the child reports through its exit status
-                code = 1
-                try:
-                    broker._engine.dispose(close=False)
-                    broker.enqueue([new_task()])
-                    with _hot(broker).use():
-                        if broker._engine.pool.checkedout() == 0:  # held, not lent by the pool
-                            code = 0
-                finally:
-                    os._exit(code)
-            _, status = os.waitpid(child, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        broker.close()

@@ -57,6 +57,7 @@ from taskgate.brokers.sql import (
     batch,
     create,
     finish,
+    forks,
     leases,
     quota_claim,
     quotas,
@@ -185,6 +186,7 @@ class SQLBroker:
         except BaseException:
             self._dispose()
             raise
+        forks.register(self)
 
     def __repr__(self) -> str:
         url = self._engine.url.render_as_string(hide_password=True)
@@ -817,6 +819,29 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is None and not self._closed:
                 self._listener = Listener(self._engine, self._channel, self._signals)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: set the parent's connections aside (`taskgate.brokers.sql.forks`)
+        and start from fresh ones, and from fresh locks (a thread of the parent may have held
+        one at the fork; that thread does not exist here to release it)."""
+        self._serial = threading.Lock() if self._serial is not None else None
+        self._writers = threading.Lock() if self._writers is not None else None
+        self._listener_lock = threading.Lock()
+        self._signals.after_fork_in_child()
+        self._server_clock.after_fork_in_child()
+        # The listener's thread is the parent's: this process LISTENs on a connection of its own.
+        if self._listener is not None:
+            forks.keep_inherited(self._listener)
+            self._listener = None
+        for held in (self._held_statements, self._held_writes, self._spare_writes, self._held_reads):
+            if held is not None:
+                held.after_fork_in_child()
+        # An in-memory SQLite database (one connection, serialised) was copied with the
+        # process: that connection is this process's own. An application's engine is the
+        # application's to reset, as SQLAlchemy advises for any engine that crosses a fork.
+        if self._owns_engine and self._serial is None:
+            forks.keep_inherited(self._engine.pool)
+            self._engine.dispose(close=False)
 
     def _dispose(self) -> None:
         with self._listener_lock:

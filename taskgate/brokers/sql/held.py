@@ -16,13 +16,12 @@ A held connection is detached from the pool (`Connection.detach`): it is one con
 the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
 connections the pool lends out. Like a pooled one it is pinged before use after
 `taskgate.brokers.sql.engine.PING_AFTER_IDLE` seconds idle, and a dead one is replaced. A
-forked child never touches its parent's connection (closing the inherited copy could end the
-parent's session on the server); it opens its own.
+forked child never touches its parent's connection (`taskgate.brokers.sql.forks`: closing the
+inherited copy would end the parent's session on the server); it opens its own.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,12 +30,9 @@ from contextlib import AbstractContextManager, contextmanager
 from sqlalchemy import Connection, Engine
 
 from taskgate.brokers.sql import engine as engine_settings
+from taskgate.brokers.sql import forks
 
 __all__ = ["HeldConnection"]
-
-# Connections a forked child inherited: kept referenced, never closed, so that no finaliser
-# ends the parent's session through the shared socket.
-_INHERITED: list[Connection] = []
 
 
 class HeldConnection:
@@ -52,7 +48,6 @@ class HeldConnection:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._idle_since = 0.0
-        self._pid = os.getpid()
         self._closed = False
         # What callers keep for the connection's server session (statements prepared on it):
         # emptied whenever another connection takes its place.
@@ -68,8 +63,6 @@ class HeldConnection:
         pool of ``engine`` (where switching a connection to autocommit and back can cost a
         round trip each way).
         """
-        if self._pid != os.getpid():
-            self._forget_after_fork()
         if self._closed or not self._lock.acquire(blocking=False):
             with self._pooled() if overflow is None else overflow() as pooled:
                 yield pooled
@@ -93,9 +86,9 @@ class HeldConnection:
     def take(self) -> Connection | None:
         """The held connection for a call that may neither wait nor open one (on an event loop):
         taken until `give_back`. None when it is busy, closed, not opened yet, idle long enough
-        to be pinged first, or the parent's after a fork: the caller then uses `use` in a thread.
+        to be pinged first: the caller then uses `use` in a thread.
         """
-        if self._pid != os.getpid() or self._conn is None or not self._lock.acquire(blocking=False):
+        if self._conn is None or not self._lock.acquire(blocking=False):
             return None
         conn = self._conn
         idle = time.monotonic() - self._idle_since
@@ -157,13 +150,14 @@ class HeldConnection:
             except Exception:  # a dead connection may fail to close: it is gone either way
                 pass
 
-    def _forget_after_fork(self) -> None:
+    def after_fork_in_child(self) -> None:
+        """In a forked child: set the parent's connection aside, never closed; the next call
+        opens one of this process's own."""
         if self._conn is not None:
-            _INHERITED.append(self._conn)
+            forks.keep_inherited(self._conn)
         self._conn = None
         self.session = {}
         self._lock = threading.Lock()  # the parent's may have been held by one of its threads
-        self._pid = os.getpid()
 
 
 def _alive(conn: Connection) -> bool:

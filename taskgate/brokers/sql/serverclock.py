@@ -45,6 +45,10 @@ class SampledServerClock:
             self._base = base
         return self._carried(base)
 
+    def after_fork_in_child(self) -> None:
+        """A fresh lock for a forked child (a thread of the parent may have held this one)."""
+        self._lock = threading.Lock()
+
     def now_if_fresh(self) -> datetime | None:
         """`now` for a caller that cannot wait for the server: None when a reading is due."""
         base = self._base

@@ -60,6 +60,10 @@ class Signals:
                 self._cond.wait(remaining)
             return False
 
+    def after_fork_in_child(self) -> None:
+        """A fresh lock for a forked child (a thread of the parent may have held this one)."""
+        self._cond = threading.Condition()
+
     def close(self) -> None:
         """Wake every waiter for good."""
         with self._cond:
