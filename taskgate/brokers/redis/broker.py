@@ -47,6 +47,7 @@ from taskgate.brokers.redis.codec import (
     arrived_tasks,
     enqueue_args,
     enqueued,
+    enqueued_arrivals,
     from_us,
     lease_from_values,
     task_from_values,
@@ -771,7 +772,7 @@ def _claimed_leases(values: builtins.list[Any]) -> builtins.list[Lease]:
 
 
 def _arrival_statuses(reply: builtins.list[Any]) -> builtins.list[Status]:
-    return arrival_statuses(enqueued(unwrap(reply))[1])
+    return arrival_statuses(enqueued_arrivals(unwrap(reply)))
 
 
 def _renewal(reply: builtins.list[Any]) -> Renewal:

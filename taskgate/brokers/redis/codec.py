@@ -22,6 +22,7 @@ __all__ = [
     "arrived_tasks",
     "enqueue_args",
     "enqueued",
+    "enqueued_arrivals",
     "from_us",
     "lease_from_values",
     "new_task_args",
@@ -236,10 +237,15 @@ def arrived_tasks(
 def enqueued(values: Sequence[Any]) -> tuple[datetime, Sequence[Sequence[bytes]]]:
     """enqueue.lua's reply after "ok": the tasks' created_at and one arrival per task (sent
     one per task, or -- after ``"alike"`` -- as a count and the arrival every task shares)."""
-    created_at, *arrivals = values
+    return from_us(values[0]), enqueued_arrivals(values)
+
+
+def enqueued_arrivals(values: Sequence[Any]) -> Sequence[Sequence[bytes]]:
+    """`enqueued`'s arrivals alone, for a caller that reads no time (a quiet enqueue)."""
+    _, *arrivals = values
     if arrivals and arrivals[0] == b"alike":
-        arrivals = [arrivals[2]] * int(arrivals[1])
-    return from_us(created_at), arrivals
+        return [arrivals[2]] * int(arrivals[1])
+    return arrivals
 
 
 def arrival_statuses(arrivals: Sequence[Sequence[bytes]]) -> list[Status]:
