@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
+
+from taskgate import forks
 
 __all__ = ["IDLE_SECONDS", "BrokerThreads", "clean_up"]
 
@@ -88,9 +88,10 @@ class BrokerThreads:
         self._idle = 0  # alive and not running a call
         self._queued = 0  # put and not yet taken by a thread
         self._abandoned = 0  # threads still running a call whose waiter gave up
-        _POOLS.add(self)
+        forks.register(self)
 
-    def _forget_threads(self) -> None:
+    def after_fork_in_child(self) -> None:
+        """In a forked child (`taskgate.forks`): none of the parent's threads, calls or locks."""
         self._calls = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = self._idle = self._queued = self._abandoned = 0
@@ -189,19 +190,6 @@ def clean_up(on_abandoned: Callable[[Any], object], result: Any) -> None:
         on_abandoned(result)
     except Exception:
         log.exception("cleaning up after a broker call that answered too late failed")
-
-
-# A forked child has none of the parent's threads: every pool starts there from empty.
-_POOLS: weakref.WeakSet[BrokerThreads] = weakref.WeakSet()
-
-
-def _forget_all_threads() -> None:
-    for pool in list(_POOLS):
-        pool._forget_threads()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_all_threads)
 
 
 def _loop_waker() -> Callable[[Callable[[], None]], Any]:

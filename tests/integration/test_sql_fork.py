@@ -1,6 +1,6 @@
 """A forked child of a process holding an `SQLBroker` (a pre-forking server's workers,
 ``multiprocessing``'s fork start method): it opens sessions of its own, pooled and held alike,
-and never uses nor ends its parent's, even when it closes the broker (`taskgate.brokers.sql.forks`)."""
+and never uses nor ends its parent's, even when it closes the broker (`taskgate.forks`)."""
 
 from __future__ import annotations
 

@@ -15,14 +15,13 @@ does not show them), RESP3, client-side caching, or no ``hiredis``.
 from __future__ import annotations
 
 import logging
-import os
 import select
 import socket
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from taskgate import forks
 from taskgate.brokers.nowait import WouldBlock
 from taskgate.brokers.split import MAX_SPLIT_REQUEST
 from taskgate.errors import BrokerError
@@ -57,7 +56,7 @@ class LoopConnections:
         self._wanted = False
         self._closed = False
         self._lock = threading.Lock()
-        _ALL.add(self)
+        forks.register(self)
 
     @property
     def usable(self) -> bool:
@@ -125,9 +124,11 @@ class LoopConnections:
         for connection in idle:
             self.drop(connection)
 
-    def _forget_after_fork(self) -> None:
-        # A forked child shares the parent's sockets: it must not use them, nor shut them
-        # down; a lock some other thread held at the fork would never be released here.
+    def after_fork_in_child(self) -> None:
+        """In a forked child (`taskgate.forks`): no connections. The parent's sockets
+        are shared, so they are neither used nor shut down here (redis-py's own disconnect does
+        not shut down a socket another process opened), and a lock some other thread held at
+        the fork would never be released here."""
         self._idle, self._open, self._wanted = [], 0, False
         self._lock = threading.Lock()
 
@@ -201,18 +202,6 @@ class PendingReply(Generic[T]):
 
 
 _WAITING = object()
-
-# A forked child starts with no event-loop connections (see `LoopConnections._forget_after_fork`).
-_ALL: weakref.WeakSet[LoopConnections] = weakref.WeakSet()
-
-
-def _forget_all_after_fork() -> None:
-    for connections in list(_ALL):
-        connections._forget_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_all_after_fork)
 
 
 def _connection_maker(client: Any) -> Callable[[], Any] | None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.pool import QueuePool
 
+from taskgate import forks
 from taskgate.brokers import nowait
 from taskgate.brokers.base import (
     UNSET,
@@ -57,7 +58,6 @@ from taskgate.brokers.sql import (
     batch,
     create,
     finish,
-    forks,
     leases,
     quota_claim,
     quotas,
@@ -821,7 +821,7 @@ class SQLBroker:
                 self._listener = Listener(self._engine, self._channel, self._signals)
 
     def after_fork_in_child(self) -> None:
-        """In a forked child: set the parent's connections aside (`taskgate.brokers.sql.forks`)
+        """In a forked child: set the parent's connections aside (`taskgate.forks`)
         and start from fresh ones, and from fresh locks (a thread of the parent may have held
         one at the fork; that thread does not exist here to release it)."""
         self._serial = threading.Lock() if self._serial is not None else None

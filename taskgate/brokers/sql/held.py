@@ -16,7 +16,7 @@ A held connection is detached from the pool (`Connection.detach`): it is one con
 the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
 connections the pool lends out. Like a pooled one it is pinged before use after
 `taskgate.brokers.sql.engine.PING_AFTER_IDLE` seconds idle, and a dead one is replaced. A
-forked child never touches its parent's connection (`taskgate.brokers.sql.forks`: closing the
+forked child never touches its parent's connection (`taskgate.forks`: closing the
 inherited copy would end the parent's session on the server); it opens its own.
 """
 
@@ -29,8 +29,8 @@ from contextlib import AbstractContextManager, contextmanager
 
 from sqlalchemy import Connection, Engine
 
+from taskgate import forks
 from taskgate.brokers.sql import engine as engine_settings
-from taskgate.brokers.sql import forks
 
 __all__ = ["HeldConnection"]
 

@@ -1,12 +1,16 @@
-"""What a forked child does with the SQL connections it inherited: neither use nor close them.
+"""What a forked child does with what it inherited: connections it neither uses nor closes,
+threads and locks it does not have.
 
 A child process made by ``os.fork`` (a pre-forking server's workers, ``multiprocessing`` with
 the fork start method) starts with copies of its parent's sockets. Sending on one interleaves
 the child's requests with the parent's on the parent's server session, and closing one
 properly ends that session for both: psycopg's and PyMySQL's ``close`` say goodbye to the
 server. So a child keeps every inherited connection referenced, that no finaliser runs on
-it, and opens its own. Objects that hold connections `register` to be told, in the child, at
-once after the fork (``os.register_at_fork``), before the child can use them.
+it, and opens its own. It has only the thread that forked: the others' work is gone, and a
+lock one of them held stays held. Objects holding such things (an SQL broker with its pool,
+held connections and listener; a Redis broker's event-loop connections; the runtime's broker
+threads) `register` to be told, in the child, at once after the fork
+(``os.register_at_fork``), before the child can use them.
 """
 
 from __future__ import annotations
