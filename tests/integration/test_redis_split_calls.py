@@ -22,7 +22,7 @@ from taskgate.brokers.base import Lease
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import function_library
-from taskgate.brokers.redis.split import LOOP_CLIENT_NAME, MAX_SPLIT_REQUEST
+from taskgate.brokers.redis.split import LOOP_CLIENT_NAME, MAX_SPLIT_REQUEST, pack_request
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.testing.contract._support import TTL, new_task
@@ -317,3 +317,14 @@ async def test_a_gate_submits_claims_and_acks_through_split_calls(broker: Counti
     assert names & {"claim_with_limits", "claim_with_limits_after_acks", "ack_many_quiet"}
     # Only the first calls, before a loop connection was open, went to a thread.
     assert broker.unsplit <= len(broker.split_names) // 4
+
+
+def test_a_request_is_packed_as_redis_py_packs_it_whatever_its_arguments(redis_url: str) -> None:
+    connection = redis.Redis.from_url(redis_url).connection_pool.make_connection()
+    request = ("FCALL", "f", 1, "k{1}", "ünï 中文 🙂", b"\x00\r\n\xff", "", b"", 0, -17, 2**62, 1.5, 0.3)
+    assert b"".join(pack_request(connection, request)) == b"".join(connection.pack_command(*request))
+    # What hiredis refuses, redis-py converts (a buffer) or names (anything else).
+    as_buffer = pack_request(connection, ("SET", "k", bytearray(b"v")))
+    assert as_buffer == pack_request(connection, ("SET", "k", b"v"))
+    with pytest.raises(redis.DataError):
+        pack_request(connection, ("SET", "k", None))

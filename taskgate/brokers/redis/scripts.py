@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError, ResponseError
 
 from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS
-from taskgate.brokers.redis.split import MAX_SPLIT_REQUEST, LoopConnections, PendingReply
+from taskgate.brokers.redis.split import MAX_SPLIT_REQUEST, LoopConnections, PendingReply, pack_request
 from taskgate.errors import BrokerError
 
 __all__ = [
@@ -193,7 +193,7 @@ class ScriptBook:
         connection = self.loop_connections.take()
         if connection is None:
             return None
-        packed = connection.pack_command(*request)
+        packed = pack_request(connection, request)
         if sum(len(part) for part in packed) > MAX_SPLIT_REQUEST:
             self.loop_connections.give_back(connection)
             return None
