@@ -15,11 +15,14 @@ threads) `register` to be told, in the child, at once after the fork
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from typing import Protocol
 
 __all__ = ["ForkAware", "keep_inherited", "register"]
+
+log = logging.getLogger("taskgate")
 
 # Whatever a forked child inherited and must never close: kept referenced for the child's life.
 _INHERITED: list[object] = []
@@ -47,7 +50,10 @@ def keep_inherited(obj: object) -> None:
 
 def _after_fork_in_child() -> None:
     for obj in list(_REGISTERED):
-        obj.after_fork_in_child()
+        try:
+            obj.after_fork_in_child()
+        except Exception:  # one object's failure must not leave the others the parent's
+            log.exception("resetting %r in a forked child failed", obj)
 
 
 if hasattr(os, "register_at_fork"):
