@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_sessions import Server, server_for
 
 from taskgate import ManualClock
 from taskgate.brokers.base import Broker
@@ -58,3 +60,15 @@ def client(redis_url: str) -> Iterator[Any]:
     plain = redis.Redis.from_url(redis_url)
     yield plain
     plain.close()
+
+
+@pytest.fixture(params=["postgresql", "mysql", "sqlite"])
+def sql_server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
+    """Each SQL backend's `Server` (sessions listed and ended); SQLite's a file with no server."""
+    return server_for(request, tmp_path)
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def networked_sql(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
+    """`sql_server` for the backends with a server: PostgreSQL and MySQL."""
+    return server_for(request, tmp_path)

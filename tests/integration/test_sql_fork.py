@@ -10,11 +10,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from gate_helpers import GUARD
-from sql_sessions import Server, held_session, hot, server_for
+from sql_sessions import held_session, hot
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.testing.contract._support import new_task
@@ -22,16 +21,6 @@ from taskgate.testing.contract._support import new_task
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 LEASE = timedelta(seconds=30)
-
-
-@pytest.fixture(params=["postgresql", "mysql", "sqlite"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
-    return server_for(request, tmp_path)
-
-
-@pytest.fixture(params=["postgresql", "mysql"])
-def networked(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
-    return server_for(request, tmp_path)
 
 
 def _in_child(body: Callable[[], bool]) -> int:
@@ -51,37 +40,37 @@ def _in_child(body: Callable[[], bool]) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def test_a_forked_child_neither_uses_nor_ends_its_parents_sessions(server):
-    broker = SQLBroker(server.url)
+def test_a_forked_child_neither_uses_nor_ends_its_parents_sessions(sql_server):
+    broker = SQLBroker(sql_server.url)
     try:
         broker.enqueue([new_task()])
         with broker._engine.connect() as conn:
-            parent_pooled = server.session_of(conn)
-        parent_held = held_session(broker, server)
+            parent_pooled = sql_server.session_of(conn)
+        parent_held = held_session(broker, sql_server)
 
         def child() -> bool:
             with broker._engine.connect() as conn:
-                pooled = server.session_of(conn)
+                pooled = sql_server.session_of(conn)
             broker.enqueue([new_task()])
-            held = held_session(broker, server)
+            held = held_session(broker, sql_server)
             broker.close()  # must not end the parent's sessions through the inherited sockets
             return {pooled, held}.isdisjoint({parent_pooled, parent_held})
 
         assert _in_child(child) == 0
         with broker._engine.connect() as conn:
-            assert server.session_of(conn) == parent_pooled  # open, and back in the pool
-        assert held_session(broker, server) == parent_held
+            assert sql_server.session_of(conn) == parent_pooled  # open, and back in the pool
+        assert held_session(broker, sql_server) == parent_held
         broker.enqueue([new_task()])
         assert len(broker.claim("q", 5, LEASE)) == 3
     finally:
         broker.close()
 
 
-def test_a_child_forked_during_a_call_on_the_held_connection_holds_one_of_its_own(networked):
+def test_a_child_forked_during_a_call_on_the_held_connection_holds_one_of_its_own(networked_sql):
     """The parent's call (another thread's, in an application) had taken the held connection
     when the fork happened: the child's calls still get a held connection, not the pool's.
     (Not SQLite: the parent's call would hold the file's write lock the child waits for.)"""
-    broker = SQLBroker(networked.url)
+    broker = SQLBroker(networked_sql.url)
     try:
         broker.enqueue([new_task()])
 
@@ -97,11 +86,11 @@ def test_a_child_forked_during_a_call_on_the_held_connection_holds_one_of_its_ow
         broker.close()
 
 
-def test_a_child_forked_while_a_parent_thread_holds_the_brokers_locks_is_not_stuck(server):
+def test_a_child_forked_while_a_parent_thread_holds_the_brokers_locks_is_not_stuck(sql_server):
     """A thread that held a lock at the fork does not exist in the child to release it: the
     child's broker starts from fresh locks (its wake-up board's, its server clock's, SQLite's
     writer's turn)."""
-    broker = SQLBroker(server.url)
+    broker = SQLBroker(sql_server.url)
     locks = [broker._signals._cond, broker._server_clock._lock, broker._writers or threading.Lock()]
     holding, release = threading.Event(), threading.Event()
 

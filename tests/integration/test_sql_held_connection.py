@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from gate_helpers import GUARD
-from sql_sessions import Server, held_session, hot, server_for
+from sql_sessions import held_session, hot
 from sqlalchemy import create_engine, event, text
 
 from taskgate.brokers.sql import SQLBroker
@@ -24,24 +24,14 @@ from taskgate.testing.contract._support import new_task
 LEASE = timedelta(seconds=30)
 
 
-@pytest.fixture(params=["postgresql", "mysql", "sqlite"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
-    return server_for(request, tmp_path)
-
-
-@pytest.fixture(params=["postgresql", "mysql"])
-def networked(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
-    return server_for(request, tmp_path)
-
-
-def test_each_backend_holds_a_connection_for_its_writes_and_servers_one_for_statements(server):
-    broker = SQLBroker(server.url)
+def test_each_backend_holds_a_connection_for_its_writes_and_servers_one_for_statements(sql_server):
+    broker = SQLBroker(sql_server.url)
     try:
         assert broker._held_writes is not None and broker._held_writes.transactions
-        if server.session_query is not None:  # PostgreSQL's one-statement calls, MySQL's lone INSERT
+        if sql_server.session_query is not None:  # PostgreSQL's one-statement calls, MySQL's lone INSERT
             assert broker._held_statements is not None and not broker._held_statements.transactions
-            assert held_session(broker, server, broker._held_statements) != held_session(
-                broker, server, broker._held_writes
+            assert held_session(broker, sql_server, broker._held_statements) != held_session(
+                broker, sql_server, broker._held_writes
             )
         else:  # every call is a transaction
             assert broker._held_statements is None
@@ -207,10 +197,10 @@ def test_mysql_a_lone_insert_finding_the_held_connection_busy_runs_in_a_transact
         broker.close()
 
 
-def test_hot_calls_go_through_while_the_pool_is_lent_out(server):
+def test_hot_calls_go_through_while_the_pool_is_lent_out(sql_server):
     """The held connections are not the pool's: with the pool's one connection in use, a
     submit, a claim and an ack still go through (a pooled checkout would time out)."""
-    engine = create_engine(normalize_url(server.url), pool_size=1, max_overflow=0, pool_timeout=2)
+    engine = create_engine(normalize_url(sql_server.url), pool_size=1, max_overflow=0, pool_timeout=2)
     broker = SQLBroker(engine)
     try:
         # Each held connection is taken from the pool on first use: a single submit opens the
@@ -228,17 +218,17 @@ def test_hot_calls_go_through_while_the_pool_is_lent_out(server):
         engine.dispose()
 
 
-def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_pool(networked):
+def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_pool(networked_sql):
     """(On SQLite the held connection's write transaction holds the file's one write lock, which
     another writer waits for whichever connection it is on.)"""
-    server = networked
-    broker = SQLBroker(server.url)
+    sql_server = networked_sql
+    broker = SQLBroker(sql_server.url)
     try:
         (task,) = broker.enqueue([new_task()])
-        held = held_session(broker, server)
+        held = held_session(broker, sql_server)
         broker.enqueue([new_task()])
         broker.claim("q", 1, LEASE)
-        assert held_session(broker, server) == held  # the same session, call after call
+        assert held_session(broker, sql_server) == held  # the same session, call after call
 
         answers: list[object] = []
         with hot(broker).use():  # the held connection busy (in another call)
@@ -246,50 +236,51 @@ def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_po
             submitter.start()
             submitter.join(GUARD)
             assert len(answers) == 1  # did not wait for the held connection: took a pooled one
-        assert held_session(broker, server) == held
+        assert held_session(broker, sql_server) == held
         assert broker.get(task.id).status is Status.RUNNING
     finally:
         broker.close()
 
 
-def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(networked):
+def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(networked_sql):
     """Back in use within `PING_AFTER_IDLE` it is not pinged (as a pooled one would not be):
     the call that finds it dead fails with `BrokerError`; the next one opens another."""
-    broker = SQLBroker(networked.url)
+    broker = SQLBroker(networked_sql.url)
     try:
         broker.enqueue([new_task()])
-        dead = held_session(broker, networked)
-        networked.terminate(dead)
+        dead = held_session(broker, networked_sql)
+        networked_sql.terminate(dead)
         with pytest.raises(BrokerError):
             broker.enqueue([new_task()])
         broker.enqueue([new_task()])
-        assert held_session(broker, networked) != dead
+        assert held_session(broker, networked_sql) != dead
         assert broker._engine.pool.checkedout() == 0  # the new one is held outside the pool too
         assert len(broker.claim("q", 3, LEASE)) == 2
     finally:
         broker.close()
 
 
-def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked, monkeypatch):
-    broker = SQLBroker(networked.url)
+def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked_sql, monkeypatch):
+    broker = SQLBroker(networked_sql.url)
     try:
         broker.enqueue([new_task()])
-        dead = held_session(broker, networked)
-        networked.terminate(dead)
+        dead = held_session(broker, networked_sql)
+        networked_sql.terminate(dead)
         monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)  # every connection is "idle"
         broker.enqueue([new_task()])
-        assert held_session(broker, networked) != dead
+        assert held_session(broker, networked_sql) != dead
     finally:
         broker.close()
 
 
-def test_closing_the_broker_ends_theheld_session(networked):
-    broker = SQLBroker(networked.url)
+def test_closing_the_broker_ends_theheld_session(networked_sql):
+    broker = SQLBroker(networked_sql.url)
     (task,) = broker.enqueue([new_task()])
-    held = {held_session(broker, networked, h) for h in (broker._held_statements, broker._held_writes) if h}
-    assert held <= networked.sessions()
+    helds = (broker._held_statements, broker._held_writes)
+    held = {held_session(broker, networked_sql, h) for h in helds if h}
+    assert held <= networked_sql.sessions()
     broker.close()
     for session in held:
-        networked.wait_gone(session, "the broker")
+        networked_sql.wait_gone(session, "the broker")
     with pytest.raises(BrokerError):
         broker.get(task.id)
