@@ -11,10 +11,12 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+import anyio
 import pytest
-from gate_helpers import GUARD
+from gate_helpers import GUARD, make_gate
 from sql_sessions import held_session, hot
 
+from taskgate import Task
 from taskgate.brokers.sql import SQLBroker
 from taskgate.testing.contract._support import new_task
 
@@ -62,6 +64,37 @@ def test_a_forked_child_neither_uses_nor_ends_its_parents_sessions(sql_server):
         assert held_session(broker, sql_server) == parent_held
         broker.enqueue([new_task()])
         assert len(broker.claim("q", 5, LEASE)) == 3
+    finally:
+        broker.close()
+
+
+def test_a_gate_made_before_the_fork_works_in_the_child_and_the_parent_reads_its_work(sql_server):
+    """A pre-forking server's way: the app makes its gate, and uses it, before the fork; each
+    worker process starts it after."""
+    broker = SQLBroker(sql_server.url)
+    gate = make_gate(broker)
+
+    @gate.handler("q")
+    async def echo(task: Task) -> str:
+        return task.id
+
+    async def submit() -> str:
+        return await gate.submit("q")
+
+    try:
+        task_id = anyio.run(submit)  # the parent's connections are open and pooled
+
+        def child() -> bool:
+            async def work() -> bytes | None:
+                async with gate:
+                    return await gate.wait(task_id, timeout=GUARD)
+
+            result = anyio.run(work)
+            broker.close()
+            return result is not None
+
+        assert _in_child(child) == 0
+        assert broker.get(task_id).result_json() == task_id  # read through the parent's sessions
     finally:
         broker.close()
 
