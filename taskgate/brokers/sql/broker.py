@@ -836,10 +836,10 @@ class SQLBroker:
         for held in (self._held_statements, self._held_writes, self._spare_writes, self._held_reads):
             if held is not None:
                 held.after_fork_in_child()
-        # An in-memory SQLite database (one connection, serialised) was copied with the
-        # process: that connection is this process's own. An application's engine is the
-        # application's to reset, as SQLAlchemy advises for any engine that crosses a fork.
-        if self._owns_engine and self._serial is None:
+        # An in-memory SQLite database was copied with the process: its one connection is this
+        # process's own. An application's engine is the application's to reset, as SQLAlchemy
+        # advises for any engine that crosses a fork.
+        if self._owns_engine and not is_memory_sqlite(self._engine.url):
             forks.keep_inherited(self._engine.pool)
             self._engine.dispose(close=False)
 
