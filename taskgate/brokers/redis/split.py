@@ -222,7 +222,7 @@ def pack_request(connection: Any, request: Sequence[Any]) -> list[bytes]:
     try:
         return [hiredis.pack_command(tuple(request))]
     except TypeError:
-        return connection.pack_command(*request)
+        return list(connection.pack_command(*request))
 
 
 def _connection_maker(client: Any) -> Callable[[], Any] | None:
