@@ -274,6 +274,7 @@ class LateFirstClaim(Faulty):
 async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(gate_broker):
     # The scheduler gave up on the first claim (deadline ttl/4); its thread still leased the
     # task. The clock is manual: no lease expires, so only putting the late leases back runs it.
+    # On a slow machine a later claim may miss its deadline too: each put-back costs one claim.
     broker = LateFirstClaim(gate_broker)
     gate = make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=0.6)})
     gate.handle("q", lambda task: b"ran")
@@ -287,7 +288,8 @@ async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(gate_
     finally:
         broker.release.set()
     task = await anyio.to_thread.run_sync(gate_broker.get, task_id)
-    assert task.lease_lost == 0 and task.claims == 2
+    put_back = broker.calls.get("requeue", 0)
+    assert put_back >= 1 and task.lease_lost == 0 and task.claims == 1 + put_back
 
 
 async def test_a_manual_heartbeat_handler_that_never_renews_is_fenced_before_its_lease_ends(gate_broker):
