@@ -391,11 +391,26 @@ async def test_cancel_of_a_waiting_task_is_immediate(gate_broker):
     assert task.status is Status.CANCELED
 
 
+class CountedHeartbeats(Faulty):
+    """Sets ``renewed`` once the ``wanted``-th heartbeat has answered."""
+
+    def __init__(self, inner: Any, wanted: int) -> None:
+        super().__init__(inner)
+        self.wanted, self.renewed = wanted, threading.Event()
+
+    def heartbeat(self, *args: Any) -> Any:
+        renewal = self._inner.heartbeat(*args)
+        self.calls["heartbeat"] = self.calls.get("heartbeat", 0) + 1
+        if self.calls["heartbeat"] >= self.wanted:
+            self.renewed.set()
+        return renewal
+
+
 async def test_a_short_lease_started_while_the_keeper_waits_for_a_long_one_is_kept(gate_broker):
     # The keeper sleeps towards the long lease's first renewal (20 s away) when the short one
-    # starts: the short one's renewal (0.2 s away) must wake it, or its handler is fenced.
+    # starts: the short one's renewal (0.2 s away) must wake it, or no renewal comes in time.
     queues = {"slow": QueueConfig(workers=1, lease_ttl=60), "fast": QueueConfig(workers=1, lease_ttl=0.6)}
-    broker = Faulty(gate_broker)  # counts the heartbeats
+    broker = CountedHeartbeats(gate_broker, wanted=3)  # every ttl/3 through a ttl: the fast lease's
     gate = make_gate(broker, queues)  # type: ignore[arg-type]
     slow_started, slow_may_end = anyio.Event(), anyio.Event()
 
@@ -406,7 +421,7 @@ async def test_a_short_lease_started_while_the_keeper_waits_for_a_long_one_is_ke
 
     @gate.handler("fast")
     async def fast(task: Task) -> str:
-        await anyio.sleep(1.2)  # two lease ttls: done only if the lease was renewed meanwhile
+        assert await anyio.to_thread.run_sync(broker.renewed.wait, GUARD), "the short lease was not renewed"
         return "kept"
 
     async with gate:
@@ -420,4 +435,3 @@ async def test_a_short_lease_started_while_the_keeper_waits_for_a_long_one_is_ke
         finally:
             slow_may_end.set()
     assert (done.status, done.result_json(), done.lease_lost, done.claims) == (Status.COMPLETED, "kept", 0, 1)
-    assert broker.calls.get("heartbeat", 0) >= 3  # every ttl/3 over two ttls, all for the fast lease
