@@ -143,14 +143,25 @@ class Run:
             )
 
     def add(
-        self, backend: str, name: str, samples: list[float], *, value: float | None = None, **extra: Any
+        self,
+        backend: str,
+        name: str,
+        samples: list[float],
+        *,
+        value: float | None = None,
+        floor: float | None = None,
+        **extra: Any,
     ) -> None:
-        """Record figure ``name`` (value = median of samples unless given) and print its line."""
+        """Record figure ``name`` (value = median of samples unless given) and print its line.
+
+        ``floor``: the value of the figure's floor measured with it, instead of the floor group's.
+        """
         spec = spec_of(name)
         fig = Figure(backend, name, median(samples) if value is None else value, spec.unit, list(samples))
         fig.params = {k: v for k, v in extra.items() if k != "note"}
         fig.note = extra.get("note", "")
-        floor = self._floor_value(backend, spec.floor)
+        if floor is None:
+            floor = self._floor_value(backend, spec.floor)
         if floor:
             fig.floor_name, fig.floor, fig.ratio = spec.floor, floor, fig.value / floor
         judge(fig, spec.target(backend), lambda other: self._find(backend, other))
@@ -182,6 +193,19 @@ class Run:
 
     def _submit(self, backend: str) -> None:
         self.add(backend, "submit.single", submit.submit_single(backend, self.s), n=self.s.n)
+        pairs = submit.submit_single_paired(backend, self.s)
+        if pairs:
+            ratios = " ".join(f"{ours / raw:.2f}" for ours, raw in pairs)
+            self.add(
+                backend,
+                "submit.single.paired",
+                [ours for ours, _ in pairs],
+                floor=median([raw for _, raw in pairs]),
+                n=self.s.n,
+                rounds=submit.PAIRED_ROUNDS,
+                floor_samples=[raw for _, raw in pairs],
+                note=f"insert1 alternated with it; per repeat {ratios}",
+            )
         self.add(
             backend,
             "submit.batch",

@@ -22,11 +22,11 @@ import sqlite3
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks.stores import PG_HOST, PG_PORT, Store, mysql_connect
 
-__all__ = ["FLOOR_NAMES", "measure_floors"]
+__all__ = ["FLOOR_NAMES", "SingleInserts", "measure_floors", "single_inserts"]
 
 FLOOR_NAMES = ("insert1", "insert_batch", "claim1", "claim100", "work10", "idle_rt")
 IDLE_SAMPLES = 15
@@ -38,15 +38,34 @@ def measure_floors(store: Store, n: int, cap: float, idle_gap: tuple[float, floa
 
     ``idle_gap``: the range of the pause before each ``idle_rt`` sample, in seconds.
     """
-    runner = {"postgresql": _PgFloor, "mariadb": _MySQLFloor, "redis": _RedisFloor, "sqlite": _SQLiteFloor}
-    floor_class = runner.get(store.backend)
-    if floor_class is None:
+    floor = _floor_of(store)
+    if floor is None:
         return {}
-    floor = floor_class(store)
     try:
         return floor.measure(n, cap, idle_gap)
     finally:
         floor.close()
+
+
+class SingleInserts(Protocol):
+    """The ``insert1`` floor on its own: one raw job per autocommitted statement."""
+
+    def insert_single(self, n: int) -> None:
+        """Insert ``n`` jobs, one statement (and transaction) each."""
+
+    def close(self) -> None:
+        """Drop the connection."""
+
+
+def single_inserts(store: Store) -> SingleInserts | None:
+    """The raw floor's single inserts on ``store``'s server (its own table), None for memory."""
+    return _floor_of(store)
+
+
+def _floor_of(store: Store) -> _Floor | None:
+    runner = {"postgresql": _PgFloor, "mariadb": _MySQLFloor, "redis": _RedisFloor, "sqlite": _SQLiteFloor}
+    floor_class = runner.get(store.backend)
+    return None if floor_class is None else floor_class(store)
 
 
 def _rate(fn: Callable[[float], int]) -> float:

@@ -12,6 +12,7 @@ GROUPS = ("floor", "submit", "process", "latency", "claims", "limits", "rss")
 
 # Processing no-op tasks with one worker process (workers=10), tasks/s.
 PROCESS_TARGETS = {"postgresql": 15_000, "redis": 10_000, "mariadb": 6_000, "sqlite": 7_000, "memory": 50_000}
+SINGLE_SUBMIT_SHARE = 0.70  # of the floor's single insert
 SUBMIT_MANY_TARGET = 50_000  # tasks/s, PostgreSQL and Redis
 SAME_PROCESS_P50_MS = 2.0
 CROSS_PROCESS_P50_MS = 10.0  # PostgreSQL (LISTEN/NOTIFY) and Redis
@@ -40,7 +41,11 @@ def _per_backend(values: dict[str, float]) -> dict[str, Target]:
 
 
 _SPECS: dict[str, FigureSpec] = {
-    "submit.single": FigureSpec("tasks/s", "insert1", default_target=Target(minimum=0.7, of_floor=True)),
+    # The target is judged on the paired figure: its floor is measured alternated with it.
+    "submit.single": FigureSpec("tasks/s", "insert1"),
+    "submit.single.paired": FigureSpec(
+        "tasks/s", "insert1", default_target=Target(minimum=SINGLE_SUBMIT_SHARE, of_floor=True)
+    ),
     "submit.batch": FigureSpec(
         "tasks/s", "insert_batch", _per_backend(dict.fromkeys(("postgresql", "redis"), SUBMIT_MANY_TARGET))
     ),

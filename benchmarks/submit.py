@@ -7,15 +7,64 @@ import time
 import anyio
 
 from benchmarks.common import QUEUE, make_gate
+from benchmarks.floors import single_inserts
 from benchmarks.settings import Settings
 from benchmarks.stores import isolated_store
 
-__all__ = ["submit_batch", "submit_single"]
+__all__ = ["PAIRED_ROUNDS", "submit_batch", "submit_single", "submit_single_paired"]
+
+PAIRED_ROUNDS = 5  # alternated blocks of each side per repeat of `submit_single_paired`
 
 
 def submit_single(backend: str, s: Settings) -> list[float]:
     """Tasks per second of up to ``n`` sequential ``await gate.submit(...)``, one run per repeat."""
     return [_run(backend, s.n, 1, s.run_cap) for _ in range(s.repeats)]
+
+
+def submit_single_paired(backend: str, s: Settings) -> list[tuple[float, float]]:
+    """Per repeat, (our rate, the floor's ``insert1`` rate) of sequential single submits and raw
+    single inserts in alternated blocks, in one process and one store: seconds apart, so the
+    machine's drift hits both sides alike. Empty for a backend without a floor (memory).
+
+    Each side does up to ``n / 2`` jobs per repeat in `PAIRED_ROUNDS` blocks, within ``run_cap``.
+    """
+    return [pair for _ in range(s.repeats) if (pair := _paired(backend, s)) is not None]
+
+
+def _paired(backend: str, s: Settings) -> tuple[float, float] | None:
+    with isolated_store(backend) as store:
+        floor = single_inserts(store)
+        if floor is None:
+            return None
+        gate = make_gate(store.open())
+        block = max(1, s.n // (2 * PAIRED_ROUNDS))
+        try:
+
+            async def submits(count: int) -> None:
+                for _ in range(count):
+                    await gate.submit(QUEUE)
+
+            async def alternate() -> tuple[float, float]:
+                await submits(1)  # opens connections and warms caches, as the floor's first insert
+                floor.insert_single(1)
+                spent = {"ours": 0.0, "floor": 0.0}
+                stop = time.perf_counter() + s.run_cap
+                done = 0
+                while done < PAIRED_ROUNDS * block and time.perf_counter() < stop:
+                    first_ours = done // block % 2 == 0  # which side goes first alternates too
+                    for side in ("ours", "floor") if first_ours else ("floor", "ours"):
+                        start = time.perf_counter()
+                        if side == "ours":
+                            await submits(block)
+                        else:
+                            floor.insert_single(block)
+                        spent[side] += time.perf_counter() - start
+                    done += block
+                return done / spent["ours"], done / spent["floor"]
+
+            return anyio.run(alternate)
+        finally:
+            floor.close()
 
 
 def submit_batch(backend: str, s: Settings) -> list[float]:
