@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,17 @@ def test_the_benchmark_harness_prints_every_memory_figure_and_a_table() -> None:
     assert set(figures) == expected
     assert all(f["value"] > 0 and f["backend"] == "memory" for f in figures.values())
     assert "| memory | process.w10 |" in stdout
+
+
+def test_the_paired_single_submit_is_judged_against_the_floor_measured_with_it() -> None:
+    stdout = _stdout_of("benchmarks", "--tiny", "--backend", "sqlite", "--only", "submit", timeout=90)
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    figures = {line["name"]: line for line in lines if line["kind"] == "figure"}
+    paired, group_floor = figures["submit.single.paired"], figures["floor.insert1"]
+    assert paired["floor_name"] == "insert1" and paired["target"] == ">= 70% floor"
+    assert paired["floor"] == statistics.median(paired["params"]["floor_samples"]) != group_floor["value"]
+    assert paired["ratio"] == paired["value"] / paired["floor"] and paired["met"] is (paired["ratio"] >= 0.7)
+    assert figures["submit.single"]["target"] is None  # judged once, on the paired figure
 
 
 def test_the_cycle_trace_shows_claims_ack_writes_and_runs_in_time_order() -> None:
