@@ -290,6 +290,21 @@ def test_a_connection_killed_under_a_split_call_fails_it_and_is_replaced(
     assert lease.task.id == task.id
 
 
+def test_a_connection_left_mid_request_sends_the_call_to_a_thread_closed(broker: CountingSplits) -> None:
+    """libpq still owes the reply of an earlier request (a session ended while a request was
+    being sent can leave it so: test_sql_held_connection.py). Nothing can be sent: the split
+    call leaves the method to a thread, the connection closed (not dropped open), and the
+    thread opens another."""
+    _ready(broker)
+    (task,) = broker.enqueue([new_task()])
+    with _held(broker).use() as conn:
+        stuck = conn.connection.dbapi_connection
+    stuck.pgconn.send_query(b"SELECT 1")  # its reply never read
+    assert broker.split(broker.get, task.id) is None
+    assert stuck.closed
+    assert broker.get(task.id).status is Status.PENDING
+
+
 def test_a_statement_the_server_forgot_is_prepared_again(broker: CountingSplits) -> None:
     _ready(broker)
     (task,) = broker.enqueue([new_task()])

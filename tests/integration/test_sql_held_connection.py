@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, event, text
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
-from taskgate.brokers.sql.engine import normalize_url
+from taskgate.brokers.sql.engine import driver_connection, normalize_url
+from taskgate.brokers.sql.prepared import traced
 from taskgate.errors import BrokerError
 from taskgate.task import Filter, Status, Task
 from taskgate.testing.contract._support import new_task
@@ -258,6 +259,50 @@ def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(ne
         assert len(broker.claim("q", 3, LEASE)) == 2
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "engine"),
+    [("get", "owned"), ("enqueue", "owned"), ("traced get", "owned"), ("traced get", "the app's")],
+)
+def test_a_held_postgresql_connection_left_mid_request_fails_one_call_and_is_replaced(
+    postgresql_url, call, engine
+):
+    """A session killed while a call's request was being sent can leave psycopg's connection
+    neither closed nor broken, with libpq still owing a reply ("another command is already in
+    progress"), so SQLAlchemy does not invalidate it. Seen once in CI, after
+    ``pg_terminate_backend``; made here by sending a request whose reply is never read. The call
+    that meets it fails; the connection is closed and replaced. ``get`` runs prepared on the
+    driver's cursor, on the held connection for one-statement calls, and through SQLAlchemy
+    when the engine traces its statements (the broker's own, or an app's); ``enqueue`` of two
+    tasks is a write transaction on the other held connection."""
+    app_engine = create_engine(normalize_url(postgresql_url))
+    broker = SQLBroker(app_engine if engine == "the app's" else postgresql_url)
+    try:
+        if call == "traced get":
+            event.listen(broker._engine, "before_cursor_execute", lambda *args: None)
+        (task,) = broker.enqueue([new_task()])
+        held = broker._held_writes if call == "enqueue" else broker._held_statements
+        assert held is not None
+        with held.use() as conn:
+            stuck = driver_connection(conn)
+            assert traced(conn) is (call == "traced get")
+        stuck.pgconn.send_query(b"SELECT 1")  # its reply never read: the driver is mid-request
+
+        def run() -> object:
+            if call == "enqueue":
+                return broker.enqueue([new_task(), new_task()])
+            return broker.get(task.id)
+
+        with pytest.raises(BrokerError):  # "another command is already in progress", or alike
+            run()
+        assert stuck.closed
+        run()
+        with held.use() as conn:
+            assert driver_connection(conn) is not stuck
+    finally:
+        broker.close()
+        app_engine.dispose()
 
 
 def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked_sql, monkeypatch):

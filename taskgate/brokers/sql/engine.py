@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.pool import StaticPool
 
@@ -16,6 +17,7 @@ from taskgate.errors import ConfigError
 __all__ = [
     "PING_AFTER_IDLE",
     "SQLITE_BUSY_TIMEOUT",
+    "closed_if_left_mid_request",
     "driver_connection",
     "is_memory_sqlite",
     "make_engine",
@@ -80,6 +82,7 @@ def make_engine(url: str | URL) -> Engine:
     engine = create_engine(parsed, **options)
     event.listen(engine, "checkin", _note_checkin)
     event.listen(engine, "checkout", _ping_if_idle)
+    event.listen(engine, "handle_error", _invalidate_if_left_mid_request)
     return engine
 
 
@@ -101,6 +104,35 @@ def _ping_if_idle(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         raise
 
 
+def closed_if_left_mid_request(dbapi_connection: Any) -> bool:
+    """Close a psycopg connection that still owes the reply of an earlier request, or whose
+    state libpq no longer knows, and say True: it could run nothing more.
+
+    A session ended by the server while a request was being sent can leave the connection so
+    ("another command is already in progress" on every later call), neither closed nor marked
+    broken, which is all SQLAlchemy's disconnect test looks at. After an error a sound
+    connection is idle or in a failed transaction, never here. Closed here, not left to the
+    invalidation: SQLAlchemy drops a detached connection (a held one) without closing it.
+    """
+    info = getattr(dbapi_connection, "info", None)  # psycopg's ConnectionInfo; other drivers: none
+    status = getattr(info, "transaction_status", None)
+    if status is None or status.name not in ("ACTIVE", "UNKNOWN"):
+        return False
+    dbapi_connection.close()
+    return True
+
+
+def _invalidate_if_left_mid_request(context: ExceptionContext) -> None:
+    """An error that left its connection unusable (`closed_if_left_mid_request`) counts as a
+    disconnect: SQLAlchemy invalidates that connection, and only that one."""
+    conn = context.connection
+    if context.is_disconnect or conn is None or conn.invalidated:
+        return
+    if closed_if_left_mid_request(conn.connection.dbapi_connection):
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = False
+
+
 def driver_connection(conn: Connection) -> Any:
     """The driver's own connection under ``conn``, also when ``conn`` was detached from its
     pool (`taskgate.brokers.sql.held`), where the pool's proxy no longer names it."""
@@ -113,13 +145,16 @@ def prepare_engine(engine: Engine) -> Engine:
     The settings go on an option view of the engine, so the app's own connections keep theirs.
     """
     name = engine.dialect.name
-    if name in ("mysql", "mariadb"):
-        return engine.execution_options(isolation_level=_MYSQL_ISOLATION)
     if name == "sqlite":
         view = engine.execution_options(taskgate_sqlite=True)
         event.listen(view, "begin", _begin_immediate)
         return view
-    return engine
+    if name in ("mysql", "mariadb"):
+        view = engine.execution_options(isolation_level=_MYSQL_ISOLATION)
+    else:
+        view = engine.execution_options()
+    event.listen(view, "handle_error", _invalidate_if_left_mid_request)
+    return view
 
 
 def _sqlite_engine(url: URL) -> Engine:

@@ -118,10 +118,18 @@ def send(
         else:
             call.send_prepare(sql)
     except psycopg.Error as exc:  # the connection failed: nothing was sent whole
-        conn.invalidate(exc)
+        _drop(conn, exc)
         held.give_back(conn)
         return None
     return call
+
+
+def _drop(conn: Connection, exc: Exception) -> None:
+    """Close a held connection that failed, and mark it so: SQLAlchemy's invalidation drops a
+    detached connection without closing the driver's (left open, still owing a reply, if the
+    session ended while a request was being sent)."""
+    driver_connection(conn).close()
+    conn.invalidate(exc)
 
 
 class StatementCall(Generic[T]):
@@ -250,7 +258,7 @@ class StatementCall(Generic[T]):
     def _lost(self, exc: Exception) -> None:
         self._phase = _Phase.DONE
         if self._conn is not None:
-            self._conn.invalidate(exc)
+            _drop(self._conn, exc)
         self._give_back()
 
     def _give_back(self) -> None:

@@ -31,6 +31,8 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
+from taskgate.brokers.sql.engine import closed_if_left_mid_request
+
 __all__ = ["Prepared", "PreparedCache", "preparable", "traced"]
 
 Processor = Callable[[Any], Any]
@@ -185,7 +187,9 @@ class Prepared:
     def _translated(self, conn: Connection, exc: Any, params: Any, cursor: Any) -> DBAPIError:
         """``exc`` as SQLAlchemy would raise it; a connection the error killed is invalidated."""
         # The pool's proxy, as SQLAlchemy passes it (a detached one has no driver_connection).
-        lost = self._dialect.is_disconnect(exc, conn.connection, cursor)
+        lost = self._dialect.is_disconnect(exc, conn.connection, cursor) or closed_if_left_mid_request(
+            conn.connection.dbapi_connection
+        )
         if lost:
             conn.invalidate(exc)
         error = DBAPIError.instance(
