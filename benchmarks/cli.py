@@ -254,8 +254,11 @@ class Run:
     def _limits(self, backend: str) -> None:
         variants = list(processing.LIMIT_VARIANTS)
         rates: dict[str, list[float]] = {v: [] for v in variants}
-        for _ in range(self.s.repeats):  # interleaved, so drift in the machine's load hits all alike
-            for variant in variants:
+        # Interleaved, so drift in the machine's load hits all alike, and rotated per repeat, so
+        # no variant is always the one run first (after the previous group's store is dropped).
+        for repeat in range(self.s.repeats):
+            shift = repeat % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
                 rates[variant].append(processing.process_in_process(backend, self.s, variant=variant))
         for variant in variants:
             self.add(backend, f"limits.{variant}", rates[variant], n=self.s.n, workers=10)
