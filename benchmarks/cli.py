@@ -195,16 +195,18 @@ class Run:
         self.add(backend, "submit.single", submit.submit_single(backend, self.s), n=self.s.n)
         pairs = submit.submit_single_paired(backend, self.s)
         if pairs:
-            ratios = " ".join(f"{ours / raw:.2f}" for ours, raw in pairs)
+            ratios = " ".join(f"{pair.ours / pair.floor:.2f}" for pair in pairs)
+            cpu = " ".join(f"{pair.ours_cpu_us:.0f}/{pair.floor_cpu_us:.0f}" for pair in pairs)
             self.add(
                 backend,
                 "submit.single.paired",
-                [ours for ours, _ in pairs],
-                floor=median([raw for _, raw in pairs]),
+                [pair.ours for pair in pairs],
+                floor=median([pair.floor for pair in pairs]),
                 n=self.s.n,
                 rounds=submit.PAIRED_ROUNDS,
-                floor_samples=[raw for _, raw in pairs],
-                note=f"insert1 alternated with it; per repeat {ratios}",
+                floor_samples=[pair.floor for pair in pairs],
+                cpu_us_per_call=[[round(pair.ours_cpu_us, 1), round(pair.floor_cpu_us, 1)] for pair in pairs],
+                note=f"insert1 alternated with it; per repeat {ratios}; CPU µs a call, ours/floor {cpu}",
             )
         self.add(
             backend,

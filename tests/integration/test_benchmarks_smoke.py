@@ -55,6 +55,9 @@ def test_the_paired_single_submit_is_judged_against_the_floor_measured_with_it()
     assert paired["floor"] == statistics.median(paired["params"]["floor_samples"]) != group_floor["value"]
     assert paired["ratio"] == paired["value"] / paired["floor"] and paired["met"] is (paired["ratio"] >= 0.7)
     assert figures["submit.single"]["target"] is None  # judged once, on the paired figure
+    cpu = paired["params"]["cpu_us_per_call"]  # [ours, floor] per repeat: where the gap is spent
+    assert len(cpu) == len(paired["params"]["floor_samples"])
+    assert all(ours > 0 and raw > 0 for ours, raw in cpu)
 
 
 def test_the_cycle_trace_shows_claims_ack_writes_and_runs_in_time_order() -> None:
