@@ -51,6 +51,7 @@ from taskgate.brokers.checks import (
     check_quota_claim,
     check_quota_release,
     check_quota_request,
+    check_retry_delay,
     check_timeout,
 )
 from taskgate.brokers.split import SplitCall
@@ -473,10 +474,16 @@ class SQLBroker:
         check_claim(queue, limit, lease_ttl)
         if not checked:
             return [], self.claim(queue, limit, lease_ttl)
-        claim = leases.claim_in_one_statement if self._traits.dml_ctes else leases.claim
+
+        def claim(tx: Tx) -> builtins.list[Lease]:
+            if self._traits.dml_ctes:
+                # Durable: the claim's own statement would let the whole transaction, the acks
+                # included, commit without waiting for the server's disk.
+                return leases.claim_in_one_statement(tx, queue, limit, lease_ttl, durable=True)
+            return leases.claim(tx, queue, limit, lease_ttl)
 
         def step(tx: Tx) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease]]:
-            return batch.ack_many_quiet(tx, checked), claim(tx, queue, limit, lease_ttl)
+            return batch.ack_many_quiet(tx, checked), claim(tx)
 
         small = len(checked) + limit <= INLINE_MAX_ROWS
         return self._run("claim_after_acks", step, inline=small)
@@ -502,14 +509,14 @@ class SQLBroker:
         the task is canceled (with cascade) instead of retried.
         """
         _check_lease(task_id, token)
-        check_failure(kind, error)
-        check_duration(delay, what="delay", positive=False)
+        kind, error = check_failure(kind, error)
+        delay = check_retry_delay(delay)
         return self._run("retry", lambda tx: finish.retry(tx, task_id, token, kind, error, delay))
 
     def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
         """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
         _check_lease(task_id, token)
-        check_failure(kind, error)
+        kind, error = check_failure(kind, error)
         return self._run("fail", lambda tx: finish.fail(tx, task_id, token, kind, error))
 
     def requeue(self, task_id: str, token: str) -> Task:

@@ -109,17 +109,23 @@ def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update
     return traits.lock(due, skip_locked=True), mark
 
 
-def claim_in_one_statement(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+def claim_in_one_statement(
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = False
+) -> list[Lease]:
     """`claim` as ONE statement (data-modifying CTEs, ``traits.dml_ctes``): run it in autocommit.
 
     Lock the due rows (``SKIP LOCKED``), mark them running and insert their leases, tokens drawn
     by the server's random generator -- atomic like any single statement, and one round trip
-    instead of BEGIN, UPDATE, INSERT and COMMIT.
+    instead of BEGIN, UPDATE, INSERT and COMMIT. ``durable``: the commit waits for the server's
+    disk as every other transition does -- for a claim in a transaction that writes more than
+    the claim (acks carried along), whose commit must not be lost in a server crash.
     """
-    return tx.one(claim_plan(tx, queue, limit, lease_ttl))
+    return tx.one(claim_plan(tx, queue, limit, lease_ttl, durable=durable))
 
 
-def claim_plan(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> OneStatement[list[Lease]]:
+def claim_plan(
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = False
+) -> OneStatement[list[Lease]]:
     """`claim_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
     expires_at = now + lease_ttl
@@ -131,7 +137,7 @@ def claim_plan(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> OneState
             for row in sorted(rows, key=due_order)
         ]
 
-    return OneStatement(_one_statement_claim(tx.models, tx.traits), params, answer)
+    return OneStatement(_one_statement_claim(tx.models, tx.traits, durable), params, answer)
 
 
 def claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:
@@ -164,18 +170,21 @@ def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int
 
 
 @functools.lru_cache(maxsize=32)
-def _one_statement_claim(models: Models, traits: Traits) -> Select[Any]:
+def _one_statement_claim(models: Models, traits: Traits, durable: bool) -> Select[Any]:
     """`_mark_running` and the INSERT of the leases, as data-modifying CTEs.
 
-    The commit does not wait for the server's disk (``commit_without_flush_wait``): a claim
+    Unless ``durable``, the commit does not wait for the server's disk
+    (``commit_without_flush_wait``, which holds for the whole transaction): a claim
     lost in a server crash puts its tasks back as they were before it -- pending, to be run
     again -- and loses nothing, while the claim is on the path between a finished handler and
     the next start. Every other transition still waits, and its flush covers earlier claims.
-    Claims that spend quota keep waiting: a lost claim would hand its quota units back.
+    Claims that spend quota keep waiting: a lost claim would hand its quota units back. So do
+    claims in a transaction that also wrote acks (``durable``): a crash would undo those acks,
+    and their tasks, completed, would run again.
     """
     claimed, new_leases = one_statement_claim_parts(models, traits, bindparam("p_limit", type_=Integer))
     columns: list[Any] = [claimed, new_leases.c.token.label("lease_token")]
-    no_flush_wait = traits.commit_without_flush_wait()
+    no_flush_wait = None if durable else traits.commit_without_flush_wait()
     if no_flush_wait is not None:
         columns.append(no_flush_wait.label("no_flush_wait"))
     return select(*columns).join(new_leases, new_leases.c.task_id == claimed.c.id)
