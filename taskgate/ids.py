@@ -7,6 +7,8 @@ import os
 import threading
 import time
 
+from taskgate import forks
+
 __all__ = ["MAX_ID_LENGTH", "new_id", "new_ids", "new_tokens"]
 
 # Every id, type, queue and key must fit MySQL's indexed VARCHAR(255).
@@ -93,6 +95,21 @@ def _head(ms: int, block: int) -> str:
     (all but its last 10 bits). Cached: single submits in one millisecond count up through one
     block, so they share it."""
     return _time_digits(ms) + "".join([_PAIRS[(block >> shift) & 1023] for shift in _BLOCK_SHIFTS])
+
+
+class _ForkReset:
+    """Resets the generator in a forked child (`taskgate.forks`): a child that went on from
+    its parent's last millisecond and random part would make, in that same millisecond, the
+    very ids its parent makes next."""
+
+    def after_fork_in_child(self) -> None:
+        global _lock, _last_ms, _last_rand
+        _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+        _last_ms, _last_rand = -1, 0
+
+
+_FORK_RESET = _ForkReset()  # `forks.register` keeps a weak reference: this one lives with the module
+forks.register(_FORK_RESET)
 
 
 def new_tokens(n: int) -> list[str]:
