@@ -639,6 +639,28 @@ def test_running_tasks_get_no_status_set_and_the_reaper_trims_the_one_earlier_bu
     assert client.exists(legacy) == 0
 
 
+def test_a_running_task_whose_hash_is_gone_does_not_stop_the_reaper(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    # An operator's DEL (or an eviction) of a running task's hash leaves its id in the leases
+    # set: the reaper drops that id and goes on reaping the others, pass after pass.
+    clock = ManualClock()
+    broker = open_broker(clock=clock)
+    keys = KeySpace(unique_prefix)
+    _pending(broker, 3)
+    orphan, kept, later = broker.claim("q", 3, TTL)
+    client.delete(keys.task(orphan.task.id))
+    clock.advance(TTL.total_seconds())
+    broker.heartbeat(later.task.id, later.token, TTL)  # expires one TTL after the others
+    reaped = broker.reap(lease_lost_max=5)
+    assert [(t.id, t.status, t.lease_lost) for t in reaped] == [(kept.task.id, Status.PENDING, 1)]
+    assert client.zscore(keys.base + "leases", orphan.task.id) is None
+    assert client.exists(keys.task(orphan.task.id)) == 0  # no stub hash left behind
+    clock.advance(TTL.total_seconds())
+    assert [t.id for t in broker.reap(lease_lost_max=5)] == [later.task.id]  # and the next pass
+    assert broker.reap(lease_lost_max=5) == []
+
+
 # -- a submit and its claim in one script (enqueue_then_claim_with_limits) ----------------------
 
 

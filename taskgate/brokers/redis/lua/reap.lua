@@ -1,13 +1,15 @@
 -- reap.lua: take back running tasks whose lease ended (lease_until <= now).
 -- Each gets lease_lost += 1 and goes back to `pending`, due now; at lease_lost_max it fails
 -- (with cascade); one marked for cancel is canceled. The lease leaves the leases ZSET in the
--- same script, so two reapers never count one lease twice.
+-- same script, so two reapers never count one lease twice. An id whose task hash is gone (an
+-- operator's DEL, an eviction) or no longer running only leaves the leases ZSET: nothing to
+-- take back, and skipping it keeps one such id from stopping every later pass.
 --
 -- KEYS[1]  base (hash-tagged prefix)
 -- ARGV[1]  now in µs, or "" for the server's TIME
 -- ARGV[2]  lease_lost_max
 -- ARGV[3]  limit: at most this many tasks
--- Returns  {"ok", snapshot...}: the new snapshot of each reaped task
+-- Returns  {"ok", snapshot...}: the new snapshot of each reaped task (none for an id dropped)
 --
 -- Touches: leases ZSET, task:<id> and descendants' task:<id> HASH, queue:<q> ZSET,
 --          signal:<q> channel (PUBLISH), children:<id> SET, stats HASH, idx:status:<s> ZSET
@@ -18,16 +20,22 @@ local ids = redis.call('ZRANGEBYSCORE', B .. 'leases', '-inf', NOW_S, 'LIMIT', 0
 local reply = { 'ok' }
 for _, id in ipairs(ids) do
   local t = load(id)
-  local lost = redis.call('HINCRBY', task_key(id), 'lease_lost', 1)
-  if t.cancel_requested == '1' then
-    finish(t, 'canceled', CANCELED_ERROR)
-  elseif lost >= lost_max then
-    local why = 'lease lost ' .. lost .. ' times (lease_lost_max=' .. ARGV[2] .. ')'
-    finish(t, 'failed', { 'last_error', why })
+  if not t or t.status ~= 'running' then
+    -- Checked before any write: an HINCRBY would leave a stub hash of a deleted task, and
+    -- the next line would raise at that id on every pass.
+    redis.call('ZREM', B .. 'leases', id)
   else
-    make_ready(t, 'pending', NOW_S)
+    local lost = redis.call('HINCRBY', task_key(id), 'lease_lost', 1)
+    if t.cancel_requested == '1' then
+      finish(t, 'canceled', CANCELED_ERROR)
+    elseif lost >= lost_max then
+      local why = 'lease lost ' .. lost .. ' times (lease_lost_max=' .. ARGV[2] .. ')'
+      finish(t, 'failed', { 'last_error', why })
+    else
+      make_ready(t, 'pending', NOW_S)
+    end
+    reply[#reply + 1] = snapshot(id)
   end
-  reply[#reply + 1] = snapshot(id)
 end
 -- Earlier builds kept running tasks in a status set as well as in `leases`, and a process of
 -- one may still add to it during a rolling redeploy: keep only what is still running, so the
