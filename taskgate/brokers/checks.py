@@ -6,6 +6,7 @@ from collections.abc import Collection, Sequence
 from datetime import timedelta
 
 from taskgate.brokers.base import (
+    MAX_DELAY,
     AckItem,
     FailureKind,
     NewTask,
@@ -16,6 +17,7 @@ from taskgate.brokers.base import (
 )
 
 __all__ = [
+    "MAX_ERROR_LENGTH",
     "check_ack_items",
     "check_bytes",
     "check_count",
@@ -26,8 +28,14 @@ __all__ = [
     "check_quota_claim",
     "check_quota_release",
     "check_quota_request",
+    "check_retry_delay",
     "check_timeout",
+    "storable_error",
 ]
+
+# The longest ``last_error`` stored, in characters: room for any readable message, and far
+# below what every backend's column holds (MySQL's LONGTEXT, even at 4 bytes a character).
+MAX_ERROR_LENGTH = 8192
 
 
 def check_count(value: object, *, what: str, minimum: int) -> int:
@@ -56,13 +64,43 @@ def check_bytes(value: object, *, what: str, allow_unset: bool = False) -> bytes
     raise TypeError(f"{what} must be bytes or None, got {type(value).__name__}")
 
 
+def storable_error(text: str) -> str:
+    """``text`` as a ``last_error`` every backend can store, unchanged when it already is.
+
+    NUL (which PostgreSQL's ``text`` cannot hold) and characters UTF-8 cannot encode (lone
+    surrogates, as ``os.fsdecode`` makes of a non-UTF-8 file name) become their backslash
+    escapes, and a text longer than `MAX_ERROR_LENGTH` characters is cut, saying so. The
+    runtime's error texts and every broker's `retry`/`fail` go through this one function.
+    """
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if len(text) > MAX_ERROR_LENGTH:
+        note = f" ... [cut from {len(text)} characters]"
+        text = text[: MAX_ERROR_LENGTH - len(note)] + note
+    return text
+
+
 def check_failure(kind: object, error: object) -> tuple[FailureKind, str]:
-    """A valid ``(kind, error)`` pair for `retry`/`fail`."""
+    """A valid ``(kind, error)`` pair for `retry`/`fail`, the error made `storable_error`."""
     if not isinstance(kind, FailureKind):
         raise TypeError(f"kind must be a FailureKind, got {kind!r}")
     if not isinstance(error, str):
         raise TypeError(f"error must be a str, got {type(error).__name__}")
-    return kind, error
+    return kind, storable_error(error)
+
+
+def check_retry_delay(delay: object) -> timedelta:
+    """A `retry` delay: a timedelta from 0 to `MAX_DELAY` (beyond, ``now + delay`` overflows)."""
+    if not isinstance(delay, timedelta):
+        raise TypeError(f"delay must be a timedelta, got {delay!r}")
+    if not timedelta(0) <= delay <= MAX_DELAY:
+        raise ValueError(f"delay must be a timedelta from 0 to {MAX_DELAY.days} days, got {delay!r}")
+    return delay
 
 
 def check_new_tasks(tasks: object) -> list[NewTask]:

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
+from types import TracebackType
 from typing import TypeVar
 
 from taskgate.brokers.base import (
@@ -23,6 +24,7 @@ from taskgate.brokers.base import (
     QuotaClaim,
     QuotaGrant,
     Renewal,
+    SettledSink,
     Unset,
     check_identifier,
 )
@@ -38,6 +40,7 @@ from taskgate.brokers.checks import (
     check_quota_claim,
     check_quota_release,
     check_quota_request,
+    check_retry_delay,
     check_timeout,
 )
 from taskgate.brokers.memory._dependencies import arrival_status, settle_children
@@ -89,6 +92,11 @@ class MemoryBroker:
         # Bumped (under the lock) whenever a queue may have new work; waiters compare.
         self._signals: defaultdict[str, int] = defaultdict(int)
         self._closed = False
+        self._sink: SettledSink | None = None
+        # Snapshots of the tasks the transition under way settled on its own, while a sink is
+        # set; handed to it once the lock is released (`_Transition`).
+        self._settled: builtins.list[Task] = []
+        self._transition = _Transition(self)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._table.records)} tasks"
@@ -305,7 +313,7 @@ class MemoryBroker:
         A cancel mark does not stop an ack: the work is done, so the task completes.
         """
         check_bytes(result, what="result")
-        with self._cond:
+        with self._transition:
             now = self._now()
             record = self._held(task_id, token)
             record.result = result
@@ -329,7 +337,7 @@ class MemoryBroker:
         """Ack the items in one lock hold: ``answer(record)`` for each task completed (taken
         inside the lock, before anything else can change the record), the error otherwise."""
         checked = check_ack_items(items)
-        with self._cond:
+        with self._transition:
             now = self._now()
             answers: builtins.list[_A | LeaseLostError | TaskNotFoundError] = []
             for task_id, token, result in checked:
@@ -354,9 +362,9 @@ class MemoryBroker:
         If a cancel was requested meanwhile, the failure is still counted and recorded, and
         the task is canceled (with cascade) instead of retried.
         """
-        check_failure(kind, error)
-        check_duration(delay, what="delay", positive=False)
-        with self._cond:
+        kind, error = check_failure(kind, error)
+        delay = check_retry_delay(delay)
+        with self._transition:
             now = self._now()
             record = self._held(task_id, token)
             _count_failure(record, kind, error)
@@ -370,8 +378,8 @@ class MemoryBroker:
 
     def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
         """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
-        check_failure(kind, error)
-        with self._cond:
+        kind, error = check_failure(kind, error)
+        with self._transition:
             now = self._now()
             record = self._held(task_id, token)
             _count_failure(record, kind, error)
@@ -383,7 +391,7 @@ class MemoryBroker:
 
         If a cancel was requested meanwhile, cancels instead (with cascade).
         """
-        with self._cond:
+        with self._transition:
             now = self._now()
             record = self._held(task_id, token)
             self._back_to_pending_or_cancel(record, now)
@@ -391,7 +399,7 @@ class MemoryBroker:
 
     def finish_canceled(self, task_id: str, token: str) -> Task:
         """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
-        with self._cond:
+        with self._transition:
             now = self._now()
             record = self._held(task_id, token)
             record.last_error = _CANCELED_ERROR
@@ -424,7 +432,7 @@ class MemoryBroker:
         Final: raises `AlreadyFinalError`.
         """
         check_identifier(task_id, what="task id")
-        with self._cond:
+        with self._transition:
             now = self._now()
             record = self._table.find(task_id)
             if record.status.is_final:
@@ -444,7 +452,7 @@ class MemoryBroker:
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
-        with self._cond:
+        with self._transition:
             now = self._now()
             expired = [
                 r for r in self._running() if r.lease_expires_at is not None and r.lease_expires_at <= now
@@ -480,6 +488,14 @@ class MemoryBroker:
         woken = settle_children(self._table, record, now)
         if woken:
             self._signal(r.queue for r in woken if r.status in READY_STATUSES)
+            if self._sink is not None:
+                self._settled.extend(r.snapshot() for r in woken)
+
+    def report_settled(self, sink: SettledSink | None) -> None:
+        """Give ``sink`` the snapshots of the tasks each later call settles on its own (see
+        `taskgate.brokers.base.Broker.report_settled`); None stops it."""
+        with self._cond:
+            self._sink = sink
 
     # -- quota -----------------------------------------------------------------------------
 
@@ -563,6 +579,30 @@ class MemoryBroker:
             touched = True
         if touched:
             self._cond.notify_all()
+
+
+class _Transition:
+    """The lock held for one transition that may settle tasks (``with broker._transition:``):
+    what it settled goes to the sink once the lock is released, unless the transition raised."""
+
+    __slots__ = ("_broker",)
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self._broker = broker
+
+    def __enter__(self) -> None:
+        self._broker._cond.acquire()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        broker = self._broker
+        settled, sink = broker._settled, broker._sink
+        if settled:
+            broker._settled = []
+        broker._cond.release()
+        if settled and sink is not None and kind is None:
+            sink(settled)
 
 
 def _new_record(item: NewTask, now: datetime, status: Status, error: str | None) -> Record:

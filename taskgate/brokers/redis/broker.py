@@ -25,6 +25,7 @@ from taskgate.brokers.base import (
     QuotaGrant,
     QuotaSpec,
     Renewal,
+    SettledSink,
     Unset,
     check_identifier,
 )
@@ -39,6 +40,7 @@ from taskgate.brokers.checks import (
     check_queues,
     check_quota_claim,
     check_quota_request,
+    check_retry_delay,
     check_timeout,
 )
 from taskgate.brokers.redis.codec import (
@@ -130,6 +132,7 @@ class RedisBroker:
         self._limits = RedisLimits(self._run, self._client, self._keys)
         self._close_lock = threading.Lock()
         self._closed = False
+        self._sink: SettledSink | None = None
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
@@ -157,8 +160,16 @@ class RedisBroker:
     def _request(
         self, script: str | None, args: Sequence[Any], answer: Callable[[builtins.list[Any]], T]
     ) -> _Request[T]:
+        """Plan a call of ``script``. While a sink is set, every script is asked for the
+        snapshots of the tasks it settles on its own ("s" before "now", see ``_lib.lua``)
+        and its reply carries them after its own."""
         self._check_open()
-        return _Request(script, [self._now_arg(), *args] if script else [], answer)
+        if not script:
+            return _Request(script, [], answer)
+        sink = self._sink
+        if sink is None:
+            return _Request(script, [self._now_arg(), *args], answer)
+        return _Request(script, ["s" + self._now_arg(), *args], _reporting(answer, sink))
 
     def _call(self, request: _Request[T]) -> T:
         """Run a planned call in this thread, waiting for its reply."""
@@ -522,8 +533,8 @@ class RedisBroker:
         self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta
     ) -> _Request[Task]:
         _check_lease(task_id, token)
-        check_failure(kind, error)
-        check_duration(delay, what="delay", positive=False)
+        kind, error = check_failure(kind, error)
+        delay = check_retry_delay(delay)
         return self._transition("retry", [task_id, token, kind.value, error, ttl_us(delay)])
 
     def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
@@ -532,7 +543,7 @@ class RedisBroker:
 
     def _plan_fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> _Request[Task]:
         _check_lease(task_id, token)
-        check_failure(kind, error)
+        kind, error = check_failure(kind, error)
         return self._transition("fail", [task_id, token, kind.value, error])
 
     def requeue(self, task_id: str, token: str) -> Task:
@@ -734,6 +745,14 @@ class RedisBroker:
         """Take up to ``n`` starts from the queue's global GCRA limiter: ``(granted, retry_after)``."""
         return self._limits.take_rate(queue, rps, burst, n)
 
+    # -- what transitions settle on their own -----------------------------------------------
+
+    def report_settled(self, sink: SettledSink | None) -> None:
+        """Give ``sink`` the snapshots of the tasks each later call settles on its own (see
+        `taskgate.brokers.base.Broker.report_settled`): the scripts read them where they settle
+        and reply them after their own answer; None stops it."""
+        self._sink = sink
+
     # -- wake-ups and lifecycle -------------------------------------------------------------
 
     def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
@@ -761,6 +780,20 @@ class RedisBroker:
         # under a blocked read would make redis-py raise in the waiter instead of waking it.
         with redis_errors("close"):
             self._waiter.close()
+
+
+def _reporting(answer: Callable[[builtins.list[Any]], T], sink: SettledSink) -> Callable[[builtins.list[Any]], T]:
+    """``answer`` of a reply that carries the settled snapshots after the script's own reply:
+    the script's answer, once those snapshots went to ``sink``."""
+
+    def answered(reply: builtins.list[Any]) -> T:
+        own, settled = reply
+        result = answer(own)
+        if settled:
+            sink([task_from_values(snapshot) for snapshot in settled])
+        return result
+
+    return answered
 
 
 def _leases(reply: builtins.list[Any]) -> builtins.list[Lease]:

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from taskgate.brokers.base import Broker, FailureKind
+from taskgate.brokers.checks import MAX_ERROR_LENGTH
 from taskgate.clock import ManualClock
 from taskgate.errors import TaskNotFoundError
 from taskgate.ids import new_id
@@ -136,6 +137,38 @@ class LifecycleContract:
         task = submit(broker)
         failed = broker.fail(task.id, claim_one(broker).token, kind=FailureKind.THROTTLED, error="busy")
         assert (failed.status, failed.attempts, failed.throttled) == (Status.FAILED, 0, 1)
+
+    @pytest.mark.parametrize(
+        ("error", "stored"),
+        [
+            ("nul\x00byte", "nul\\x00byte"),  # PostgreSQL's text cannot hold NUL
+            ("file \udcff.txt", "file \\udcff.txt"),  # a lone surrogate (os.fsdecode)
+            ("\U0001f600 four bytes", "\U0001f600 four bytes"),  # beyond MySQL's 3-byte utf8
+        ],
+        ids=["nul", "surrogate", "astral"],
+    )
+    @pytest.mark.parametrize("verb", ["fail", "retry"])
+    def test_fail_and_retry_store_any_error_text_readably(
+        self, broker: Broker, verb: str, error: str, stored: str
+    ) -> None:
+        task = submit(broker)
+        lease = claim_one(broker)
+        if verb == "fail":
+            written = broker.fail(task.id, lease.token, kind=FailureKind.SKIP, error=error)
+        else:
+            written = broker.retry(task.id, lease.token, kind=FailureKind.BUSINESS, error=error, delay=TTL)
+        assert (written.attempts, written.last_error) == (1, stored)
+        assert broker.get(task.id) == written
+        assert broker.list(Filter()) == [written]
+
+    def test_an_enormous_error_text_is_stored_cut_to_the_maximum(self, broker: Broker) -> None:
+        task = submit(broker)
+        failed = broker.fail(
+            task.id, claim_one(broker).token, kind=FailureKind.BUSINESS, error="e" * 1_000_000
+        )
+        assert failed.last_error is not None and len(failed.last_error) == MAX_ERROR_LENGTH
+        assert failed.last_error.startswith("eee") and "cut from 1000000 characters" in failed.last_error
+        assert broker.get(task.id) == failed
 
     def test_retry_sets_retrying_due_after_the_delay(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker)

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from taskgate.brokers.base import Broker, FailureKind
+from taskgate.brokers.base import MAX_DELAY, Broker, FailureKind
 from taskgate.task import Filter
 from taskgate.testing.contract._support import TTL, claim_one, submit
 
@@ -33,6 +33,18 @@ class ValidationContract:
                 task.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(seconds=-1)
             )
         assert broker.get(task.id) == lease.task
+        assert broker.heartbeat(task.id, lease.token, TTL).cancel_requested is False
+
+    @pytest.mark.parametrize("delay", [MAX_DELAY + timedelta(days=1), timedelta(seconds=1e12)])
+    def test_retry_with_a_delay_beyond_the_maximum_raises_and_keeps_the_lease(
+        self, broker: Broker, delay: timedelta
+    ) -> None:
+        task = submit(broker)
+        lease = claim_one(broker)
+        with pytest.raises(ValueError, match="delay must be a timedelta from 0 to"):
+            broker.retry(task.id, lease.token, kind=FailureKind.THROTTLED, error="x", delay=delay)
+        assert broker.get(task.id) == lease.task
+        assert broker.list(Filter()) == [lease.task]
         assert broker.heartbeat(task.id, lease.token, TTL).cancel_requested is False
 
     def test_heartbeat_with_a_non_positive_ttl_raises_value_error(self, broker: Broker) -> None:
