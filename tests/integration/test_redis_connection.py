@@ -192,6 +192,47 @@ def test_waits_reuse_one_subscribed_connection_and_follow_a_change_of_queues(
     client.close()
 
 
+def test_zero_timeout_waits_answer_due_work_without_opening_a_connection_each(
+    server: RedisServer, broker: RedisBroker
+) -> None:
+    # The runtime asks `wait_for_work(queue, 0)` before each claim of an idle metered queue,
+    # several times a second: each must be a due check on the pooled connection, no Pub/Sub.
+    client = redis.Redis.from_url(server.url)
+    keys = KeySpace(broker.key_prefix)
+    try:
+        assert broker.wait_for_work(["q"], 0) is False  # the pool's connection opens here
+        connected = int(client.info("stats")["total_connections_received"])
+        for _ in range(20):
+            assert broker.wait_for_work(["q"], 0) is False
+        assert int(client.info("stats")["total_connections_received"]) == connected
+        broker.enqueue([NewTask(id="due", type="t", queue="q")])
+        for _ in range(20):
+            assert broker.wait_for_work(["q"], 0) is True
+        assert int(client.info("stats")["total_connections_received"]) == connected
+        assert _subscribers(client, keys.signal("q")) == 0
+    finally:
+        client.close()
+
+
+def test_waits_too_short_for_the_subscription_to_be_confirmed_keep_their_connection(
+    server: RedisServer, broker: RedisBroker
+) -> None:
+    # A wait whose deadline passes before the server confirmed its SUBSCRIBE still answers the
+    # due check, and keeps the connection for the next wait instead of opening one each time.
+    client = redis.Redis.from_url(server.url)
+    try:
+        assert broker.wait_for_work(["q"], 0) is False  # the pool's connection opens here
+        connected = int(client.info("stats")["total_connections_received"])
+        for _ in range(20):
+            assert broker.wait_for_work(["q"], 1e-9) is False
+        # One Pub/Sub connection for them all.
+        assert int(client.info("stats")["total_connections_received"]) <= connected + 1
+        broker.enqueue([NewTask(id="due", type="t", queue="q")])
+        assert broker.wait_for_work(["q"], 1e-9) is True
+    finally:
+        client.close()
+
+
 def _split_calls(broker: RedisBroker) -> BrokerCalls:
     """The runtime's broker door with the broker's split calls, one event-loop connection open."""
     assert broker.split(broker.queue_length, "q") is None  # not split: nothing asked

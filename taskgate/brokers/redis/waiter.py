@@ -9,9 +9,17 @@ falls in between. It reads in slices of `SLICE` seconds so that `close` is notic
 slice, and it also wakes when the earliest delayed task of its queues falls due (by the
 broker's clock, measured when the wait began).
 
-Subscriptions outlive a wait: a wait takes an idle subscribed connection (changing its
-channels only when asked for other queues) and gives it back, so a worker polling once a
-second does not open a TCP connection each time. A connection that failed is dropped.
+Subscriptions outlive a wait: a wait takes an idle subscribed connection (one listening to
+its queues when there is one, changing the channels only when asked for other queues) and
+gives it back, so a worker polling once a second does not open a TCP connection each time. A
+wait whose deadline comes before the server confirmed its SUBSCRIBE answers the due check and
+keeps the connection; the next wait reads the confirmations first. A connection that failed
+is dropped. A wait of timeout 0 is the due check alone: no Pub/Sub at all (the runtime asks
+it before each claim of an idle metered queue).
+
+In a forked child (`taskgate.forks`) the idle subscriptions are the parent's sockets: the child
+leaves them alone (reading one would take the parent's messages, resubscribing one would move
+the parent's channels) and subscribes on connections of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from taskgate import forks
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import redis_errors
 from taskgate.errors import BrokerError
@@ -47,6 +56,17 @@ class SignalWaiter:
         self._active = 0
         self._lock = threading.Lock()
         self._idle: list[_Subscription] = []  # subscribed connections no wait is using
+        forks.register(self)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: none of the parent's subscriptions, waits or locks."""
+        forks.keep_inherited(self._idle)  # the parent's sockets: never read nor closed here
+        self._idle = []
+        self._active = 0  # the parent's waits run in threads this child does not have
+        self._lock = threading.Lock()
+        closed, self._closed = self._closed.is_set(), threading.Event()
+        if closed:
+            self._closed.set()
 
     def close(self) -> None:
         """Make every current and later wait return False within one slice."""
@@ -73,8 +93,12 @@ class SignalWaiter:
                 subscription.close()
             done()
 
-    def _take(self) -> _Subscription:
+    def _take(self, channels: frozenset[bytes]) -> _Subscription:
+        """An idle subscription, one listening to ``channels`` if any; else a new one."""
         with self._lock:
+            for n, subscription in enumerate(self._idle):
+                if subscription.channels == channels:
+                    return self._idle.pop(n)
             if self._idle:
                 return self._idle.pop()
         return _Subscription(self._client.pubsub())
@@ -96,12 +120,17 @@ class SignalWaiter:
             return False
         try:
             with redis_errors("wait_for_work"):
-                subscription = self._take()
+                if timeout <= 0:
+                    return self._due_now(queues)
+                channels = frozenset(self._keys.signal(q).encode() for q in queues)
+                subscription = self._take(channels)
                 try:
-                    if not subscription.listen_to({self._keys.signal(q) for q in queues}, deadline):
-                        subscription.close()  # unconfirmed: its state is unknown
-                        return False
-                    woke = self._wait_subscribed(subscription, queues, deadline)
+                    if subscription.listen_to(channels, deadline):
+                        woke = self._wait_subscribed(subscription, queues, deadline)
+                    else:
+                        # No time left to listen: whether work is due now is the answer. The
+                        # SUBSCRIBE was sent; the next wait reads its confirmation.
+                        woke = self._due_now(queues)
                 except BaseException:
                     subscription.close()
                     raise
@@ -128,6 +157,11 @@ class SignalWaiter:
                 return True
         return False
 
+    def _due_now(self, queues: Sequence[str]) -> bool:
+        """Whether a ready task of ``queues`` is due now, by the broker's clock."""
+        now_us, earliest_us = self._run("next_due", list(queues))
+        return bool(earliest_us) and int(earliest_us) <= int(now_us)
+
     def _due_monotonic(self, queues: Sequence[str]) -> float | None:
         """When, on ``time.monotonic``, the earliest ready task of ``queues`` is (or was) due."""
         now_us, earliest_us = self._run("next_due", list(queues))
@@ -141,27 +175,27 @@ class _Subscription:
 
     def __init__(self, pubsub: Any) -> None:
         self._pubsub = pubsub
-        self._channels: frozenset[bytes] = frozenset()
+        self.channels: frozenset[bytes] = frozenset()  # asked for (confirmed or not)
+        self._unconfirmed: set[bytes] = set()  # subscribed, confirmation not read yet
 
-    def listen_to(self, channels: set[str], deadline: float) -> bool:
-        """Subscribe to exactly ``channels``; False when the server did not confirm by ``deadline``."""
-        wanted = frozenset(c.encode() for c in channels)
-        if wanted == self._channels:
-            return True
-        stale, new = self._channels - wanted, wanted - self._channels
+    def listen_to(self, wanted: frozenset[bytes], deadline: float) -> bool:
+        """Subscribe to exactly ``wanted``; False when the server did not confirm by ``deadline``
+        (the confirmations still due are read by the next call)."""
+        stale, new = self.channels - wanted, wanted - self.channels
         if stale:
             self._pubsub.unsubscribe(*stale)
+            self._unconfirmed -= stale  # a late confirmation of one is read and ignored
         if new:
             self._pubsub.subscribe(*new)
-        self._channels = wanted
-        unconfirmed = set(new)
-        while unconfirmed:
+            self._unconfirmed |= new
+        self.channels = wanted
+        while self._unconfirmed:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             message = self._pubsub.get_message(timeout=min(SLICE, remaining))
             if message is not None and message["type"] == "subscribe":
-                unconfirmed.discard(message["channel"])
+                self._unconfirmed.discard(message["channel"])
         return True
 
     def drop_pending(self) -> None:

@@ -60,6 +60,17 @@ class ClaimContract:
         assert broker.claim("q", 5, TTL) == []
         assert claim_one(broker, "other").task.id == other.id
 
+    def test_claim_of_a_queue_differing_only_by_trailing_spaces_takes_only_its_own(
+        self, broker: Broker
+    ) -> None:
+        # Names compare exactly: a PAD SPACE collation (MySQL's utf8mb4_bin) took 'jobs ' for 'jobs'.
+        plain = submit(broker, queue="jobs")
+        assert broker.claim("jobs ", 5, TTL) == []
+        assert broker.queue_length("jobs ") == 0
+        padded = submit(broker, queue="jobs ")
+        assert [lease.task.id for lease in broker.claim("jobs ", 5, TTL)] == [padded.id]
+        assert [lease.task.id for lease in broker.claim("jobs", 5, TTL)] == [plain.id]
+
     def test_claim_skips_blocked_tasks(self, broker: Broker) -> None:
         parent = submit(broker, queue="parents")
         submit(broker, depends_on=(parent.id,))
@@ -111,6 +122,19 @@ class WaitContract:
     def test_wait_for_work_ignores_tasks_not_yet_due(self, broker: Broker) -> None:
         submit(broker, delay=timedelta(hours=1))
         assert broker.wait_for_work(["q"], TINY_WAIT) is False
+
+    def test_wait_for_work_with_no_timeout_answers_whether_work_is_due_now(
+        self, broker: Broker, clock: ManualClock
+    ) -> None:
+        # The runtime asks this before claiming from a metered queue: a False while work is
+        # due would leave it unclaimed until the next poll.
+        assert broker.wait_for_work(["q"], 0) is False
+        submit(broker, delay=timedelta(seconds=5))
+        assert broker.wait_for_work(["q"], 0) is False
+        clock.advance(5)
+        assert broker.wait_for_work(["q"], 0) is True
+        assert broker.wait_for_work(["q"], 0.0) is True  # asked again: still due, nothing consumed
+        assert broker.wait_for_work(["other"], 0) is False
 
     def test_wait_for_work_is_woken_by_an_enqueue_from_another_thread(self, broker: Broker) -> None:
         self._assert_woken_by(broker, lambda: submit(broker))
