@@ -46,4 +46,4 @@ __all__ = [
 ]
 
 # The alembic revision these models correspond to; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"

@@ -135,7 +135,9 @@ def _map(base: type[DeclarativeBase], columns: type[_M], table: str, args: tuple
 
 
 def _options() -> dict[str, str]:
-    # Binary collation: ids and keys are case-sensitive on MySQL as everywhere else.
+    # Binary collation: ids and keys are case-sensitive on MySQL as everywhere else. The
+    # string columns override it with the server's NO PAD binary collation (`ExactString`):
+    # utf8mb4_bin pads, so it would take 'k ' for 'k'.
     return {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
 

@@ -3,22 +3,24 @@
 The mixins carry the columns only; `taskgate.models.build` turns each into a mapped class
 under a table prefix, adding the keys, indexes and foreign keys whose names depend on it.
 Strings are ``VARCHAR(255)`` because MySQL can index no longer ``utf8mb4`` keys comfortably,
-and every id, type, queue and key is checked against that length at the API.
+and every id, type, queue and key is checked against that length at the API. Each is an
+`ExactString`: on MySQL/MariaDB a NO PAD binary collation, so 'k' and 'k ' are two keys.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, Integer, String
+from sqlalchemy import Boolean, Integer
 from sqlalchemy.orm import Mapped, mapped_column
 
 from taskgate.ids import MAX_ID_LENGTH
-from taskgate.models.types import Blob, LongText, UTCDateTime
+from taskgate.models.types import Blob, ExactString, LongText, UTCDateTime
 
 __all__ = ["BusinessKeyColumns", "DependencyColumns", "LeaseColumns", "QuotaWindowColumns", "TaskColumns"]
 
-Name = String(MAX_ID_LENGTH)
+# Every string column compares exactly (trailing spaces included) on every database.
+Name = ExactString(MAX_ID_LENGTH)
 
 
 class TaskColumns:
@@ -27,7 +29,7 @@ class TaskColumns:
     id: Mapped[str] = mapped_column(Name)
     type: Mapped[str] = mapped_column(Name)
     queue: Mapped[str] = mapped_column(Name)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(ExactString(16))
     # True exactly while status is pending or retrying: lets ONE index (queue, ready, run_at,
     # id) serve the claim in run_at order and stop after k rows, which an index on
     # (queue, status, ...) cannot do for two statuses at once.
@@ -67,7 +69,7 @@ class LeaseColumns:
     """The lease of a running task, apart from the wide task row so heartbeats stay cheap."""
 
     task_id: Mapped[str] = mapped_column(Name)
-    token: Mapped[str] = mapped_column(String(64))
+    token: Mapped[str] = mapped_column(ExactString(64))
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
     cancel_requested: Mapped[bool] = mapped_column(Boolean)
 

@@ -4,22 +4,65 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import DateTime, LargeBinary, Text
+from sqlalchemy import DateTime, LargeBinary, String, Text
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from taskgate.clock import utc
 
-__all__ = ["MYSQL_DIALECTS", "Blob", "LongText", "UTCDateTime"]
+__all__ = [
+    "MARIADB_EXACT_COLLATION",
+    "MYSQL_DIALECTS",
+    "MYSQL_EXACT_COLLATION",
+    "Blob",
+    "ExactString",
+    "LongText",
+    "UTCDateTime",
+    "exact_collation",
+]
 
 MYSQL_DIALECTS = ("mysql", "mariadb")
 
 # MySQL's BLOB/TEXT stop at 64 KiB; payloads and errors need more room there.
 Blob = LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL_DIALECTS)
 LongText = Text().with_variant(mysql.MEDIUMTEXT(), *MYSQL_DIALECTS)
+
+# Binary collations WITHOUT pad space. ``utf8mb4_bin`` is a PAD SPACE collation: it compares
+# 'k' and 'k ' as equal, so two business keys, ids or queues differing only by trailing
+# spaces would collide in a primary key or match each other's look-ups. MariaDB (>= 10.2) and
+# MySQL 8 name their NO PAD binary collation differently, and neither knows the other's.
+MARIADB_EXACT_COLLATION = "utf8mb4_nopad_bin"
+MYSQL_EXACT_COLLATION = "utf8mb4_0900_bin"
+
+
+def exact_collation(dialect: Dialect) -> str:
+    """The NO PAD binary collation of the server behind ``dialect`` (MariaDB's or MySQL 8's).
+
+    A ``mysql://`` URL may reach a MariaDB server: SQLAlchemy tells which once connected.
+    """
+    return MARIADB_EXACT_COLLATION if getattr(dialect, "is_mariadb", False) else MYSQL_EXACT_COLLATION
+
+
+class ExactString(TypeDecorator[str]):
+    """A ``VARCHAR(length)`` compared byte for byte on every database, trailing spaces included.
+
+    SQLite and PostgreSQL compare strings so already; on MySQL/MariaDB the column gets the
+    server's NO PAD binary collation (`exact_collation`), chosen when the DDL is compiled, so
+    tables made on first use and by the migrations (revision 0003) agree.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        """``VARCHAR(n) COLLATE <no pad binary>`` on MySQL/MariaDB, a plain ``VARCHAR(n)`` elsewhere."""
+        if dialect.name in MYSQL_DIALECTS:
+            length = cast(String, self.impl_instance).length
+            return dialect.type_descriptor(mysql.VARCHAR(length, collation=exact_collation(dialect)))
+        return dialect.type_descriptor(self.impl_instance)
 
 
 class UTCDateTime(TypeDecorator[datetime]):

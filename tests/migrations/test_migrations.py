@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect
+from helpers.sql_databases import mysql_database
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect, text
+from sqlalchemy.schema import CreateTable
 
 from taskgate.alembic import SCRIPT_LOCATION
 from taskgate.brokers.base import NewTask
@@ -19,6 +22,7 @@ from taskgate.brokers.sql import SchemaError, SQLBroker
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.migrate import downgrade, main, upgrade
 from taskgate.models import NAMING_CONVENTION, SCHEMA_REVISION, Models, models_for, mount
+from taskgate.task import Filter, Status
 
 # A fresh, uniquely named PostgreSQL database per test (overlapping test runs cannot collide).
 
@@ -123,6 +127,97 @@ def test_postgresql_downgrade_to_0001_indexes_every_row_again(postgresql_url: st
     assert index_predicates(postgresql_url)["ix_taskgate_tasks_claim"] == "ready"
 
 
+def string_collations(url: str) -> dict[str, str]:
+    """Each VARCHAR column of taskgate's tables (``table.column``) -> its collation (MySQL)."""
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT TABLE_NAME, COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA = DATABASE() AND DATA_TYPE = 'varchar' "
+                    "AND TABLE_NAME LIKE 'taskgate\\_%' AND TABLE_NAME <> 'taskgate_alembic_version'"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    return {f"{table}.{column}": collation for table, column, collation in rows}
+
+
+# taskgate's VARCHAR columns: ids, types, queues, keys, statuses and lease tokens.
+STRING_COLUMNS = 13
+
+
+def test_mysql_string_columns_compare_exactly_whether_migrated_or_made_by_the_broker(mysql_url: str) -> None:
+    """Both ways to a schema give every string column the server's NO PAD binary collation
+    (the local server is MariaDB: utf8mb4_nopad_bin), never utf8mb4_bin, which pads."""
+    upgrade(mysql_url)
+    migrated = string_collations(mysql_url)
+    with mysql_database() as created_url:
+        SQLBroker(created_url).close()
+        created = string_collations(created_url)
+
+    assert len(migrated) == STRING_COLUMNS
+    assert migrated == created
+    assert set(migrated.values()) == {"utf8mb4_nopad_bin"}
+
+
+def test_mysql_8_gets_its_own_no_pad_collation_and_mariadb_its_own() -> None:
+    """The offline SQL (no server to ask) names MySQL 8's collation for a mysql:// URL and
+    MariaDB's for a mariadb:// one; a live connection tells them apart by the server."""
+    from taskgate.brokers.sql.engine import normalize_url as url_of
+
+    for scheme, collation, other in (
+        ("mysql", "utf8mb4_0900_bin", "utf8mb4_nopad_bin"),
+        ("mariadb", "utf8mb4_nopad_bin", "utf8mb4_0900_bin"),
+    ):
+        dialect = url_of(f"{scheme}://u@h/db").get_dialect()()
+        (keys,) = [t for t in models_for("taskgate_").tables if t.name == "taskgate_business_keys"]
+        ddl = str(CreateTable(keys).compile(dialect=dialect))
+        assert f"COLLATE {collation}" in ddl and other not in ddl
+
+
+def test_mysql_0002_to_0003_keeps_the_rows_and_tells_trailing_spaces_apart(mysql_url: str) -> None:
+    """Rows stored, the schema taken down to 0002 (utf8mb4_bin, which pads) and refused there
+    with the command that upgrades it; upgraded, the rows are all there and 'k' and 'k ',
+    'jobs' and 'jobs ' are told apart."""
+    broker = SQLBroker(mysql_url)
+    try:
+        broker.enqueue([NewTask(id="p", type="t", queue="jobs", business_key="k")])
+        (child,) = broker.enqueue([NewTask(id="c", type="t", queue="jobs", depends_on=("p",))])
+        (lease,) = broker.claim("jobs", 5, timedelta(seconds=300))
+        grant = broker.reserve_quota("api", 10, timedelta(hours=1), 3)
+    finally:
+        broker.close()
+    downgrade(mysql_url, "0002")
+    assert set(string_collations(mysql_url).values()) == {"utf8mb4_bin"}
+
+    shown = normalize_url(mysql_url).render_as_string(hide_password=True)
+    command = re.escape(f"is at 0002, need 0003: run `taskgate-migrate upgrade {shown}`") + r"$"
+    for create_tables in (False, True):  # tables there already: nothing to create, the check refuses
+        with pytest.raises(SchemaError, match=command):
+            SQLBroker(mysql_url, create_tables=create_tables)
+
+    upgrade(mysql_url)
+    assert set(string_collations(mysql_url).values()) == {"utf8mb4_nopad_bin"}
+    assert drift(mysql_url, models_for("taskgate_")) == []
+    broker = SQLBroker(mysql_url, create_tables=False)
+    try:
+        assert lease.task.id == "p"
+        assert broker.get("c") == child
+        assert broker.history("k") == [broker.get("p")]
+        (padded,) = broker.enqueue([NewTask(id="p ", type="t", queue="jobs ", business_key="k ")])
+        assert broker.history("k ") == [padded]
+        assert [t.id for t in broker.history("k")] == ["p"]
+        assert [held.task.id for held in broker.claim("jobs ", 5, timedelta(seconds=30))] == ["p "]
+        assert broker.ack("p", lease.token, b"done").status is Status.COMPLETED  # the lease row survived
+        assert broker.get("c").status is Status.PENDING  # and the edge: the child woke
+        assert broker.reserve_quota("api", 10, timedelta(hours=1), 10).granted == 10 - grant.granted
+        assert len(broker.list(Filter())) == 3
+    finally:
+        broker.close()
+
+
 def test_downgrading_to_base_drops_every_taskgate_table(database_url: str) -> None:
     upgrade(database_url)
     downgrade(database_url, "base")
@@ -152,7 +247,7 @@ def test_tables_made_by_the_broker_match_the_migrations(tmp_path: Path) -> None:
 def test_a_broker_on_an_unmigrated_database_says_how_to_migrate(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
 
-    with pytest.raises(SchemaError, match=r"at nothing, need 0002: run `taskgate-migrate upgrade sqlite:///"):
+    with pytest.raises(SchemaError, match=r"at nothing, need 0003: run `taskgate-migrate upgrade sqlite:///"):
         SQLBroker(url, create_tables=False)
 
 
@@ -164,7 +259,7 @@ def test_a_broker_on_a_database_at_another_revision_names_both(tmp_path: Path) -
         conn.exec_driver_sql("UPDATE taskgate_alembic_version SET version_num = '0000'")
     engine.dispose()
 
-    with pytest.raises(SchemaError, match=r"is at 0000, need 0002: run `taskgate-migrate upgrade"):
+    with pytest.raises(SchemaError, match=r"is at 0000, need 0003: run `taskgate-migrate upgrade"):
         SQLBroker(url, create_tables=False)
 
 

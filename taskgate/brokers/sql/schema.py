@@ -58,8 +58,9 @@ def _check_revision(conn: Connection, engine: Engine, models: Models, versions: 
     if current != SCHEMA_REVISION:
         url = engine.url.render_as_string(hide_password=True)
         prefix = "" if models.prefix == "taskgate_" else f" --prefix {models.prefix}"
+        # create_tables=True makes missing tables; it never migrates tables that are behind.
+        alternative = " (or construct SQLBroker with create_tables=True)" if current is None else ""
         raise SchemaError(
             f"taskgate schema (prefix {models.prefix!r}) is at {current or 'nothing'}, need "
-            f"{SCHEMA_REVISION}: run `taskgate-migrate upgrade {url}{prefix}` "
-            "(or construct SQLBroker with create_tables=True)"
+            f"{SCHEMA_REVISION}: run `taskgate-migrate upgrade {url}{prefix}`{alternative}"
         )

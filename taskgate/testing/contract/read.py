@@ -156,6 +156,13 @@ class ReadContract:
         submit(broker)
         assert broker.list(Filter(business_key="k-1")) == [keyed]
 
+    def test_ids_and_types_differing_only_by_trailing_spaces_are_distinct(self, broker: Broker) -> None:
+        plain = submit(broker, id="task-1", type="t")
+        padded = submit(broker, id="task-1 ", type="t ")
+        assert (broker.get("task-1"), broker.get("task-1 ")) == (plain, padded)
+        assert broker.list(Filter(type="t")) == [plain]
+        assert nonzero_counts(broker) == {"t": {Status.PENDING: 1}, "t ": {Status.PENDING: 1}}
+
     def test_list_of_no_match_is_empty(self, broker: Broker) -> None:
         submit(broker)
         assert broker.list(Filter(type="nothing-like-this")) == []
@@ -219,6 +226,18 @@ class BusinessKeyContract:
         submit(broker, business_key="a")
         submit(broker, business_key="b")
         assert len(broker.list(Filter())) == 2
+
+    def test_keys_differing_only_by_trailing_spaces_are_distinct(self, broker: Broker) -> None:
+        # Keys compare exactly: a PAD SPACE collation (MySQL's utf8mb4_bin) took 'k ' for 'k'.
+        plain = submit(broker, business_key="k")
+        padded = submit(broker, business_key="k ")
+        assert broker.history("k") == [plain]
+        assert broker.history("k ") == [padded]
+        assert broker.history("k  ") == []
+        assert broker.list(Filter(business_key="k")) == [plain]
+        with pytest.raises(TaskExistsError) as caught:
+            submit(broker, business_key="k ")
+        assert (caught.value.business_key, caught.value.execution_id) == ("k ", padded.id)
 
     def test_history_of_an_unknown_key_is_empty(self, broker: Broker) -> None:
         assert broker.history("never-used") == []
