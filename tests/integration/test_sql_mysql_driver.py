@@ -4,9 +4,12 @@ id lists quoted by the driver (`MySQLTraits.listed`), matching as an ``IN`` list
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from helpers.mariadb_servers import MariaDBServer, require_mariadb_binaries
+from helpers.sql_databases import mysql_database
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.dialects import mysql
 
@@ -14,6 +17,7 @@ from taskgate.brokers.base import FailureKind
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.dialects import MySQLTraits
 from taskgate.brokers.sql.engine import normalize_url
+from taskgate.errors import BrokerError
 from taskgate.models import models_for
 from taskgate.task import Filter, Task
 from taskgate.testing.contract._support import new_task
@@ -178,3 +182,96 @@ def test_mysql_leases_of_tasks_with_odd_ids_are_stored_under_those_ids(mysql_url
         assert {t.status for t in broker.list(Filter())} == {"completed"}
     finally:
         broker.close()
+
+
+# Payloads and results against max_allowed_packet. PyMySQL sends bytes as hex, two characters
+# a byte, so a value of more than about half the packet makes a statement the server refuses
+# (error 1153), ending the session. The server is a private one: max_allowed_packet is GLOBAL,
+# and the shared server's must stay as it is for every other test.
+
+SMALL_PACKET = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def small_packet_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private MariaDB whose max_allowed_packet is `SMALL_PACKET`; its server URL."""
+    require_mariadb_binaries()
+    server = MariaDBServer(
+        tmp_path_factory.mktemp("mariadb"), options=[f"--max-allowed-packet={SMALL_PACKET}"]
+    ).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def small_packet(small_packet_server: str) -> Iterator[tuple[SQLBroker, SQLBroker]]:
+    """Two brokers on a fresh database of the private server: one to test, one to look."""
+    with mysql_database(small_packet_server) as url:
+        broker, onlooker = SQLBroker(url), SQLBroker(url)
+        try:
+            yield broker, onlooker
+        finally:
+            broker.close()
+            onlooker.close()
+
+
+def test_mysql_a_payload_of_60_percent_of_max_allowed_packet_is_refused_clearly_then_the_next_submit_works(
+    small_packet: tuple[SQLBroker, SQLBroker],
+) -> None:
+    broker, onlooker = small_packet
+    size = SMALL_PACKET * 6 // 10  # fits the packet raw, but not once sent as hex
+    clear = rf"payload of task big is {size} bytes.*max_allowed_packet is {SMALL_PACKET} bytes"
+    for submit in (broker.enqueue, broker.enqueue_quiet):
+        with pytest.raises(ValueError, match=clear) as caught:
+            submit([new_task(id="big", payload=b"x" * size)])
+        assert not isinstance(caught.value, BrokerError)  # bad input, not a store to retry
+    with pytest.raises(ValueError, match=clear):
+        broker.enqueue_and_claim(new_task(id="big", payload=b"x" * size), LEASE)
+    assert onlooker.counts() == {}
+
+    (after,) = broker.enqueue([new_task(payload=b"fits")])
+    assert onlooker.get(after.id) == after  # committed, on a sound connection
+    largest = broker.enqueue([new_task(payload=b"y" * (SMALL_PACKET // 2 - 64 * 1024))])
+    assert onlooker.get(largest[0].id).payload == largest[0].payload
+
+
+def test_mysql_an_ack_of_a_result_too_large_for_the_server_is_refused_and_changes_nothing(
+    small_packet: tuple[SQLBroker, SQLBroker],
+) -> None:
+    broker, onlooker = small_packet
+    (task,) = broker.enqueue([new_task()])
+    (lease,) = broker.claim("q", 1, LEASE)
+    too_large = b"r" * (SMALL_PACKET * 6 // 10)
+    clear = rf"result of task {task.id} is {len(too_large)} bytes.*max_allowed_packet is {SMALL_PACKET}"
+    with pytest.raises(ValueError, match=clear) as caught:
+        broker.ack(task.id, lease.token, too_large)
+    assert not isinstance(caught.value, BrokerError)
+    with pytest.raises(ValueError, match=clear):
+        broker.ack_many([(task.id, lease.token, too_large)])
+
+    running = onlooker.get(task.id)
+    assert (running.status, running.result) == ("running", None)
+    assert broker.heartbeat(task.id, lease.token, LEASE).cancel_requested is False  # still its lease
+    assert broker.ack(task.id, lease.token, b"small").result == b"small"
+
+
+def test_mysql_a_statement_over_max_allowed_packet_fails_clearly_and_breaks_no_connection(
+    small_packet: tuple[SQLBroker, SQLBroker],
+) -> None:
+    """Values each small enough, one statement too big for them all: the server refuses it
+    (1153) and ends the session; the connection is replaced, so the next calls, on the held
+    connection in autocommit and in a transaction, work and are committed."""
+    broker, onlooker = small_packet
+    many = [new_task(payload=b"x" * 60_000) for _ in range(3)]  # one multi-row INSERT of ~360 KB
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"larger than this MySQL server's max_allowed_packet"):
+            broker.enqueue(many)
+        assert {t.id for t in onlooker.list(Filter())}.isdisjoint(t.id for t in many)  # none stored
+        (alone,) = broker.enqueue([new_task(payload=b"after")])
+        assert onlooker.get(alone.id) == alone
+        two = broker.enqueue([new_task(), new_task()])
+        assert [onlooker.get(t.id) for t in two] == two
+        (lease,) = broker.claim("q", 1, LEASE)
+        assert broker.ack(lease.task.id, lease.token, None).status == "completed"

@@ -36,6 +36,7 @@ from taskgate.brokers.base import (
     QuotaClaim,
     QuotaGrant,
     Renewal,
+    SettledSink,
     Unset,
     check_identifier,
 )
@@ -65,7 +66,7 @@ from taskgate.brokers.sql import (
     reads,
     submit_claim,
 )
-from taskgate.brokers.sql.dialects import Traits, traits_for
+from taskgate.brokers.sql.dialects import Traits, ValueLimit, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
 from taskgate.brokers.sql.held import HeldConnection
@@ -159,6 +160,7 @@ class SQLBroker:
         self._listener_lock = threading.Lock()
         self._channel = f"{self._models.prefix}work"
         self._closed = False
+        self._sink: SettledSink | None = None
         self.capabilities = Capabilities(
             shared_quota=True,
             cross_process=not memory,
@@ -193,7 +195,7 @@ class SQLBroker:
         url = self._engine.url.render_as_string(hide_password=True)
         return f"<SQLBroker {url} prefix={self._models.prefix!r}{' closed' if self._closed else ''}>"
 
-    def _setup(self, create_tables: bool) -> int | None:
+    def _setup(self, create_tables: bool) -> ValueLimit | None:
         with translated("preparing the taskgate schema"):
             run_with_retries(
                 lambda: prepare_schema(self._engine, self._models, self._traits, create=create_tables),
@@ -571,6 +573,14 @@ class SQLBroker:
         if n:
             self._run("release_quota", lambda tx: quotas.release_quota(tx, grant, n))
 
+    # -- what transitions settle on their own -----------------------------------------------
+
+    def report_settled(self, sink: SettledSink | None) -> None:
+        """Give ``sink`` the snapshots of the tasks each later call settles on its own (see
+        `taskgate.brokers.base.Broker.report_settled`): collected in the transaction from the
+        rows settling locks anyway, handed on after its commit; None stops it."""
+        self._sink = sink
+
     # -- wake-ups and lifecycle -------------------------------------------------------------
 
     def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
@@ -729,15 +739,19 @@ class SQLBroker:
         if nowait.active():
             if not inline:
                 raise nowait.WouldBlock(f"{operation} may take long")
-            return self._attempt_without_waiting(operation, step, read_only, one_statement)
-        with translated(operation):
-            return run_with_retries(
-                lambda: self._attempt(step, read_only, one_statement), self._traits.is_retryable
-            )
+            result, settled = self._attempt_without_waiting(operation, step, read_only, one_statement)
+        else:
+            with translated(operation):
+                result, settled = run_with_retries(
+                    lambda: self._attempt(step, read_only, one_statement), self._traits.is_retryable
+                )
+        if settled:
+            self._report(settled)  # committed, and every lock released
+        return result
 
     def _attempt_without_waiting(
         self, operation: str, step: Callable[[Tx], _T], read_only: bool, one_statement: bool
-    ) -> _T:
+    ) -> tuple[_T, builtins.list[Task] | None]:
         """One attempt that waits for nothing: no busy lock, no full pool, no back-off sleep.
 
         Whatever would have waited -- this process's writer lock, the file's write lock held by
@@ -763,7 +777,9 @@ class SQLBroker:
 
     def _attempt(
         self, step: Callable[[Tx], _T], read_only: bool, one_statement: bool, *, locked: bool = False
-    ) -> _T:
+    ) -> tuple[_T, builtins.list[Task] | None]:
+        """One attempt of `_run`: ``step``'s answer, and the snapshots of the tasks it settled
+        on its own (``tx.settled``) once its transaction committed."""
         if one_statement:
             with self._statement_connection(read_only) as conn:
                 tx = self._tx(conn)
@@ -777,7 +793,13 @@ class SQLBroker:
                     self._traits.notify(conn, self._channel, sorted(tx.woken))
         if tx.woken:
             self._signals.bump(tx.woken)
-        return result
+        return result, tx.settled
+
+    def _report(self, settled: builtins.list[Task]) -> None:
+        """Hand a committed transaction's settled snapshots to the sink (if one is still set)."""
+        sink = self._sink
+        if sink is not None:
+            sink(settled)
 
     def _statement_connection(self, read_only: bool) -> AbstractContextManager[Connection]:
         """A connection in autocommit for one statement: the held one when free. Else a pooled
@@ -800,7 +822,8 @@ class SQLBroker:
         return self._engine.begin()
 
     def _tx(self, conn: Connection) -> Tx:
-        return Tx(conn, self._models, self._traits, self._now, prepared=self._prepared)
+        settled: builtins.list[Task] | None = [] if self._sink is not None else None
+        return Tx(conn, self._models, self._traits, self._now, prepared=self._prepared, settled=settled)
 
     def _now(self, conn: Connection) -> datetime:
         """THE time source: the injected clock if any, else the database server's clock."""

@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import NewTask, Unset
-from taskgate.brokers.sql.dialects import Traits, plain_insert
+from taskgate.brokers.sql.dialects import Traits, ValueLimit, plain_insert
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
@@ -59,12 +59,16 @@ __all__ = [
 ]
 
 
-def check_value_size(value: bytes | None, limit: int | None, *, what: str) -> None:
-    """Refuse a payload/result the server would reject (MySQL's ``max_allowed_packet``)."""
-    if value is not None and limit is not None and len(value) > limit:
+def check_value_size(value: bytes | None, limit: ValueLimit | None, *, what: str) -> None:
+    """Refuse, before anything is sent, a payload/result whose statement the server would
+    refuse: MySQL's ``max_allowed_packet`` bounds the statement, where the value travels
+    encoded at two characters a byte (`MySQLTraits.value_limit`)."""
+    if value is not None and limit is not None and len(value) > limit.largest:
         raise ValueError(
-            f"{what} is {len(value)} bytes; this MySQL server accepts at most {limit} "
-            "(raise max_allowed_packet, or store large values elsewhere and pass a reference)"
+            f"{what} is {len(value)} bytes, about {2 * len(value)} once encoded in the statement "
+            f"(two characters a byte); this MySQL server's max_allowed_packet is {limit.packet} "
+            f"bytes, which takes values of at most {limit.largest} bytes (raise "
+            "max_allowed_packet on the server, or store large values elsewhere and pass a reference)"
         )
 
 

@@ -12,6 +12,7 @@ import json
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,9 +46,26 @@ from taskgate.errors import ConfigError
 if TYPE_CHECKING:
     from taskgate.brokers.sql.tx import Tx
 
-__all__ = ["MySQLTraits", "PostgreSQLTraits", "SQLiteTraits", "Traits", "plain_insert", "traits_for"]
+__all__ = [
+    "MySQLTraits",
+    "PostgreSQLTraits",
+    "SQLiteTraits",
+    "Traits",
+    "ValueLimit",
+    "plain_insert",
+    "traits_for",
+]
 
 _S = TypeVar("_S", bound=GenerativeSelect)
+
+
+@dataclass(frozen=True, slots=True)
+class ValueLimit:
+    """How big a payload or result a server takes: ``largest`` bytes, the most whose statement
+    still fits in ``packet`` (the server's ``max_allowed_packet``) once the value is encoded."""
+
+    packet: int
+    largest: int
 
 
 class Traits:
@@ -109,8 +127,8 @@ class Traits:
         with engine.begin() as conn:
             yield conn
 
-    def value_limit(self, conn: Connection) -> int | None:
-        """The largest payload/result in bytes the server accepts, or None for no practical limit."""
+    def value_limit(self, conn: Connection) -> ValueLimit | None:
+        """How big a payload/result the server accepts, or None for no practical limit."""
         return None
 
     def notify(self, conn: Connection, channel: str, queues: Sequence[str]) -> None:
@@ -246,6 +264,11 @@ class MySQLTraits(Traits):
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})
     # Room for the statement around the value inside one max_allowed_packet.
     _PACKET_SLACK = 64 * 1024
+    # A bytes value travels inside the statement's text: PyMySQL writes it as hex
+    # (``_binary X'…'``, two characters a byte, eleven around them); a driver that escapes
+    # instead writes at most two characters a byte too.
+    _ENCODED_PER_BYTE = 2
+    _ENCODED_AROUND = len("_binary X''")
     # Drivers known (and tested) to quote a list parameter themselves as a parenthesised list.
     _LIST_QUOTING_DRIVERS = frozenset({"pymysql"})
 
@@ -301,10 +324,13 @@ class MySQLTraits(Traits):
             finally:
                 conn.execute(select(func.release_lock(name)))
 
-    def value_limit(self, conn: Connection) -> int:
-        """``max_allowed_packet`` minus room for the rest of the statement."""
+    def value_limit(self, conn: Connection) -> ValueLimit:
+        """``max_allowed_packet``, and the largest value whose encoding (`_ENCODED_PER_BYTE`)
+        fits in it with room for the rest of the statement. Past it the server refuses the
+        statement and closes the session (error 1153), rather than storing a thing."""
         packet = int(conn.execute(text("SELECT @@max_allowed_packet")).scalar_one())
-        return packet - self._PACKET_SLACK
+        room = packet - self._PACKET_SLACK - self._ENCODED_AROUND
+        return ValueLimit(packet=packet, largest=max(room, 0) // self._ENCODED_PER_BYTE)
 
 
 class SQLiteTraits(Traits):

@@ -15,11 +15,14 @@ from taskgate.brokers import nowait
 from taskgate.errors import ConfigError
 
 __all__ = [
+    "PACKET_TOO_LARGE",
     "PING_AFTER_IDLE",
     "SQLITE_BUSY_TIMEOUT",
+    "closed_if_broken",
     "closed_if_left_mid_request",
     "driver_connection",
     "is_memory_sqlite",
+    "is_packet_too_large",
     "make_engine",
     "normalize_url",
     "prepare_engine",
@@ -41,6 +44,9 @@ _DEFAULT_DRIVERS = {
 # per transition, the largest fixed cost of a short transaction. A connection that died within
 # the window fails its transaction with a `BrokerError`, which the gate retries anyway.
 PING_AFTER_IDLE = 1.0
+
+# MySQL/MariaDB error ER_NET_PACKET_TOO_LARGE: a statement longer than max_allowed_packet.
+PACKET_TOO_LARGE = 1153
 
 # MySQL's default REPEATABLE READ would make a transaction's plain reads see its first
 # snapshot, so a child's wake-up check could miss a parent committed meanwhile; READ
@@ -82,7 +88,7 @@ def make_engine(url: str | URL) -> Engine:
     engine = create_engine(parsed, **options)
     event.listen(engine, "checkin", _note_checkin)
     event.listen(engine, "checkout", _ping_if_idle)
-    event.listen(engine, "handle_error", _invalidate_if_left_mid_request)
+    event.listen(engine, "handle_error", _invalidate_if_broken)
     return engine
 
 
@@ -122,13 +128,36 @@ def closed_if_left_mid_request(dbapi_connection: Any) -> bool:
     return True
 
 
-def _invalidate_if_left_mid_request(context: ExceptionContext) -> None:
-    """An error that left its connection unusable (`closed_if_left_mid_request`) counts as a
+def is_packet_too_large(exc: BaseException | None) -> bool:
+    """True for a MySQL driver's error 1153: the statement was over ``max_allowed_packet``."""
+    args: tuple[Any, ...] = tuple(getattr(exc, "args", ()))  # MySQL drivers': (errno, message)
+    return bool(args) and args[0] == PACKET_TOO_LARGE
+
+
+def closed_if_broken(dbapi_connection: Any, exc: BaseException | None) -> bool:
+    """Close a driver connection that ``exc`` left unusable, and say True.
+
+    That is one left mid-request (`closed_if_left_mid_request`), or one whose statement was
+    over MySQL's ``max_allowed_packet``: the server answers error 1153 and ends the session,
+    but the driver does not know, and the next call on the connection, however small, would
+    fail ("MySQL server has gone away"); not a disconnect to SQLAlchemy either.
+    """
+    if is_packet_too_large(exc):
+        try:
+            dbapi_connection.close()
+        except Exception:  # the server ended the session already: closed either way
+            pass
+        return True
+    return closed_if_left_mid_request(dbapi_connection)
+
+
+def _invalidate_if_broken(context: ExceptionContext) -> None:
+    """An error that left its connection unusable (`closed_if_broken`) counts as a
     disconnect: SQLAlchemy invalidates that connection, and only that one."""
     conn = context.connection
     if context.is_disconnect or conn is None or conn.invalidated:
         return
-    if closed_if_left_mid_request(conn.connection.dbapi_connection):
+    if closed_if_broken(conn.connection.dbapi_connection, context.original_exception):
         context.is_disconnect = True
         context.invalidate_pool_on_disconnect = False
 
@@ -153,7 +182,7 @@ def prepare_engine(engine: Engine) -> Engine:
         view = engine.execution_options(isolation_level=_MYSQL_ISOLATION)
     else:
         view = engine.execution_options()
-    event.listen(view, "handle_error", _invalidate_if_left_mid_request)
+    event.listen(view, "handle_error", _invalidate_if_broken)
     return view
 
 

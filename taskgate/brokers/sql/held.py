@@ -116,6 +116,12 @@ class HeldConnection:
     def _ready(self) -> Connection:
         """The held connection, opened on first use, pinged after an idle spell."""
         conn = self._conn
+        if conn is not None and conn.invalidated:
+            # Never reconnected in place: SQLAlchemy would open a new driver connection
+            # without the autocommit set below, and a statement meant to commit itself would
+            # wait, uncommitted, in a transaction nobody ends.
+            self._discard()
+            conn = None
         if conn is not None and time.monotonic() - self._idle_since >= engine_settings.PING_AFTER_IDLE:
             if not _alive(conn):
                 self._discard()
@@ -135,7 +141,13 @@ class HeldConnection:
         if conn.in_transaction() and not conn.invalidated:
             # In autocommit: SQLAlchemy's own autobegun marker (the statements are committed).
             # In a transaction: left open by an error in the commit itself.
-            conn.rollback()
+            try:
+                conn.rollback()
+            except Exception:
+                if not conn.invalidated:
+                    raise
+                # The rollback found the connection dead (SQLAlchemy invalidated it): it is
+                # discarded below, and the call's own outcome or error stands.
         if self._closed or conn.invalidated:
             self._discard()  # an error found the connection dead: the next call opens another
         else:

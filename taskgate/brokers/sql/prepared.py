@@ -31,7 +31,7 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-from taskgate.brokers.sql.engine import closed_if_left_mid_request
+from taskgate.brokers.sql.engine import closed_if_broken
 
 __all__ = ["Prepared", "PreparedCache", "preparable", "traced"]
 
@@ -187,8 +187,8 @@ class Prepared:
     def _translated(self, conn: Connection, exc: Any, params: Any, cursor: Any) -> DBAPIError:
         """``exc`` as SQLAlchemy would raise it; a connection the error killed is invalidated."""
         # The pool's proxy, as SQLAlchemy passes it (a detached one has no driver_connection).
-        lost = self._dialect.is_disconnect(exc, conn.connection, cursor) or closed_if_left_mid_request(
-            conn.connection.dbapi_connection
+        lost = self._dialect.is_disconnect(exc, conn.connection, cursor) or closed_if_broken(
+            conn.connection.dbapi_connection, exc
         )
         if lost:
             conn.invalidate(exc)
