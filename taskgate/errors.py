@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+import numbers
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from taskgate.task import Status, Task
@@ -114,13 +116,34 @@ class Throttled(Exception):
 
     The task is re-queued after ``retry_after`` seconds with ``throttled += 1``; attempts are
     untouched. After ``Config.throttled_max`` throttles the task fails.
+
+    ``retry_after`` is a finite number of seconds from 0 to `MAX_RETRY_AFTER` (30 days);
+    anything else (negative, NaN, infinite, larger, not a number) raises `ValueError` or
+    `TypeError` here, so a handler that builds a bad one fails as any other raising handler.
     """
 
+    #: The longest ``retry_after`` accepted, in seconds (30 days): a gateway asking for more
+    #: is better served by failing the task than by parking it out of sight.
+    MAX_RETRY_AFTER: ClassVar[float] = 30 * 86_400.0
+
     def __init__(self, retry_after: float = 1.0, message: str = "throttled") -> None:
-        if retry_after < 0:
-            raise ValueError(f"retry_after must be >= 0 seconds, got {retry_after!r}")
         super().__init__(message)
-        self.retry_after = float(retry_after)
+        self.retry_after = check_retry_after(retry_after)
+
+
+def check_retry_after(value: object) -> float:
+    """``value`` as a `Throttled.retry_after`: finite seconds in ``[0, MAX_RETRY_AFTER]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"retry_after must be a number of seconds, got {value!r}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if not 0 <= seconds <= Throttled.MAX_RETRY_AFTER:  # also refuses NaN
+        raise ValueError(
+            f"retry_after must be from 0 to {Throttled.MAX_RETRY_AFTER:.0f} seconds (30 days), got {value!r}"
+        )
+    return seconds
 
 
 class SkipRetry(Exception):

@@ -30,9 +30,9 @@ import anyio
 import anyio.lowlevel
 
 from taskgate.brokers.base import AckItem, AckOutcome, Broker, QuietAcker, QuietAckOutcome
-from taskgate.errors import BrokerError, LeaseLostError, TaskgateError
+from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
-from taskgate.runtime.outcome import describe
+from taskgate.runtime.outcome import describe, unstorable_result
 from taskgate.runtime.signals import Signal
 from taskgate.task import Task
 
@@ -133,9 +133,9 @@ class AckWriter:
 
         ``after_acks`` answers the acks and the claim, None for a claim that failed once the
         acks were written (raised here as `BrokerError`). When it raises, the acks go back to
-        the queue for the writer: an item the broker refused before writing anything (a result
-        too large for it: `TypeError`/`ValueError`) is then acked on its own, and the claim
-        goes alone.
+        the queue for the writer: when the broker refused them before writing anything (a
+        result too large for it: anything but a `BrokerError`), each is then acked on its own
+        (and a refused one failed), and the claim goes alone.
         """
         if not self.rides_on_claims or not self._queued or len(self._queued) > RIDE_MAX:
             return await alone()
@@ -144,7 +144,10 @@ class AckWriter:
         self._riding += count
         try:
             answers, claimed = await after_acks(acks)
-        except (TypeError, ValueError):
+        except BrokerError:
+            self._put_back(acks)
+            raise
+        except Exception:
             self._put_back(acks)
             return await alone()
         except BaseException:
@@ -198,9 +201,40 @@ class AckWriter:
             except Exception:
                 log.exception("writing %d ack(s) failed; the reaper will take the tasks back", len(batch))
                 return [], []
-            return _completed(batch, answers)
+            done, quietly = _completed(batch, answers)
+            refused = [
+                (item, answer) for item, answer in zip(batch, answers, strict=True) if _refused(answer)
+            ]
+            if refused:
+                done += await self._fail_refused(refused)
+            return done, quietly
         log.error("%d ack(s) not written; the reaper will take the tasks back", len(batch))
         return [], []
+
+    async def _fail_refused(self, refused: list[tuple[AckItem, Answer]]) -> list[Task]:
+        """Fail once, with the reason, each task whose ack the broker refused (a result it can
+        never store: running the task again would only compute it again); their snapshots."""
+        failed: list[Task] = []
+        for (task_id, token, _), answer in refused:
+            outcome = unstorable_result(cast(Exception, answer))
+            log.warning("task %s: %s", task_id, outcome.error)
+            try:
+                with anyio.CancelScope(shield=True):
+                    failed.append(
+                        await self._calls(
+                            self._broker.fail,
+                            task_id,
+                            token,
+                            kind=outcome.kind,
+                            error=outcome.error,
+                            deadline=self._deadline,
+                        )
+                    )
+            except LeaseLostError:
+                log.info("task %s: lease was lost before its outcome was written; discarded", task_id)
+            except Exception as exc:
+                log.warning("task %s: its failure was not written either: %s", task_id, describe(exc))
+        return failed
 
     async def _ack_many(self, items: list[AckItem]) -> Sequence[Answer]:
         write: Callable[[list[AckItem]], Sequence[Answer]] = (
@@ -214,7 +248,9 @@ class AckWriter:
                 return write(items)
             with anyio.CancelScope(shield=True):
                 return await self._calls(write, items, deadline=self._deadline)
-        except (TypeError, ValueError):
+        except BrokerError:
+            raise  # the medium failed: `_write` tries the whole batch again
+        except Exception:
             pass
         # One item the broker refuses (a result too large for the server) must not fail the
         # others: ack them one by one so each gets its own answer.
@@ -243,8 +279,14 @@ def _completed(batch: Sequence[AckItem], answers: Sequence[Answer]) -> tuple[lis
             quietly.append(task_id)
         elif isinstance(answer, LeaseLostError):
             log.info("task %s: lease was lost before its outcome was written; discarded", task_id)
-        elif isinstance(answer, TaskgateError):
+        elif not _refused(answer):  # a refused ack is failed instead (`AckWriter._fail_refused`)
             log.warning("task %s: outcome not written: %s", task_id, describe(answer))
-        else:
-            log.warning("task %s: outcome not written: %r", task_id, answer)
     return done, quietly
+
+
+def _refused(answer: Answer) -> bool:
+    """Whether ``answer`` is the broker refusing the ack's value (a result too large, one it
+    cannot take), rather than a task no longer this lease's (lost, gone, already final)."""
+    return isinstance(answer, Exception) and not isinstance(
+        answer, LeaseLostError | TaskNotFoundError | AlreadyFinalError | BrokerError
+    )

@@ -131,6 +131,12 @@ class RunContext:
         if free is not None:
             free()
 
+    def keep_slot(self) -> Callable[[], None] | None:
+        """Take the slot's release from `release_slot` (then a no-op): the caller gives the
+        slot back itself, later (a sync handler still running in its abandoned thread)."""
+        free, self.free_slot = self.free_slot, None
+        return free
+
     def stop(self, reason: StopReason) -> None:
         """Stop the handler for ``reason`` (the first reason given wins)."""
         if self.stop_reason is None:
@@ -148,9 +154,11 @@ class RunContext:
             )
 
     async def renew(self) -> None:
-        """Extend the lease now; stop the handler and raise when it was canceled or lost.
+        """Extend the lease (and the handler's global slots) now; stop the handler and raise
+        when it was canceled, or its lease or a slot was lost.
 
-        A `BrokerError` (medium down or too slow) propagates and changes nothing.
+        A `BrokerError` (medium down or too slow) propagates, and the local deadline stays
+        where it was: renewals that keep failing end at the fence.
         """
         self.raise_if_stopped()
         started = anyio.current_time()
@@ -161,14 +169,25 @@ class RunContext:
         except (LeaseLostError, TaskNotFoundError):
             self.stop(StopReason.LEASE_LOST)
             raise LeaseLostError(f"task {self.task.id}: lease lost; the result will be discarded") from None
+        if False and self.renew_slots is not None and self.slots and not renewal.cancel_requested:
+            # The handler holds its global slot as it holds its lease, and the slot expires one
+            # ttl after ITS last renewal (then another process may take it): the local deadline,
+            # and with it the fence, moves only once both were renewed. A failed slot renewal
+            # propagates and leaves the fence where it was; a slot already lost stops the
+            # handler as a lost lease does.
+            if await self.renew_slots(self.slots):
+                self.stop(StopReason.LEASE_LOST)
+                raise LeaseLostError(
+                    f"task {self.task.id}: its concurrency slot expired; the result will be discarded"
+                )
         self.lease_deadline = max(self.lease_deadline, started + self.ttl.total_seconds())
         if self.stop_reason is None and not self.kept:
             self.arm_fence()
         if renewal.cancel_requested:
             self.stop(StopReason.CANCELED)
             self.raise_if_stopped()
-        if self.renew_slots is not None and self.slots:
-            await self.renew_slots(self.slots)
+        if self.renew_slots is not None and self.slots:  # TOGGLE
+            await self.renew_slots(self.slots)  # TOGGLE
 
 
 def current_context() -> RunContext:
@@ -193,7 +212,8 @@ async def renew_lease() -> None:
     """Extend the running task's lease now (for handlers of ``manual_heartbeat`` queues).
 
     Raises `TaskCanceledError` when the task was canceled (its scope is being cancelled),
-    `LeaseLostError` when the lease was reaped (the result will be discarded), `NoTaskError`
+    `LeaseLostError` when the lease was reaped or, under global limits, the task's concurrency
+    slot expired (the result will be discarded), `NoTaskError`
     outside a handler, and `BrokerError` when the broker cannot be reached in time.
     """
     await current_context().renew()

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 import anyio
 
-from taskgate.brokers.base import Broker
+from taskgate.brokers.base import Broker, FailureKind
+from taskgate.brokers.checks import storable_error
 from taskgate.codec import encode_value
-from taskgate.errors import BrokerError, LeaseLostError, TaskgateError
+from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext, enter, leave
 from taskgate.runtime.lease import LeaseKeeper, note_fenced
@@ -34,7 +36,9 @@ from taskgate.runtime.outcome import (
     decide,
     describe,
     unknown_type,
+    unstorable_result,
 )
+from taskgate.runtime.threads import loop_waker
 from taskgate.task import Task
 
 __all__ = ["Executor", "Handler", "is_async_handler"]
@@ -115,15 +119,15 @@ class Executor:
         token = enter(ctx)
         lane.start(ctx)
         task = ctx.lease.task
+        outcome: Outcome
         try:
             if self._is_async(handler):
                 value = await handler(task)
             else:
-                value = await self._in_thread(handler, task)
-            outcome: Outcome = _ACK_NONE if value is None else Ack(encode_value(value, what="handler result"))
-            finished = True
+                value = await self._in_thread(ctx, handler, task)
+            outcome, finished = _ACK_NONE if value is None else _encoded(value), True
         except Exception as exc:
-            outcome, finished = decide(exc, task, throttled_max=self._throttled_max), False
+            outcome, finished = self._decide(exc, task), False
         finally:
             lane.finish(ctx)
             leave(token)
@@ -131,10 +135,28 @@ class Executor:
                 note_fenced(ctx)  # unless a stop gave its reason first: the fence deadline passed
         return outcome, finished
 
-    async def _in_thread(self, handler: Handler, task: Task) -> Any:
+    def _decide(self, exc: Exception, task: Task) -> Outcome:
+        """`decide`, which never raises: whatever a handler raised, its task gets an outcome."""
+        try:
+            return decide(exc, task, throttled_max=self._throttled_max)
+        except Exception as broken:
+            log.exception("task %s: the handler's failure could not be decided; the task fails", task.id)
+            return Fail(
+                FailureKind.SKIP,
+                storable_error(f"the handler's failure could not be decided: {describe(broken)}"),
+            )
+
+    async def _in_thread(self, ctx: RunContext, handler: Handler, task: Task) -> Any:
         # A plain function cannot be interrupted: on cancel the thread is abandoned and its
-        # result dropped, so a stuck sync handler never blocks shutdown or fencing.
-        return await anyio.to_thread.run_sync(handler, task, abandon_on_cancel=True, limiter=self._threads)
+        # result dropped, so a stuck sync handler never blocks shutdown or fencing. Its worker
+        # slot stays taken until the thread returns (`_ThreadRun`): the slot's next task must
+        # not run beside it.
+        run = _ThreadRun(handler, task)
+        try:
+            return await anyio.to_thread.run_sync(run, abandon_on_cancel=True, limiter=self._threads)
+        except BaseException:
+            run.abandon(ctx)
+            raise
 
     def _is_async(self, handler: Handler) -> bool:
         try:
@@ -146,47 +168,112 @@ class Executor:
         return known
 
     async def settle(self, ctx: RunContext, outcome: Outcome) -> None:
-        """Write ``outcome`` with the lease token; a stale token means someone else owns the task."""
+        """Write ``outcome`` with the lease token; a stale token means someone else owns the task.
+
+        Nothing raised on the way leaves here (only a cancellation): an outcome the broker
+        refuses (a result too large, a value it cannot take) fails the task once with the
+        reason instead (`_refused`); anything else is logged.
+        """
         if _hand_to_writer(ctx, outcome):
             return
-        write = self._write_for(ctx, outcome)
-        if write is None:
-            return
-        for attempt in range(1, SETTLE_TRIES + 1):
+        try:
+            task = await self._write(ctx, outcome)
+            if task is not None:
+                await self._on_settled(task)
+        except Exception:
+            log.exception("task %s: settling its outcome failed", ctx.task.id)
+
+    async def _write(self, ctx: RunContext, outcome: Outcome) -> Task | None:
+        """Write ``outcome`` (trying a medium that failed again); the snapshot, None if not written."""
+        attempt = 0
+        while attempt < SETTLE_TRIES:
+            attempt += 1
             try:
-                task = await write()
+                return await self._write_once(ctx, outcome)
             except LeaseLostError:
                 log.info("task %s: lease was lost before its outcome was written; discarded", ctx.task.id)
-                return
+                return None
             except BrokerError as exc:
                 log.warning("task %s: writing the outcome failed (try %d): %s", ctx.task.id, attempt, exc)
                 await anyio.sleep(0.05 * 2**attempt)
-                continue
-            except TaskgateError as exc:
+            except (TaskNotFoundError, AlreadyFinalError) as exc:
                 log.warning("task %s: outcome not written: %s", ctx.task.id, describe(exc))
-                return
-            await self._on_settled(task)
-            return
+                return None
+            except Exception as exc:
+                instead = _refused(outcome, exc)
+                log.warning("task %s: the broker refused the outcome: %s", ctx.task.id, describe(exc))
+                if instead is None:
+                    return None
+                outcome, attempt = instead, 0
         log.error("task %s: outcome not written; the reaper will take the task back", ctx.task.id)
+        return None
 
-    def _write_for(self, ctx: RunContext, outcome: Outcome) -> Callable[[], Awaitable[Task]] | None:
+    async def _write_once(self, ctx: RunContext, outcome: Outcome) -> Task | None:
+        """One broker call writing ``outcome``; None for an outcome that writes nothing."""
         b, task_id, token = self._broker, ctx.task.id, ctx.lease.token
         deadline = ctx.deadline
         match outcome:
             case Ack(result):
-                return lambda: self._calls(b.ack, task_id, token, result, deadline=deadline)
+                return await self._calls(b.ack, task_id, token, result, deadline=deadline)
             case Retry(kind, error, delay):
                 wait = timedelta(seconds=delay)
-                return lambda: self._calls(
+                return await self._calls(
                     b.retry, task_id, token, kind=kind, error=error, delay=wait, deadline=deadline
                 )
             case Fail(kind, error):
-                return lambda: self._calls(b.fail, task_id, token, kind=kind, error=error, deadline=deadline)
+                return await self._calls(b.fail, task_id, token, kind=kind, error=error, deadline=deadline)
             case Stop(StopReason.CANCELED):
-                return lambda: self._calls(b.finish_canceled, task_id, token, deadline=deadline)
+                return await self._calls(b.finish_canceled, task_id, token, deadline=deadline)
             case Stop(StopReason.SHUTDOWN):
-                return lambda: self._calls(b.requeue, task_id, token, deadline=deadline)
+                return await self._calls(b.requeue, task_id, token, deadline=deadline)
         return None
+
+
+class _ThreadRun:
+    """A sync handler's call in its worker thread, which keeps the worker's slot when abandoned.
+
+    A cancelled wait abandons the thread (it cannot be interrupted), but the handler goes on
+    running in it: its slot goes back only when it returns, so ``workers`` bounds the
+    handlers running, abandoned or not. Shutdown never waits for it: the worker itself goes
+    on (its lease's outcome is written at once), only the scheduler's count stays taken.
+    """
+
+    __slots__ = ("give_back", "handler", "lock", "state", "task", "wake")
+
+    def __init__(self, handler: Handler, task: Task) -> None:
+        self.handler, self.task = handler, task
+        self.wake = loop_waker()  # the thread hands the slot back on this loop
+        self.lock = threading.Lock()
+        self.state = _WAITING
+        self.give_back: Callable[[], None] | None = None
+
+    def __call__(self) -> Any:
+        with self.lock:
+            if self.state is _ABANDONED:
+                return None  # abandoned before it started: its slot is back already
+            self.state = _RUNNING
+        try:
+            return self.handler(self.task)
+        finally:
+            with self.lock:
+                self.state = _DONE
+                give_back, self.give_back = self.give_back, None
+            if give_back is not None:
+                try:
+                    self.wake(give_back)
+                except RuntimeError:
+                    pass  # the event loop is gone, and the slot with it
+
+    def abandon(self, ctx: RunContext) -> None:
+        """The wait for the thread ended early (cancelled): keep ``ctx``'s slot while it runs."""
+        with self.lock:
+            if self.state is _RUNNING:
+                self.give_back = ctx.keep_slot()
+            elif self.state is _WAITING:
+                self.state = _ABANDONED
+
+
+_WAITING, _RUNNING, _DONE, _ABANDONED = "waiting", "running", "done", "abandoned"
 
 
 def _hand_to_writer(ctx: RunContext, outcome: Outcome) -> bool:
@@ -196,6 +283,32 @@ def _hand_to_writer(ctx: RunContext, outcome: Outcome) -> bool:
     lease = ctx.lease
     ctx.ack(lease.task.id, lease.token, outcome.result)
     return True
+
+
+def _encoded(value: Any) -> Outcome:
+    """The ack of a handler's result, or its failure when the codec cannot store the value."""
+    try:
+        return Ack(encode_value(value, what="handler result"))
+    except Exception as exc:  # not JSON (TypeError), too deep (RecursionError), a broken __str__...
+        return unstorable_result(exc)
+
+
+def _refused(outcome: Outcome, exc: Exception) -> Fail | None:
+    """What to write instead of ``outcome`` the broker refused with ``exc`` (an error about the
+    value, not about the medium): each counted once, and the last try is a plain text."""
+    match outcome:
+        case Ack():
+            return unstorable_result(exc)
+        case Retry(kind, error, _):
+            # A refused retry counted nothing: failing it counts the run once.
+            return Fail(kind, storable_error(f"{error} (its retry was refused: {describe(exc)})"))
+        case Fail(kind, error) if error != _REFUSED:
+            return Fail(kind, _REFUSED)
+    return None
+
+
+# The last word on an outcome the broker refused: a plain text every broker takes.
+_REFUSED = "the broker refused to store this task's outcome (see the log of the process that ran it)"
 
 
 def _final_outcome(ctx: RunContext, outcome: Outcome, finished: bool) -> Outcome:

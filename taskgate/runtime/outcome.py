@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from taskgate.brokers.base import FailureKind
-from taskgate.errors import SkipRetry, Throttled, UnknownTypeError
+from taskgate.brokers.checks import storable_error
+from taskgate.errors import SkipRetry, Throttled, UnknownTypeError, check_retry_after
 from taskgate.runtime.backoff import business_backoff
 from taskgate.task import Task
 
@@ -27,6 +28,7 @@ __all__ = [
     "decide",
     "describe",
     "unknown_type",
+    "unstorable_result",
 ]
 
 
@@ -78,9 +80,23 @@ Outcome = Ack | Retry | Fail | Stop | Discard
 
 
 def describe(exc: BaseException) -> str:
-    """The ``last_error`` text of an exception: ``"TypeName: message"``."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """The ``last_error`` text of an exception: ``"TypeName: message"``, storable on every
+    backend (`storable_error`), also when the exception's ``__str__`` raises."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception as broken:  # a handler's own exception class: its text is all it can break
+        text = f"<str() of the exception raised {type(broken).__name__}>"
+    return storable_error(f"{name}: {text}" if text else name)
+
+
+def unstorable_result(exc: BaseException) -> Fail:
+    """The outcome for a handler whose result cannot be stored (the codec or the broker
+    refused it): failed once with the reason, as a `SkipRetry` would -- a retry would compute
+    a result that can never be stored again."""
+    return Fail(
+        FailureKind.SKIP, storable_error(f"the handler's result could not be stored: {describe(exc)}")
+    )
 
 
 def unknown_type(task: Task) -> Fail:
@@ -99,9 +115,14 @@ def decide(
     ``attempts <= max_retry``.
     """
     if isinstance(exc, Throttled):
+        try:
+            # Checked at construction; again here for one whose attribute changed since.
+            retry_after = check_retry_after(getattr(exc, "retry_after", None))
+        except (TypeError, ValueError) as bad:
+            return decide(bad, task, throttled_max=throttled_max, rand=rand)
         if task.throttled + 1 > throttled_max:
             return Fail(FailureKind.THROTTLED, describe(exc))
-        return Retry(FailureKind.THROTTLED, describe(exc), exc.retry_after)
+        return Retry(FailureKind.THROTTLED, describe(exc), retry_after)
     if isinstance(exc, SkipRetry):
         return Fail(FailureKind.SKIP, describe(exc))
     attempts = task.attempts + 1

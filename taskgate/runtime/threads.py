@@ -14,7 +14,8 @@ forked child starts with no threads (they do not survive a fork) and makes its o
 
 A call may name what to do with a result nobody waits for any more (``on_abandoned``, run in
 the thread): a claim that answers after its deadline puts its leases back instead of leaving
-them to expire.
+them to expire. So does one that answered just as its waiter gave up, before the waiter took
+the answer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import anyio.lowlevel
 
 from taskgate import forks
 
-__all__ = ["IDLE_SECONDS", "BrokerThreads", "clean_up"]
+__all__ = ["IDLE_SECONDS", "BrokerThreads", "clean_up", "loop_waker"]
 
 IDLE_SECONDS = 10.0
 
@@ -109,13 +110,14 @@ class BrokerThreads:
         ``on_abandoned(result)`` runs in the thread when the call returns after its waiter gave up.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing runs
-        wake = _loop_waker()
+        wake = loop_waker()
         call: _Call[T] = _Call(fn, args, wake, on_abandoned)
         self._submit(call)
         try:
             await call.done.wait()
         except BaseException:
-            self._abandon(call)
+            if not self._abandon(call):
+                _hand_over_unseen(call)
             raise
         if call.error is not None:
             error, call.error = call.error, None  # no reference cycle through the traceback
@@ -133,13 +135,15 @@ class BrokerThreads:
         if spawn:
             threading.Thread(target=self._work, name="taskgate-broker", daemon=True).start()
 
-    def _abandon(self, call: _Call[Any]) -> None:
+    def _abandon(self, call: _Call[Any]) -> bool:
+        """Mark ``call`` abandoned; False when it had answered already (its thread is done)."""
         with self._lock:
             if call.state == _DONE:
-                return
+                return False
             call.abandoned = True
             if call.state == _RUNNING:
                 self._abandoned += 1  # this thread no longer counts against the size
+            return True
 
     def _work(self) -> None:
         while True:
@@ -184,6 +188,14 @@ class BrokerThreads:
             pass  # the loop closed meanwhile: nobody waits any more
 
 
+def _hand_over_unseen(call: _Call[Any]) -> None:
+    """A call that answered just as its waiter gave up: nobody takes the answer, so it goes to
+    ``on_abandoned`` as a later answer would -- in a thread of its own (a broker call may block)."""
+    if call.on_abandoned is not None and call.error is None:
+        threading.Thread(target=clean_up, args=(call.on_abandoned, call.result), daemon=True).start()
+    call.result = call.error = None
+
+
 def clean_up(on_abandoned: Callable[[Any], object], result: Any) -> None:
     """``on_abandoned(result)``, logging what it raises: nobody is left to raise it to."""
     try:
@@ -192,7 +204,7 @@ def clean_up(on_abandoned: Callable[[Any], object], result: Any) -> None:
         log.exception("cleaning up after a broker call that answered too late failed")
 
 
-def _loop_waker() -> Callable[[Callable[[], None]], Any]:
+def loop_waker() -> Callable[[Callable[[], None]], Any]:
     """How a thread runs a callable on the current event loop: asyncio's
     ``call_soon_threadsafe`` or Trio's ``TrioToken.run_sync_soon``."""
     native = anyio.lowlevel.current_token().native_token

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 import pytest
 
 from taskgate import SkipRetry, Status, Task, Throttled
 from taskgate.brokers.base import FailureKind
+from taskgate.brokers.checks import MAX_ERROR_LENGTH, storable_error
 from taskgate.runtime.backoff import BACKOFF_CAP, backoff_bounds, business_backoff, exponential
 from taskgate.runtime.bucket import TokenBucket
 from taskgate.runtime.outcome import Fail, Retry, decide, describe, unknown_type
@@ -92,3 +94,33 @@ def test_skip_retry_and_unknown_type_fail_at_once():
 def test_describe_names_the_exception_type():
     assert describe(KeyError("k")) == "KeyError: 'k'"
     assert describe(RuntimeError()) == "RuntimeError"
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_describe_of_an_exception_whose_str_raises_names_both():
+    assert describe(_Unprintable()) == "_Unprintable: <str() of the exception raised RuntimeError>"
+
+
+def test_describe_makes_the_text_storable_on_every_backend():
+    assert describe(OSError("bad\x00name \udcff.txt")) == "OSError: bad\\x00name \\udcff.txt"
+    long = describe(ValueError("v" * 100_000))
+    assert len(long) == MAX_ERROR_LENGTH and long.endswith("[cut from 100012 characters]")
+
+
+def test_storable_error_leaves_a_storable_text_as_it_is():
+    for text in ["plain", "caf\u00e9 \U0001f600", "escaped already: \\x00 \\udcff", "w" * MAX_ERROR_LENGTH]:
+        assert storable_error(text) == text
+    once = storable_error("x\x00" * MAX_ERROR_LENGTH)
+    assert storable_error(once) == once
+
+
+def test_a_throttled_whose_retry_after_was_changed_to_a_bad_value_is_a_business_failure():
+    exc = Throttled(retry_after=1)
+    exc.retry_after = math.inf
+    outcome = decide(exc, _task(max_retry=0), throttled_max=10)
+    assert isinstance(outcome, Fail) and outcome.kind is FailureKind.BUSINESS
+    assert outcome.error.startswith("ValueError: retry_after must be from 0 to 2592000 seconds")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import pickle
 from datetime import UTC, datetime, timedelta
 
@@ -102,6 +103,23 @@ def test_errors_share_one_root_and_carry_their_data() -> None:
     )
     failed = TaskFailedError(task)
     assert failed.task is task and "boom" in str(failed)
+
+
+@pytest.mark.parametrize(
+    "bad", [math.nan, math.inf, -math.inf, -1, 1e12, taskgate.Throttled.MAX_RETRY_AFTER + 1, 10**400]
+)
+def test_throttled_refuses_a_retry_after_beyond_finite_seconds_up_to_its_maximum(bad: float) -> None:
+    with pytest.raises(ValueError, match="retry_after must be from 0 to 2592000 seconds"):
+        taskgate.Throttled(retry_after=bad)
+
+
+def test_throttled_takes_a_retry_after_up_to_thirty_days_in_seconds_only() -> None:
+    assert taskgate.Throttled.MAX_RETRY_AFTER == 30 * 86_400
+    assert taskgate.Throttled(retry_after=taskgate.Throttled.MAX_RETRY_AFTER).retry_after == 2_592_000.0
+    assert taskgate.Throttled(retry_after=0).retry_after == 0.0
+    for wrong in ["5", None, True, timedelta(seconds=5)]:
+        with pytest.raises(TypeError, match="retry_after must be a number of seconds"):
+            taskgate.Throttled(retry_after=wrong)  # type: ignore[arg-type]
 
 
 def test_throttled_and_skip_retry_carry_their_reason() -> None:
