@@ -169,7 +169,7 @@ class RunContext:
         except (LeaseLostError, TaskNotFoundError):
             self.stop(StopReason.LEASE_LOST)
             raise LeaseLostError(f"task {self.task.id}: lease lost; the result will be discarded") from None
-        if False and self.renew_slots is not None and self.slots and not renewal.cancel_requested:
+        if self.renew_slots is not None and self.slots and not renewal.cancel_requested:
             # The handler holds its global slot as it holds its lease, and the slot expires one
             # ttl after ITS last renewal (then another process may take it): the local deadline,
             # and with it the fence, moves only once both were renewed. A failed slot renewal
@@ -186,8 +186,6 @@ class RunContext:
         if renewal.cancel_requested:
             self.stop(StopReason.CANCELED)
             self.raise_if_stopped()
-        if self.renew_slots is not None and self.slots:  # TOGGLE
-            await self.renew_slots(self.slots)  # TOGGLE
 
 
 def current_context() -> RunContext:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -296,6 +297,47 @@ async def test_a_manual_heartbeat_handler_that_never_renews_is_fenced_before_its
     ttl = FENCED_TTL
     queues = {"q": QueueConfig(workers=1, lease_ttl=ttl, manual_heartbeat=True)}
     await _stopped_before_the_lease_ends(make_gate(gate_broker, queues), ttl)
+
+
+@pytest.fixture
+def redis_broker(redis_url: str, unique_prefix: str, client: Any) -> Iterator[Any]:
+    """A `RedisBroker` (server clock): its queues run under global slots, renewed with the lease."""
+    from helpers.redis_servers import purge_keys
+
+    from taskgate.brokers.redis import RedisBroker
+    from taskgate.brokers.redis.keys import KeySpace
+
+    broker = RedisBroker(redis_url, key_prefix=unique_prefix)
+    yield broker
+    broker.close()
+    purge_keys(client, KeySpace(unique_prefix).pattern())
+
+
+async def test_a_worker_that_cannot_renew_its_global_slot_fences_itself_before_the_slot_expires(
+    redis_broker,
+):
+    # Heartbeats get through, slot renewals do not: the slot expires one ttl after its last
+    # renewal, and another process may then take it, so the handler must be stopped by then.
+    broker = Faulty(redis_broker)
+    broker.failing["renew_slots"] = BrokerError("the slot renewal failed")
+    ttl = FENCED_TTL
+    await _stopped_before_the_lease_ends(make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)}), ttl)
+    assert broker.calls["heartbeat"] >= 1 and broker.calls["renew_slots"] >= 1
+
+
+class LostSlots(Faulty):
+    """Heartbeats renew the lease; every slot renewal answers the slots lost (they expired)."""
+
+    def renew_slots(self, queue: str, tokens: Any, ttl: Any) -> list[str]:
+        self.calls["renew_slots"] = self.calls.get("renew_slots", 0) + 1
+        return list(tokens)
+
+
+async def test_a_handler_whose_global_slot_was_lost_is_stopped(redis_broker):
+    broker = LostSlots(redis_broker)
+    ttl = FENCED_TTL
+    await _stopped_before_the_lease_ends(make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)}), ttl)
+    assert broker.calls["renew_slots"] == 1  # stopped at its first renewal
 
 
 async def test_cancel_of_a_running_task_stops_its_handler_at_once_and_cancels_its_chain(gate_broker):
