@@ -20,12 +20,18 @@ the storage medium's own clock where it has one (database server, Redis ``TIME``
 
 Writes by a worker carry the lease token it got from `claim`; a stale token raises
 `LeaseLostError` and changes nothing, so a late or duplicate write never overwrites a newer state.
+
+Settled on its own: a transition that makes a task final also settles that task's blocked
+descendants in the same unit (a child woken to ``pending``, descendants canceled by the
+cascade). Each method answers with the task it names; the others reach the one sink set with
+`Broker.report_settled` -- one option for every transition, so no method grows a parameter
+or a second answer for it, and a broker without a sink builds none of those snapshots.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum, StrEnum
@@ -56,6 +62,7 @@ __all__ = [
     "QuotaGrant",
     "QuotaSpec",
     "Renewal",
+    "SettledSink",
     "SubmitClaimer",
     "Unset",
     "check_identifier",
@@ -73,6 +80,9 @@ class Unset(Enum):
 
 
 UNSET = Unset.UNSET
+
+# Receives the snapshots of the tasks one call settled on its own (`Broker.report_settled`).
+SettledSink = Callable[[builtins.list[Task]], None]
 
 # One `Broker.ack_many` item, ``(task_id, token, result)``, and its answer: the completed
 # snapshot, or the error `Broker.ack` would have raised for that item alone.
@@ -435,6 +445,27 @@ class Broker(Protocol):
 
     def release_quota(self, grant: QuotaGrant, n: int) -> None:
         """Give back ``n`` units of ``grant`` to the window they came from (never below 0)."""
+        ...
+
+    # -- what transitions settle on their own -----------------------------------------------
+
+    def report_settled(self, sink: SettledSink | None) -> None:
+        """From now on, give ``sink`` the snapshots of the tasks each call settles on its own;
+        None stops it. `Gate` sets one when an ``on_state_change`` hook is configured.
+
+        Settled on its own: a blocked child woken to ``pending``, or a descendant canceled by
+        the cascade, by any transition that makes a task final -- `ack`, `ack_many` and its
+        quiet and claim-carrying forms, `fail`, `retry` and `requeue` when they cancel,
+        `finish_canceled`, `cancel` and `reap`. The task a call names is still its own answer,
+        never the sink's. The sink gets the rest, as they were right after the call, in the
+        order they were settled: once per call that settled any (never an empty list), after
+        the call's unit committed and every lock it took was released, in the thread that
+        made the call (the event loop, for a call made or split there). A call that wrote
+        nothing reports nothing. ``sink`` must not raise or block: the unit is written already.
+
+        Without a sink no such snapshot is read or built, so the transitions cost what they
+        did. A broker has one sink: setting one replaces the one before.
+        """
         ...
 
     # -- wake-ups and lifecycle -------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import deque
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import cast
 
@@ -63,6 +64,12 @@ class Runtime:
         self._reap_interval = reap_interval
         self.waiters = TaskWaiters()
         self.hooks = HookDispatcher(config.on_state_change)
+        # What broker calls settled on their own (a child woken, descendants canceled), handed
+        # over by the broker in whichever thread made the call; `observe` passes it on. Asked
+        # for only with a hook: nothing else looks at those tasks.
+        self._also_settled: deque[Task] = deque()
+        if self.hooks.hook is not None:
+            self.broker.report_settled(self._also_settled.extend)
         # Fixed here, as the hook is: without one, nothing reads a submitted task's snapshot.
         self._quiet_enqueue = (
             cast(QuietEnqueuer, self.broker)
@@ -166,8 +173,10 @@ class Runtime:
     # -- observing transitions ------------------------------------------------------------------
 
     async def observe(self, tasks: Iterable[Task]) -> None:
-        """React to snapshots this process produced: hooks, waiters, wake-ups."""
-        tasks = list(tasks)
+        """React to snapshots this process produced: hooks, waiters, wake-ups. The tasks broker
+        calls settled on their own meanwhile come after them (the call that made ``tasks``
+        reported its own before it answered)."""
+        tasks = [*tasks, *self._take_also_settled()]
         cascade = False
         for task in tasks:
             if task.status.is_final:
@@ -180,6 +189,14 @@ class Runtime:
         if any(t.status.is_final for t in tasks):
             self.wake_all()  # children may have become pending in any queue
         await self.hooks.emit(tasks)
+
+    def _take_also_settled(self) -> list[Task]:
+        """Everything brokers reported settled since the last look (see `observe`)."""
+        taken: list[Task] = []
+        settled = self._also_settled
+        while settled:  # the event loop alone takes; broker threads only add
+            taken.append(settled.popleft())
+        return taken
 
     def arrived_unseen(self, tasks: Sequence[NewTask], statuses: Sequence[Status]) -> None:
         """`observe` for tasks this process stored without reading them back (no hook is set,
@@ -409,7 +426,7 @@ class Runtime:
         except TaskgateError as exc:
             log.warning("task %s: could not requeue during shutdown: %s", lease.task.id, exc)
             return
-        await self.hooks.emit([task])
+        await self.observe([task])  # canceled instead, when a cancel was asked: with cascade
 
     def cancel_local(self, task: Task) -> None:
         """Cancel the handler of ``task`` at once when it runs in this process."""
@@ -438,4 +455,6 @@ class Runtime:
             log.info("reaper took back %d expired lease(s)", len(reaped))
             self.lost_leases(reaped)
             await self.observe(reaped)
+        elif self._also_settled:
+            await self.observe([])  # settled by a call nothing observed after (a late claim put back)
         return reaped

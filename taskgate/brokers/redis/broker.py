@@ -782,7 +782,9 @@ class RedisBroker:
             self._waiter.close()
 
 
-def _reporting(answer: Callable[[builtins.list[Any]], T], sink: SettledSink) -> Callable[[builtins.list[Any]], T]:
+def _reporting(
+    answer: Callable[[builtins.list[Any]], T], sink: SettledSink
+) -> Callable[[builtins.list[Any]], T]:
     """``answer`` of a reply that carries the settled snapshots after the script's own reply:
     the script's answer, once those snapshots went to ``sink``."""
 

@@ -3,21 +3,23 @@
 Settling walks the edge table level by level (never recursion in Python or SQL): children
 of the tasks that just became final are locked, the ready ones woken, and the broken ones
 canceled, whose children are settled next. It runs inside the transition that made the
-parent final, so "parent done, child still blocked" is never observable.
+parent final, so "parent done, child still blocked" is never observable. While the broker
+reports what it settles (``tx.settled``), the children are locked as whole rows, so each one
+it moves gives its snapshot without a second read.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Select, select
 
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.rows import chunks, status_values, write_task
-from taskgate.brokers.sql.tx import Tx
+from taskgate.brokers.sql.rows import chunks, snapshot, status_values, write_task
+from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 from taskgate.task import Status
 
@@ -47,7 +49,8 @@ def arrival_status(
 
 
 def settle_children(tx: Tx, finals: Iterable[tuple[str, Status]]) -> None:
-    """After ``finals`` (id, final status) became final: wake or cancel their blocked children."""
+    """After ``finals`` (id, final status) became final: wake or cancel their blocked children
+    (and add their snapshots to ``tx.settled`` when it is a list)."""
     level = dict(finals)
     while level:
         children = _blocked_children(tx, list(level))
@@ -55,35 +58,38 @@ def settle_children(tx: Tx, finals: Iterable[tuple[str, Status]]) -> None:
             return
         parents = _parents_of(tx, list(children))
         level = {}
-        for child_id, (queue, ignore) in sorted(children.items()):
-            status, error = arrival_status(parents[child_id], ignore)
+        for child_id, row in sorted(children.items()):
+            status, error = arrival_status(parents[child_id], bool(row["ignore_parent_failure"]))
+            if status is Status.BLOCKED:
+                continue
+            values = _set(tx, child_id, status, error)
             if status is Status.PENDING:
-                _set(tx, child_id, Status.PENDING, None)
-                tx.woken.add(queue)
-            elif status is Status.CANCELED:
-                _set(tx, child_id, Status.CANCELED, error)
-                level[child_id] = Status.CANCELED
+                tx.woken.add(row["queue"])
+            else:
+                level[child_id] = status
+            if tx.settled is not None:
+                tx.settled.append(snapshot(row, {**values, "cancel_requested": False}))
 
 
-def _blocked_children(tx: Tx, parent_ids: list[str]) -> dict[str, tuple[str, bool]]:
-    """Blocked children of ``parent_ids``, locked: id -> (queue, ignore_parent_failure)."""
-    stmt = _blocked_children_of(tx.models, tx.traits)
-    found: dict[str, tuple[str, bool]] = {}
+def _blocked_children(tx: Tx, parent_ids: list[str]) -> dict[str, Mapping[str, Any]]:
+    """Blocked children of ``parent_ids``, locked: id -> row (id, queue and
+    ignore_parent_failure; every column while ``tx.settled`` collects snapshots)."""
+    stmt = _blocked_children_of(tx.models, tx.traits, tx.settled is not None)
+    found: dict[str, Mapping[str, Any]] = {}
     for part in chunks(parent_ids):
         for row in tx.fetch(stmt, {"p_parents": part}):
-            found[row["id"]] = (row["queue"], bool(row["ignore_parent_failure"]))
+            found[row["id"]] = row
     return found
 
 
 @functools.lru_cache(maxsize=32)
-def _blocked_children_of(models: Models, traits: Traits) -> Select[str, str, bool]:
+def _blocked_children_of(models: Models, traits: Traits, whole_rows: bool) -> Select[Any]:
     """Built once per schema: every completion asks it."""
     task, dep = models.task, models.dependency
     child_ids = select(dep.child_id).where(traits.listed(dep.parent_id, "p_parents"))
+    columns = (table_of(task),) if whole_rows else (task.id, task.queue, task.ignore_parent_failure)
     stmt = (
-        select(task.id, task.queue, task.ignore_parent_failure)
-        .where(task.id.in_(child_ids), task.status == Status.BLOCKED.value)
-        .order_by(task.id)
+        select(*columns).where(task.id.in_(child_ids), task.status == Status.BLOCKED.value).order_by(task.id)
     )
     return traits.lock(stmt)
 
@@ -104,8 +110,10 @@ def _parents_of(tx: Tx, child_ids: list[str]) -> dict[str, list[tuple[str, Statu
     return found
 
 
-def _set(tx: Tx, task_id: str, status: Status, error: str | None) -> None:
+def _set(tx: Tx, task_id: str, status: Status, error: str | None) -> dict[str, Any]:
+    """Write ``status`` (and, when final, its time and ``error``); the values written."""
     values: dict[str, Any] = status_values(status)
     if status.is_final:
         values.update(finished_at=tx.now, last_error=error)
     write_task(tx, task_id, values)
+    return values

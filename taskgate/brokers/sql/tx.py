@@ -14,6 +14,7 @@ from sqlalchemy.sql.base import Executable
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.prepared import Prepared, PreparedCache, preparable
 from taskgate.models import Models
+from taskgate.task import Task
 
 __all__ = ["OneStatement", "Tx", "table_of"]
 
@@ -52,6 +53,9 @@ class Tx:
     ``now`` is read once, on first use, from the broker's time source (the injected clock, or
     the database server), so every time a transition writes is the same instant.
     ``woken`` collects the queues that may have new work, announced when the transaction commits.
+    ``settled``, a list while the broker reports what transitions settle on their own
+    (`taskgate.brokers.base.Broker.report_settled`), collects those tasks' snapshots, handed
+    on once the transaction committed; None: nothing to collect.
     """
 
     conn: Connection
@@ -62,6 +66,7 @@ class Tx:
     woken: set[str] = field(default_factory=set)
     # The broker's prepared statements (`taskgate.brokers.sql.prepared`); None: none prepared.
     prepared: PreparedCache | None = None
+    settled: list[Task] | None = None
     _now: datetime | None = None
 
     @property

@@ -42,6 +42,7 @@ from taskgate.testing.contract.quota import QuotaClaimContract, QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
 from taskgate.testing.contract.replay import ReplayContract
+from taskgate.testing.contract.settled import SettledContract
 from taskgate.testing.contract.submit_claim import SubmitClaimContract
 from taskgate.testing.contract.validation import ValidationContract
 
@@ -73,5 +74,6 @@ class BrokerContract(
     ValidationContract,
     RaceContract,
     BatchContract,
+    SettledContract,
 ):
     """Every broker contract test; subclass it as ``Test<Backend>`` and define ``broker_factory``."""

@@ -17,7 +17,7 @@ from taskgate.brokers.base import AckCarrier, Broker
 from taskgate.clock import ManualClock
 from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.ids import new_id
-from taskgate.task import Status
+from taskgate.task import Status, Task
 from taskgate.testing.contract._fixtures import BrokerFactory
 from taskgate.testing.contract._support import (
     BAD_ACK_ITEMS,
@@ -82,6 +82,19 @@ class AckCarrierContract:
         answers, leases = _carrier(broker).claim_after_acks([ack_item(parent)], "q", 5, TTL)
         assert answers == [None]
         assert leases is not None and [lease.task.id for lease in leases] == [child.id]
+
+    def test_acks_report_the_child_they_woke_as_it_was_before_the_claim_leased_it(
+        self, broker: Broker
+    ) -> None:
+        reported: list[list[Task]] = []
+        broker.report_settled(reported.append)  # `Broker.report_settled`'s sink
+        (parent,) = claim_many(broker, 1, queue="parents")
+        child = submit(broker, depends_on=(parent.task.id,))
+        _, leases = _carrier(broker).claim_after_acks([ack_item(parent)], "q", 5, TTL)
+        assert leases is not None and [lease.task.status for lease in leases] == [Status.RUNNING]
+        assert [[(task.id, task.status) for task in tasks] for tasks in reported] == [
+            [(child.id, Status.PENDING)]
+        ]
 
     def test_without_acks_it_is_a_plain_claim(self, broker: Broker) -> None:
         first = submit(broker)

@@ -8,9 +8,12 @@
 --   KEYS[1]  the broker's hash-tagged base, e.g. "tg:{tg}:". Every key a script touches is
 --            KEYS[1] .. <suffix>, so all keys share the hash tag and live in one Cluster slot.
 --   ARGV[1]  "now" in integer microseconds since the Unix epoch, or "" to read the server's
---            TIME (Redis 7 replicates scripts by effects, so TIME is allowed anywhere).
+--            TIME (Redis 7 replicates scripts by effects, so TIME is allowed anywhere);
+--            prefixed with "s" when the caller wants the snapshots of the tasks the call
+--            settles on its own (`REPORT`, see `settle_children`).
 --   Replies  {"ok", ...} on success, {"<error code>", args...} when a check fails. Checks run
---            before the first write, so a failed check changes nothing.
+--            before the first write, so a failed check changes nothing. With the "s" prefix
+--            the reply is {reply, {snapshot...}}: the script's own, then those snapshots.
 --
 -- Key patterns (all under KEYS[1]):
 --   task:<id>          HASH   one execution: id type queue [payload] status created_at run_at
@@ -35,6 +38,9 @@
 -- This call's keys and arguments, its base key and its "now" (µs, and as a string): set by
 -- `begin`. Scripts read KEYS and ARGV as when they ran by EVAL.
 local KEYS, ARGV, B, NOW, NOW_S
+-- Whether this call reports what it settles on its own (ARGV[1]'s "s"), and the snapshots of
+-- those tasks so far, in the order settled.
+local REPORT, SETTLED
 
 local READY = { pending = true, retrying = true }
 local FINAL = { completed = true, failed = true, canceled = true }
@@ -45,9 +51,9 @@ local function int_str(n)
   return string.format('%.0f', n)
 end
 
-local function clock_now()
-  if ARGV[1] ~= '' then
-    return tonumber(ARGV[1])
+local function clock_now(now)
+  if now ~= '' then
+    return tonumber(now)
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -188,9 +194,14 @@ end
 -- Start a call from a clean state: a call that raised may have left deferred writes behind.
 local function begin(keys, args)
   KEYS, ARGV, B = keys, args, keys[1]
-  NOW = clock_now()
+  local now = args[1]
+  REPORT = string.sub(now, 1, 1) == 's'
+  if REPORT then
+    now = string.sub(now, 2)
+  end
+  NOW = clock_now(now)
   NOW_S = int_str(NOW)
-  SIGNALED, STATUS_COUNTS, ZSET_CHANGES = {}, {}, {}
+  SIGNALED, STATUS_COUNTS, ZSET_CHANGES, SETTLED = {}, {}, {}, {}
 end
 
 -- Register a script's body (`main`) as the function FUNCTION_PREFIX .. name: its reply is
@@ -206,6 +217,9 @@ local function register(name, main, flags)
       local reply = main()
       flush_status()
       publish_signals()
+      if REPORT then
+        return { reply, SETTLED }
+      end
       return reply
     end,
     flags = flags or {},
@@ -291,7 +305,8 @@ local function end_task(t, to, fields)
 end
 
 -- After `root` became final: wake its ready children, cancel the broken ones, recursively.
--- Only blocked children move: a child is blocked until every parent is final.
+-- Only blocked children move: a child is blocked until every parent is final. A call that
+-- reports (`REPORT`) keeps the snapshot of each child it moved, as it is once moved.
 local function settle_children(root)
   -- Most tasks have no children: an EXISTS answers that for less than SMEMBERS's empty reply
   -- and the walk's stack.
@@ -309,11 +324,17 @@ local function settle_children(root)
           local verdict = arrival_status(cjson.decode(child.depends_on), ignore)
           if verdict == 'pending' then
             make_ready(child, 'pending', child.run_at)
+            if REPORT then
+              SETTLED[#SETTLED + 1] = snapshot(child_id)
+            end
           end
         else
           local why = 'canceled because parent ' .. parent.id .. ' ' .. parent.status
           end_task(child, 'canceled', { 'last_error', why })
           table.insert(stack, child)
+          if REPORT then
+            SETTLED[#SETTLED + 1] = snapshot(child_id)
+          end
         end
       end
     end

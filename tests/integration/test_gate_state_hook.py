@@ -1,0 +1,165 @@
+"""``on_state_change`` sees what brokers settle on their own: children woken, descendants canceled.
+
+Every test runs on all five backends: a hook recording (id, status) must see a child go from
+blocked to pending when its parent completes, and each descendant of a parent that failed,
+was canceled or was failed by the reaper become canceled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+from gate_helpers import GUARD, make_gate
+from helpers.redis_servers import purge_keys
+
+from taskgate import Gate, ManualClock, QueueConfig, SkipRetry, Status, Task, TaskFailedError
+from taskgate.brokers.base import Broker
+from taskgate.brokers.memory import MemoryBroker
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.brokers.sql import SQLBroker
+
+pytestmark = pytest.mark.anyio
+
+QUEUES = {"hold": QueueConfig(workers=1), "q": QueueConfig(workers=2)}
+BLOCKED_THEN_CANCELED = [Status.BLOCKED, Status.CANCELED]
+WOKEN_AND_RUN = [Status.BLOCKED, Status.PENDING, Status.RUNNING, Status.COMPLETED]
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql", "mysql", "redis"])
+def any_broker(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path) -> Iterator[Broker]:
+    """Each backend, on the test's clock."""
+    broker: Broker
+    if request.param == "memory":
+        broker = MemoryBroker(clock=clock)
+    elif request.param == "sqlite":
+        broker = SQLBroker(f"sqlite:///{tmp_path / 'hook.db'}", clock=clock)
+    elif request.param == "redis":
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
+        broker = RedisBroker(url, key_prefix=prefix, clock=clock)
+        request.addfinalizer(lambda: _purge(url, prefix))
+    else:
+        broker = SQLBroker(request.getfixturevalue(f"{request.param}_url"), clock=clock)
+    yield broker
+    broker.close()
+
+
+def _purge(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        purge_keys(client, KeySpace(prefix).pattern())
+    finally:
+        client.close()
+
+
+class Seen:
+    """An ``on_state_change`` hook recording each task's statuses in the order reported."""
+
+    def __init__(self) -> None:
+        self.reported: list[tuple[str, Status]] = []
+
+    def __call__(self, task: Task) -> None:
+        self.reported.append((task.id, task.status))
+
+    def of(self, task_id: str) -> list[Status]:
+        return [status for seen_id, status in self.reported if seen_id == task_id]
+
+
+def _held_parent_gate(broker: Broker, seen: Seen, *, fails: bool) -> tuple[Gate, anyio.Event]:
+    """A gate whose "hold" tasks run until the event is set, then complete (or fail for good)."""
+    gate = make_gate(broker, QUEUES, on_state_change=seen)
+    release = anyio.Event()
+
+    @gate.handler("hold")
+    async def hold(task: Task) -> None:
+        await release.wait()
+        if fails:
+            raise SkipRetry("the parent failed for good")
+
+    gate.handle("q", lambda task: None)
+    return gate, release
+
+
+async def _failed(gate: Gate, task_id: str) -> Task:
+    with pytest.raises(TaskFailedError) as failed:
+        await gate.wait(task_id, timeout=GUARD)
+    return failed.value.task
+
+
+async def test_a_child_woken_by_its_parents_completion_is_reported_pending(any_broker: Broker) -> None:
+    seen = Seen()
+    gate, release = _held_parent_gate(any_broker, seen, fails=False)
+    async with gate:
+        parent = await gate.submit("hold")
+        child = await gate.submit("q", depends_on=[parent])
+        release.set()
+        await gate.wait(child, timeout=GUARD)
+    assert seen.of(child) == WOKEN_AND_RUN
+
+
+async def test_descendants_of_a_parent_that_failed_for_good_are_reported_canceled(any_broker: Broker) -> None:
+    seen = Seen()
+    gate, release = _held_parent_gate(any_broker, seen, fails=True)
+    async with gate:
+        parent = await gate.submit("hold")
+        child = await gate.submit("q", depends_on=[parent])
+        grandchild = await gate.submit("q", depends_on=[child])
+        release.set()
+        assert (await _failed(gate, grandchild)).status is Status.CANCELED
+    assert seen.of(parent)[-1] is Status.FAILED
+    assert (seen.of(child), seen.of(grandchild)) == (BLOCKED_THEN_CANCELED, BLOCKED_THEN_CANCELED)
+
+
+async def test_a_child_ignoring_its_failed_parent_is_reported_pending(any_broker: Broker) -> None:
+    seen = Seen()
+    gate, release = _held_parent_gate(any_broker, seen, fails=True)
+    async with gate:
+        parent = await gate.submit("hold")
+        child = await gate.submit("q", depends_on=[parent], ignore_parent_failure=True)
+        release.set()
+        await gate.wait(child, timeout=GUARD)
+    assert seen.of(child) == WOKEN_AND_RUN
+
+
+async def test_descendants_of_a_canceled_task_are_reported_canceled(any_broker: Broker) -> None:
+    seen = Seen()
+    gate = make_gate(any_broker, QUEUES, on_state_change=seen)
+    gate.handle("q", lambda task: None)
+    async with gate:
+        parent = await gate.submit("q", delay="1h")  # the clock stands still: it stays pending
+        child = await gate.submit("q", depends_on=[parent])
+        grandchild = await gate.submit("q", depends_on=[child])
+        await gate.cancel(parent)
+    assert seen.of(parent) == [Status.PENDING, Status.CANCELED]
+    assert (seen.of(child), seen.of(grandchild)) == (BLOCKED_THEN_CANCELED, BLOCKED_THEN_CANCELED)
+
+
+async def test_descendants_of_a_task_the_reaper_failed_are_reported_canceled(
+    any_broker: Broker, clock: ManualClock
+) -> None:
+    seen = Seen()
+    queues = {"hold": QueueConfig(workers=1, manual_heartbeat=True), "q": QueueConfig(workers=1)}
+    gate = make_gate(any_broker, queues, on_state_change=seen, lease_lost_max=1, reap_interval=0.02)
+    started = anyio.Event()
+
+    @gate.handler("hold")
+    async def hangs(task: Task) -> None:
+        started.set()
+        await anyio.sleep_forever()  # no heartbeat: the lease runs out, the reaper takes it
+
+    gate.handle("q", lambda task: None)
+    async with gate:
+        parent = await gate.submit("hold")
+        child = await gate.submit("q", depends_on=[parent])
+        grandchild = await gate.submit("q", depends_on=[child])
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        clock.advance(timedelta(minutes=2))
+        assert (await _failed(gate, grandchild)).status is Status.CANCELED
+    assert seen.of(parent)[-1] is Status.FAILED
+    assert (seen.of(child), seen.of(grandchild)) == (BLOCKED_THEN_CANCELED, BLOCKED_THEN_CANCELED)
