@@ -346,6 +346,12 @@ def _check_broker(config: Config) -> None:
             raise ConfigError(
                 f"Config.default_queue.quota_limit={default.quota_limit}: broker cannot share quota counts"
             )
+    if config.on_state_change is not None and not callable(getattr(config.broker, "report_settled", None)):
+        raise ConfigError(
+            f"broker {type(config.broker).__name__} has no report_settled(sink): an on_state_change "
+            "hook needs it to see the tasks transitions settle on their own (children woken, "
+            "descendants canceled)"
+        )
     if caps.distributed_limits and not isinstance(config.broker, DistributedLimiter):
         raise ConfigError(
             f"broker {type(config.broker).__name__} declares distributed_limits but does not "

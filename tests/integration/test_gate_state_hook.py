@@ -17,8 +17,8 @@ import redis
 from gate_helpers import GUARD, make_gate
 from helpers.redis_servers import purge_keys
 
-from taskgate import Gate, ManualClock, QueueConfig, SkipRetry, Status, Task, TaskFailedError
-from taskgate.brokers.base import Broker
+from taskgate import ConfigError, Gate, ManualClock, QueueConfig, SkipRetry, Status, Task, TaskFailedError
+from taskgate.brokers.base import Broker, Capabilities
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
@@ -163,3 +163,14 @@ async def test_descendants_of_a_task_the_reaper_failed_are_reported_canceled(
         assert (await _failed(gate, grandchild)).status is Status.CANCELED
     assert seen.of(parent)[-1] is Status.FAILED
     assert (seen.of(child), seen.of(grandchild)) == (BLOCKED_THEN_CANCELED, BLOCKED_THEN_CANCELED)
+
+
+async def test_a_hook_over_a_broker_that_cannot_report_what_it_settles_is_refused() -> None:
+    class Reticent:
+        """A broker of an older protocol: no `report_settled`."""
+
+        capabilities = Capabilities()
+
+    with pytest.raises(ConfigError, match="report_settled"):
+        make_gate(Reticent(), on_state_change=Seen())  # type: ignore[arg-type]
+    make_gate(Reticent())  # type: ignore[arg-type]  # without a hook nothing needs it
