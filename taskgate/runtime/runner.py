@@ -18,10 +18,17 @@ from typing import cast
 import anyio
 from anyio.abc import TaskStatus
 
-from taskgate.brokers.base import DistributedLimiter, Lease, LimitedAckCarrier, NewTask, QuietEnqueuer
+from taskgate.brokers.base import (
+    DistributedLimiter,
+    Lease,
+    LimitedAckCarrier,
+    NewTask,
+    QuietEnqueuer,
+    QuotaGrant,
+)
 from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
-from taskgate.errors import BrokerError, ShutdownError, TaskgateError
+from taskgate.errors import BrokerError, ShutdownError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext
@@ -150,14 +157,17 @@ class Runtime:
         if not scheduler.reserve_start():
             return None
         claimed_at = anyio.current_time()
-        # Shielded: once the call is on its way its lease must reach the worker or go back,
-        # or the task would wait for the reaper.
+        # Not shielded: a caller that gives up (cancelled, or the worker path's deadline passed
+        # on a half-open connection) stops waiting at once, and a lease the call still makes is
+        # put back when it answers (`QueueScheduler.submit_claiming`).
+        try:
+            stored, lease = await scheduler.submit_claiming(task)
+        except BaseException:
+            scheduler.unreserve()
+            raise
+        # Shielded from here: the lease must reach the worker or go back, or the task would
+        # wait for the reaper.
         with anyio.CancelScope(shield=True):
-            try:
-                stored, lease = await scheduler.submit_claiming(task)
-            except BaseException:
-                scheduler.unreserve()
-                raise
             if lease is None:
                 scheduler.unreserve()
                 await self.observe([stored])
@@ -167,7 +177,7 @@ class Runtime:
             else:
                 await self.observe([stored])  # an earlier task was claimed: this one waits
             if not scheduler.start_reserved(lease, claimed_at):
-                await self._requeue(scheduler, lease)
+                await scheduler.put_back([(lease, None)])  # its queue has no quota (`reserve_start`)
         return stored
 
     # -- observing transitions ------------------------------------------------------------------
@@ -298,6 +308,7 @@ class Runtime:
             poll_interval=self.poll_interval,
             deadline=worker_deadline(conf),
             acks=acks,
+            on_requeued=self.observe,  # canceled instead, when a cancel was asked: with cascade
         )
         acks.on_written = lambda: scheduler.wake(new_work=False)  # a backlog may have held claims
         scheduler.on_idle = self.queue_idle.fire
@@ -306,11 +317,7 @@ class Runtime:
 
         # A partial, not a coroutine function: one coroutine frame less per task run.
         start = functools.partial(self._execute, executor, scheduler)
-
-        async def requeue(lease: Lease) -> None:
-            await self._requeue(scheduler, lease)
-
-        work.start_soon(scheduler.run, start, requeue)
+        work.start_soon(scheduler.run, start)
 
     def add_queue_for(self, task_type: str) -> None:
         """Start the scheduler of a type registered while running (no-op when not running)."""
@@ -383,9 +390,17 @@ class Runtime:
         lease: Lease,
         slot: Slot,
         claimed_at: float,
+        grant: QuotaGrant | None,
         lane: Lane,
     ) -> None:
         conf = scheduler.conf
+        if self._grace_over:
+            # Claimed after shutdown's grace ran out: its handler will not start, so the lease
+            # goes back as if never claimed, its quota unit (from ``grant``) and slot with it.
+            scheduler.running -= 1
+            with anyio.CancelScope(shield=True):
+                await scheduler.put_back([(lease, grant)])
+            return
 
         def free_slot() -> None:
             scheduler.running -= 1
@@ -407,8 +422,6 @@ class Runtime:
         )
         key = (lease.task.id, lease.task.claims)
         self.active[key] = ctx
-        if self._grace_over:
-            ctx.stop(StopReason.SHUTDOWN)  # claimed after shutdown's grace ran out: put it back
         try:
             if self.hooks.hook is not None:
                 await self.hooks.emit((lease.task,))  # running: nothing to wake, only the hook to call
@@ -417,16 +430,6 @@ class Runtime:
             if self.active.get(key) is ctx:
                 del self.active[key]
             ctx.release_slot()  # in case the executor never got that far (once only)
-
-    async def _requeue(self, scheduler: QueueScheduler, lease: Lease) -> None:
-        try:
-            task = await self.calls(
-                self.broker.requeue, lease.task.id, lease.token, deadline=scheduler.deadline
-            )
-        except TaskgateError as exc:
-            log.warning("task %s: could not requeue during shutdown: %s", lease.task.id, exc)
-            return
-        await self.observe([task])  # canceled instead, when a cancel was asked: with cascade
 
     def cancel_local(self, task: Task) -> None:
         """Cancel the handler of ``task`` at once when it runs in this process."""

@@ -9,6 +9,9 @@ Claimed leases go to the queue's ``workers`` long-lived worker tasks through a `
 finished handlers' acks to the queue's `AckWriter`: no task is spawned per run. A submit in
 this process may claim its own task while storing it (`Runtime.submit`): it reserves a free
 worker here first (`reserve_start`) and hands its lease to the same feed.
+
+A lease whose handler never starts -- claimed by a call that answered too late, left in the
+feed when the workers stop -- goes back with its quota unit and slot (`taskgate.runtime.putback`).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from taskgate.brokers.base import (
     AckCarrier,
     AckItem,
     Broker,
+    DistributedLimiter,
     Lease,
     NewTask,
     QuietAckOutcome,
     QuotaClaim,
+    QuotaGrant,
     SubmitClaimer,
 )
 from taskgate.config import QueueConfig
@@ -39,6 +44,7 @@ from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane
 from taskgate.runtime.feed import Feed
 from taskgate.runtime.limits import CombinedClaim, Limits, Slot
+from taskgate.runtime.putback import Held, PutBack
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
 from taskgate.task import Task
@@ -48,10 +54,14 @@ __all__ = ["QueueScheduler"]
 log = logging.getLogger("taskgate")
 
 # Runs one claimed lease until its task is settled: (lease, its concurrency slot, the local
-# time the claim began -- the lease cannot end earlier than that plus its TTL).
-StartLease = Callable[[Lease, Slot, float, Lane], Coroutine[Any, Any, None]]
-Requeue = Callable[[Lease], Coroutine[Any, Any, None]]
-Claimed = tuple[Lease, Slot, float]
+# time the claim began -- the lease cannot end earlier than that plus its TTL --, the quota
+# grant its unit came from).
+StartLease = Callable[[Lease, Slot, float, QuotaGrant | None, Lane], Coroutine[Any, Any, None]]
+# Told the snapshots of tasks put back (`put_back`).
+Requeued = Callable[[list[Task]], Coroutine[Any, Any, None]]
+Claimed = tuple[Lease, Slot, float, QuotaGrant | None]
+# What one claim took: its leases, and the quota grant of their units (None without a quota).
+Taken = tuple[list[Lease], QuotaGrant | None]
 T = TypeVar("T")
 
 # Acks waiting to be written may reach this many times ``workers`` before they hold claims
@@ -75,7 +85,9 @@ class QueueScheduler:
         poll_interval: float,
         deadline: float,
         acks: AckWriter,
+        on_requeued: Requeued,
     ) -> None:
+        """``on_requeued`` is told the snapshots of tasks put back (`put_back`)."""
         self.name, self.conf = name, conf
         self.acks = acks  # the queue's group commit of acks (see `taskgate.runtime.acks`)
         # The broker's claims that carry acks along, when the writer lets them ride.
@@ -83,6 +95,10 @@ class QueueScheduler:
         self._ready: Feed[Claimed] = Feed()
         self._broker, self._calls = broker, calls
         self.limits, self.quota = limits, quota
+        # Under global limits every claim is the combined one, and each lease's token its slot.
+        slots = cast(DistributedLimiter, broker) if limits.combined_claim is not None else None
+        self._put_back = PutBack(broker, name, slots=slots)
+        self._on_requeued = on_requeued
         self._poll = poll_interval
         self.deadline = deadline  # of a worker-path broker call (`worker_deadline`)
         self.lease_seconds = conf.lease.total_seconds()
@@ -154,17 +170,32 @@ class QueueScheduler:
         would in one round trip. Any other broker stores it, then claims in the same thread,
         sparing the hop back, the scheduler's wake-up and the hop to the claim. The last two
         may lease another task, due earlier.
+
+        The call runs under the worker path's deadline (`BrokerError` past it) and the caller's
+        cancel scope; a call given up on puts back what it claimed when it answers (`PutBack`).
+        Whether the task was stored is then unknown, as for any call that did not answer.
         """
+        late = self._put_back.abandoned
         if self._broker.capabilities.claim_on_submit:
             claimer = cast(SubmitClaimer, self._broker)
-            return await self._calls(claimer.enqueue_and_claim, task, self.conf.lease)
+            return await self._calls(
+                claimer.enqueue_and_claim, task, self.conf.lease, deadline=self.deadline, on_abandoned=late
+            )
         combined = self.limits.combined_submit_claim
         if combined is None:
-            return await self._calls(self._enqueue_then_claim, task)
+            enqueue_then_claim = self._enqueue_then_claim
+            return await self._calls(enqueue_then_claim, task, deadline=self.deadline, on_abandoned=late)
         release = self.limits.take_releases()
         try:
             stored, claim = await self._calls(
-                combined, task, self.conf.workers, 1, self.conf.lease, release=release
+                combined,
+                task,
+                self.conf.workers,
+                1,
+                self.conf.lease,
+                release=release,
+                deadline=self.deadline,
+                on_abandoned=late,
             )
         except BaseException:
             self.limits.restore_releases(release)
@@ -191,14 +222,15 @@ class QueueScheduler:
         """Hand the submit's ``lease`` to the reserved worker.
 
         False when the workers are gone (the scheduler ended): the reservation is given back
-        and the caller puts the lease back.
+        and the caller puts the lease back (`put_back`).
         """
         if self._ready.closed:
             self.unreserve()
             return False
-        # Under global limits a lease's token is its slot, as in `_claim_within_limits`.
+        # Under global limits a lease's token is its slot, as in `_claim_within_limits`. A
+        # submit claims only for a queue without a quota: its lease took no unit.
         slot = lease.token if self.limits.combined_claim is not None else None
-        self._ready.put((lease, slot, claimed_at))
+        self._ready.put((lease, slot, claimed_at, None))
         return True
 
     def unreserve(self) -> None:
@@ -206,7 +238,14 @@ class QueueScheduler:
         self.running -= 1
         self.wake(new_work=False)  # a claim may be waiting for a free worker
 
-    async def run(self, start: StartLease, requeue: Requeue) -> None:
+    async def put_back(self, held: list[Held]) -> None:
+        """Put back leases whose handlers never started, with their quota units and slots
+        (`PutBack.now`), and tell ``on_requeued`` what became of their tasks."""
+        requeued = await self._put_back.now(held, self._calls, deadline=self.deadline)
+        if requeued:
+            await self._on_requeued(requeued)
+
+    async def run(self, start: StartLease) -> None:
         """Claim until `stop`; the queue's workers run the claimed leases through ``start``.
 
         After `stop` the workers finish what was claimed and the ack writer drains. When the
@@ -223,23 +262,24 @@ class QueueScheduler:
                     self._started = True
                     try:
                         while not self._stopping:
-                            await self._cycle(requeue)
+                            await self._cycle()
                     finally:
                         self._ready.close()
             finally:
                 self.acks.close()
                 with anyio.CancelScope(shield=True):
-                    await self._requeue_unstarted(requeue)
+                    await self._requeue_unstarted()
                     await self.limits.flush()
 
-    async def _requeue_unstarted(self, requeue: Requeue) -> None:
-        """Put back leases claimed but never started (the workers were cancelled first)."""
-        for lease, slot, _ in self._ready.drain():
-            self.running -= 1
-            await requeue(lease)
-            await self.limits.release([slot])
+    async def _requeue_unstarted(self) -> None:
+        """Put back leases claimed but never started (the workers were cancelled first), with
+        their quota units and slots: no handler ran for them."""
+        unstarted = self._ready.drain()
+        if unstarted:
+            self.running -= len(unstarted)
+            await self.put_back([(lease, grant) for lease, _, _, grant in unstarted])
 
-    async def _cycle(self, requeue: Requeue) -> None:
+    async def _cycle(self) -> None:
         now = anyio.current_time()
         free = self._free_workers()
         if now < self._paused_until:
@@ -256,15 +296,15 @@ class QueueScheduler:
             return
         self._claiming = True
         try:
-            claimed = await self._claim_within_limits(free, requeue)
+            claimed = await self._claim_within_limits(free)
             if claimed is None:
                 return
-            leases, slots = claimed
+            leases, slots, grant = claimed
             # Leases that come back after `stop` still run: graceful shutdown finishes the work
             # already claimed (the runtime puts them back once the shutdown grace is over).
             for lease, slot in zip(leases, slots, strict=False):
                 self.running += 1
-                self._ready.put((lease, slot, self._claim_started))
+                self._ready.put((lease, slot, self._claim_started, grant))
         finally:
             self._claiming = False
         while self._ready.in_transit:
@@ -281,18 +321,20 @@ class QueueScheduler:
             await self.signal.wait(self._poll)
 
     async def _claim_within_limits(
-        self, free: int, requeue: Requeue
-    ) -> tuple[list[Lease], list[Slot]] | None:
-        """Take slots, rate and quota for up to ``free`` starts, then claim; None when paused."""
+        self, free: int
+    ) -> tuple[list[Lease], list[Slot], QuotaGrant | None] | None:
+        """Take slots, rate and quota for up to ``free`` starts, then claim: the leases, their
+        slots (then None for each start not claimed), their quota grant; None when paused."""
         combined = self.limits.combined_claim
         if combined is not None:
             # Global slots, rate, quota and the claim in one call; each lease's token is its slot.
-            leases = await self._claim(free, requeue, combined)
-            if leases is None:
+            taken = await self._claim(free, combined)
+            if taken is None:
                 return None
+            leases, grant = taken
             # Fewer tasks than asked is a sign of an idle queue -- unless the rate held them back.
             unused = 0 if self._held_by_rate else free - len(leases)
-            return leases, [*(lease.token for lease in leases), *[None] * unused]
+            return leases, [*(lease.token for lease in leases), *[None] * unused], grant
         slots = await self.limits.take_slots(free)
         if not slots:
             self._pause(self._poll)
@@ -302,17 +344,15 @@ class QueueScheduler:
             await self.limits.release(slots)
             self._pause(max(wait, 0.001))
             return None
-        leases = await self._claim(granted, requeue)
-        got = leases or []
+        taken = await self._claim(granted)
+        got = [] if taken is None else taken[0]
         self.limits.spent(granted, len(got))
         await self.limits.release(slots[len(got) :])
-        if leases is None:
+        if taken is None:
             return None
-        return got, slots[:granted]
+        return got, slots[:granted], taken[1]
 
-    async def _claim(
-        self, n: int, requeue: Requeue, combined: CombinedClaim | None = None
-    ) -> list[Lease] | None:
+    async def _claim(self, n: int, combined: CombinedClaim | None = None) -> Taken | None:
         self._claim_started = anyio.current_time()
         try:
             # Shielded: an abandoned claim thread would still lease tasks that nobody runs,
@@ -321,13 +361,15 @@ class QueueScheduler:
             # checkpoint, before it claims (and a scope per claim is a tenth of a memory cycle).
             shield = combined is not None or not self._calls.inline
             with anyio.CancelScope(shield=True) if shield else nullcontext():
+                taken: Taken
                 if combined is not None:
-                    leases = await self._combined_claim(combined, n)
+                    taken = await self._combined_claim(combined, n)
                 elif self.quota is not None:
-                    leases = self.quota.took(await self._claim_within_quota(self.quota, n))
+                    claim = await self._claim_within_quota(self.quota, n)
+                    taken = self.quota.took(claim), claim.grant
                 else:
-                    leases = await self._plain_claim(n)
-            await _requeue_if_cancelled(leases, requeue)
+                    taken = await self._plain_claim(n), None
+            await self._put_back_if_cancelled(taken)
         except BrokerError as exc:
             if self.quota is not None:
                 self.quota.unreachable()
@@ -340,7 +382,18 @@ class QueueScheduler:
         if self.quota is not None and self.quota.exhausted:
             self._pause(self.quota.pause)
             return None
-        return leases
+        return taken
+
+    async def _put_back_if_cancelled(self, taken: Taken) -> None:
+        """Put a claim's fresh leases back, units and slots too, when the scheduler was
+        cancelled during the claim: no worker will start them."""
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            leases, grant = taken
+            with anyio.CancelScope(shield=True):
+                await self.put_back([(lease, grant) for lease in leases])
+            raise
 
     async def _plain_claim(self, n: int) -> list[Lease]:
         carrier = self._carrier
@@ -350,7 +403,6 @@ class QueueScheduler:
             self.name,
             n,
             self.conf.lease,
-            on_abandoned=self._put_back,
         )
 
     async def _claim_by(
@@ -358,45 +410,32 @@ class QueueScheduler:
         claim: Callable[..., T],
         claim_after_acks: Callable[..., tuple[list[QuietAckOutcome], T | None]] | None,
         *args: Any,
-        on_abandoned: Callable[[T], object] | None = None,
         **kwargs: Any,
     ) -> T:
         """``claim(*args, **kwargs)`` in a broker call, or ``claim_after_acks(acks, *args,
         **kwargs)`` taking along the acks waiting to be written (`AckWriter.with_claim`).
 
-        ``on_abandoned`` gets what a call that answered after its deadline claimed.
+        Either way, a call that answers after its deadline puts back what it claimed
+        (`PutBack.abandoned`, in the call's thread): nobody will run those leases, and waiting
+        for them to expire would cost their tasks a lease_lost, a quota unit and a slot.
         """
+        late = self._put_back.abandoned
 
         async def alone() -> T:
-            return await self._calls(
-                claim, *args, deadline=self.deadline, on_abandoned=on_abandoned, **kwargs
-            )
+            return await self._calls(claim, *args, deadline=self.deadline, on_abandoned=late, **kwargs)
 
         if claim_after_acks is None:
             return await alone()
-        carrying, late = claim_after_acks, on_abandoned
-
-        def carried_late(answered: tuple[list[QuietAckOutcome], T | None]) -> None:
-            if late is not None and answered[1] is not None:
-                late(answered[1])
+        carrying = claim_after_acks
 
         async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], T | None]:
             return await self._calls(
-                carrying, acks, *args, deadline=self.deadline, on_abandoned=carried_late, **kwargs
+                carrying, acks, *args, deadline=self.deadline, on_abandoned=late, **kwargs
             )
 
         return await self.acks.with_claim(alone, after_acks)
 
-    def _put_back(self, leases: list[Lease]) -> None:
-        """Requeue leases of a claim that answered after its deadline (in the claim's thread):
-        nobody will run them, and waiting for them to expire would cost them a lease_lost."""
-        for lease in leases:
-            try:
-                self._broker.requeue(lease.task.id, lease.token)
-            except TaskgateError as exc:
-                log.warning("task %s: a late claim could not be put back: %s", lease.task.id, exc)
-
-    async def _combined_claim(self, combined: CombinedClaim, n: int) -> list[Lease]:
+    async def _combined_claim(self, combined: CombinedClaim, n: int) -> Taken:
         quota = None if self.quota is None else self.quota.spec
         # Slots of finished handlers go back in the claim's own call, counted free by it.
         release = self.limits.take_releases()
@@ -419,7 +458,7 @@ class QueueScheduler:
             self._pause(taken.retry_after)
         if self.quota is not None and taken.quota is not None:
             self.quota.took(taken.quota)
-        return taken.leases
+        return taken.leases, (None if taken.quota is None else taken.quota.grant)
 
     async def _claim_within_quota(self, quota: QuotaGate, n: int) -> QuotaClaim:
         carrier = self._carrier
@@ -459,14 +498,3 @@ async def _work(feed: Feed[Claimed], start: StartLease) -> None:
                 if claimed is None:
                     return
                 await start(*claimed, lane)
-
-
-async def _requeue_if_cancelled(leases: list[Lease], requeue: Requeue) -> None:
-    """Put fresh leases back untouched when the scheduler was cancelled during the claim."""
-    try:
-        await anyio.lowlevel.checkpoint_if_cancelled()
-    except anyio.get_cancelled_exc_class():
-        with anyio.CancelScope(shield=True):
-            for lease in leases:
-                await requeue(lease)
-        raise

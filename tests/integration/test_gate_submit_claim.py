@@ -137,21 +137,33 @@ async def test_racing_submits_lease_no_more_tasks_than_there_are_free_workers(cl
     assert peak == 3
 
 
-async def test_a_submit_cancelled_while_it_claims_still_runs_its_task(gate_broker):
+async def test_a_submit_cancelled_while_it_claims_returns_at_once_and_its_task_still_runs(gate_broker):
     held = Held(gate_broker)
     gate = make_gate(held)
     gate.handle("q", lambda task: "ran")
     async with gate:
         await until(lambda: _idle(gate))
-        with anyio.CancelScope() as scope:
+        gave_up, scope = anyio.Event(), anyio.CancelScope()
+
+        async def submit() -> None:
+            with scope:
+                await gate.submit("q")
+            gave_up.set()
+
+        try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(gate.submit, "q")
+                tg.start_soon(submit)
                 await anyio.to_thread.run_sync(held.entered.wait, GUARD)
                 scope.cancel()  # the submit's caller gives up while the broker call runs
-                held.release.set()
+                with anyio.fail_after(GUARD):
+                    await gave_up.wait()  # at once: it does not wait for the call to answer
+        finally:
+            held.release.set()  # the call goes on: it stores the task and claims it
+        await until(lambda: _settled(lambda: held.calls.get("requeue", 0) == 1))  # put back
         (task_id,) = held.ids
         assert await gate.wait(task_id, timeout=GUARD) == b'"ran"'
-    assert (await gate.get(task_id)).claims == 1  # started by the submit's own claim, once
+        done = await gate.get(task_id)
+    assert (done.claims, done.lease_lost) == (2, 0)  # the abandoned claim, put back, then the run
 
 
 async def test_a_lease_coming_back_after_the_workers_stopped_is_put_back(gate_broker):

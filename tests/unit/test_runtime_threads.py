@@ -160,3 +160,39 @@ async def test_a_result_that_comes_after_its_waiter_gave_up_goes_to_on_abandoned
     # a result its waiter received is not handed over a second time
     assert await threads.run(lambda: "on time", on_abandoned=put_back) == "on time"
     assert late == ["late leases"]
+
+
+async def test_a_result_that_came_just_as_its_waiter_gave_up_goes_to_on_abandoned():
+    # The call answers, and its waiter is cancelled before it resumed to take the answer: the
+    # answer is nobody's, so it goes to on_abandoned as a later one would (a claim's leases
+    # would otherwise wait for the reaper).
+    threads = BrokerThreads(1)
+    started, go, next_ran, cleaned = (threading.Event() for _ in range(4))
+    late: list[str] = []
+
+    def answers() -> str:
+        started.set()
+        go.wait(GUARD)
+        return "leases"
+
+    def put_back(result: str) -> None:
+        late.append(result)
+        cleaned.set()
+
+    waiter = anyio.CancelScope()
+
+    async def wait_for_it() -> None:
+        with waiter:
+            await threads.run(answers, on_abandoned=put_back)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_for_it)
+        tg.start_soon(threads.run, next_ran.set)  # queued behind it on the pool's one thread
+        await anyio.to_thread.run_sync(started.wait, GUARD)
+        # The event loop is blocked from here on purpose: the call answers and the next one
+        # runs (so the first is wholly done) while its waiter cannot resume; then it is cancelled.
+        go.set()
+        next_ran.wait(GUARD)
+        waiter.cancel()
+    assert await anyio.to_thread.run_sync(cleaned.wait, GUARD)
+    assert late == ["leases"]

@@ -1,0 +1,339 @@
+"""Leases whose handlers never start go back as if never claimed, on every claim path.
+
+A claim that answers after its deadline (or after its caller gave up), leases a shutdown or a
+cancellation leaves unstarted, a submit's lease nobody will run: each task goes back to
+pending with no counter moved, its quota unit back in its window and (Redis) its global slot
+free again. A handler that had started keeps its unit (SPEC Part 1, shutdown).
+
+On all five backends, each with the test's `ManualClock`: no lease expires and no quota
+window ends meanwhile, so a lease that was not put back stays `running` for good (the test
+fails), and the units left in the window count the handlers that started. `Late` wraps the
+broker: the first call of the chosen claim method that leases something (once armed) answers
+only when the test lets it -- after the runtime gave up on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from gate_helpers import GUARD, eventually, make_gate
+from helpers.redis_servers import purge_keys
+
+from taskgate import BrokerError, ManualClock, QueueConfig, Status, Task
+from taskgate.brokers.base import Broker, DistributedLimiter, Lease
+from taskgate.brokers.memory import MemoryBroker
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.brokers.sql import SQLBroker
+
+pytestmark = pytest.mark.anyio
+
+BACKENDS = ["memory", "sqlite", "postgresql", "mysql", "redis"]
+LIMIT = 50  # quota units per (never ending) window
+PERIOD = timedelta(hours=1)
+# A worker-path deadline of 0.15 s (lease_ttl / 4): a held call misses it soon.
+SHORT_LEASE = 0.6
+# Every broker method that claims, in any of its variants.
+CLAIMS = frozenset(
+    {
+        "claim",
+        "claim_after_acks",
+        "claim_within_quota",
+        "claim_within_quota_after_acks",
+        "claim_with_limits",
+        "claim_with_limits_after_acks",
+        "enqueue_and_claim",
+        "enqueue_then_claim_with_limits",
+    }
+)
+
+
+class Late:
+    """A broker wrapper: once `armed`, the first call of ``method`` that leases a task answers
+    only when `answer` is set (in its own thread, after the real call); `held` is set then.
+
+    Its calls always go to a thread. ``acks_ride`` decides whether acks may ride on claims
+    (the SQL servers implement `AckCarrier` without declaring it); ``claim_on_submit=False``
+    hides `SubmitClaimer` (a submit then stores and claims in one thread). `put_back` counts
+    the requeues (what the runtime does with a lease nobody will start) per task.
+    """
+
+    def __init__(self, inner: Broker, method: str, *, acks_ride: bool, claim_on_submit: bool = True) -> None:
+        self._inner = inner
+        caps = inner.capabilities
+        self.capabilities = dataclasses.replace(
+            caps,
+            nonblocking=False,
+            inline_attempts=False,
+            split_calls=False,
+            acks_in_claims=acks_ride,
+            claim_on_submit=caps.claim_on_submit and claim_on_submit,
+        )
+        self.method = method
+        self.armed = True
+        self.held, self.answer = threading.Event(), threading.Event()
+        self.late_leased: list[str] = []
+        self.claimed_meanwhile = threading.Event()  # a claim was made while the late one waited
+        self.empty_claim = threading.Event()  # a claim found nothing (the queue is idle)
+        self.put_back: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        if name not in CLAIMS:
+            return target
+
+        def claim(*args: Any, **kwargs: Any) -> Any:
+            if self.held.is_set() and not self.answer.is_set():
+                self.claimed_meanwhile.set()
+            answer = target(*args, **kwargs)
+            leased = _leased(answer)
+            if not leased:
+                self.empty_claim.set()
+            with self._lock:
+                hold = name == self.method and self.armed and bool(leased) and not self.late_leased
+                if hold:
+                    self.late_leased = leased
+            if hold:
+                self.held.set()
+                self.answer.wait(GUARD)  # (a test that never answers fails on its own)
+            return answer
+
+        return claim
+
+    def requeue(self, task_id: str, token: str) -> Task:
+        task = self._inner.requeue(task_id, token)
+        with self._lock:
+            self.put_back[task_id] = self.put_back.get(task_id, 0) + 1
+        return task
+
+
+def _leased(answer: Any) -> list[str]:
+    """Ids of the tasks any claim method's ``answer`` leased."""
+    if isinstance(answer, tuple):  # (acks' answers or the stored task, the claim)
+        answer = answer[1]
+    if answer is None:
+        return []
+    if isinstance(answer, Lease):
+        return [answer.task.id]
+    leases = answer if isinstance(answer, list) else answer.leases
+    return [lease.task.id for lease in leases]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def broker(
+    backend: str, request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path
+) -> Iterator[Broker]:
+    """A broker of ``backend`` on the test's clock (fresh database / key prefix per test)."""
+    opened: Broker
+    if backend == "memory":
+        opened = MemoryBroker(clock=clock)
+    elif backend == "sqlite":
+        opened = SQLBroker(f"sqlite:///{tmp_path / 'gate.db'}", clock=clock)
+    elif backend == "redis":
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
+        opened = RedisBroker(url, key_prefix=prefix, clock=clock)
+        request.addfinalizer(lambda: _purge(url, prefix))
+    else:
+        opened = SQLBroker(request.getfixturevalue(f"{backend}_url"), clock=clock)
+    yield opened
+    opened.close()
+
+
+def _purge(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        purge_keys(client, KeySpace(prefix).pattern())
+    finally:
+        client.close()
+
+
+async def _units_left(broker: Broker) -> int:
+    """Units left in queue "q"'s quota window (taking them: call it last)."""
+    grant = await anyio.to_thread.run_sync(lambda: broker.reserve_quota("q", LIMIT, PERIOD, LIMIT))
+    return grant.granted
+
+
+async def _free_slots(broker: Broker, workers: int) -> int:
+    """Redis: how many of queue "q"'s ``workers`` global slots are free (taking them)."""
+    limiter: DistributedLimiter = broker  # type: ignore[assignment]
+    ttl = timedelta(seconds=30)
+    return len(await anyio.to_thread.run_sync(lambda: limiter.acquire_slots("q", workers, workers, ttl)))
+
+
+def _quota(workers: int, *, lease_ttl: float | str = "1h") -> QueueConfig:
+    return QueueConfig(workers=workers, lease_ttl=lease_ttl, quota_limit=LIMIT, quota_period="1h")
+
+
+# -- a claim of the scheduler that answers after its deadline --------------------------------
+
+# (backend, the claim method to hold, with a quota): every scheduler claim path each backend has.
+SCHEDULER_PATHS = [
+    *[
+        (backend, method, "quota" in method)
+        for backend in ("memory", "sqlite", "postgresql", "mysql")
+        for method in ("claim", "claim_after_acks", "claim_within_quota", "claim_within_quota_after_acks")
+        if backend != "memory" or "after_acks" not in method  # memory carries no acks
+    ],
+    *[
+        ("redis", method, quota)
+        for method in ("claim_with_limits", "claim_with_limits_after_acks")
+        for quota in (False, True)
+    ],
+]
+
+
+@pytest.mark.parametrize(
+    ("backend", "method", "with_quota"),
+    SCHEDULER_PATHS,
+    ids=[f"{b}-{m}{'+quota' if q and 'quota' not in m else ''}" for b, m, q in SCHEDULER_PATHS],
+    indirect=["backend"],
+)
+async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(
+    broker: Broker, backend: str, method: str, with_quota: bool
+) -> None:
+    # The scheduler gives up on the held claim (its deadline passes) and claims on; the held
+    # call then answers, and its lease must go back with its unit and slot: no lease expires
+    # here, so only putting it back runs that task. On a slow machine other claims may miss
+    # their deadline too: each put-back costs its task one more claim and nothing else.
+    late = Late(broker, method, acks_ride=method.endswith("_after_acks"))
+    conf = _quota(1, lease_ttl=SHORT_LEASE) if with_quota else QueueConfig(workers=1, lease_ttl=SHORT_LEASE)
+    gate = make_gate(late, {"q": conf})
+    ran: list[str] = []
+    gate.handle("q", lambda task: ran.append(task.id))
+    async with gate:
+        ids = await gate.submit_many("q", [None] * 6)
+        with anyio.fail_after(GUARD):
+            await anyio.to_thread.run_sync(late.claimed_meanwhile.wait)  # it gave up on the late call
+        late.answer.set()
+        done = [await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED) for task_id in ids]
+    assert late.late_leased and set(late.late_leased) <= set(ids)
+    assert sorted(ran) == sorted(ids)  # each ran once: the late lease went back, not run twice
+    for task in done:
+        assert (task.lease_lost, task.attempts) == (0, 0)
+        assert task.claims == 1 + late.put_back.get(task.id, 0)
+    for task_id in late.late_leased:
+        assert late.put_back.get(task_id, 0) >= 1
+    if with_quota:
+        assert await _units_left(broker) == LIMIT - len(ids)  # one unit per handler started
+    if backend == "redis":
+        assert await _free_slots(broker, 1) == 1
+
+
+# -- a submit that claims, past its deadline or given up by its caller -----------------------
+
+# (backend, the claim method a submit holds, SubmitClaimer shown): every submit-claim path.
+SUBMIT_PATHS = [
+    *[
+        (backend, method, method == "enqueue_and_claim")
+        for backend in ("memory", "sqlite", "postgresql", "mysql")
+        for method in ("enqueue_and_claim", "claim")  # "claim": store, then claim in one thread
+    ],
+    ("redis", "enqueue_then_claim_with_limits", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("backend", "method", "submit_claimer"),
+    SUBMIT_PATHS,
+    ids=[f"{b}-{m}" for b, m, _ in SUBMIT_PATHS],
+    indirect=["backend"],
+)
+async def test_a_submit_that_claims_on_a_hung_connection_gives_up_at_its_deadline(
+    broker: Broker, method: str, submit_claimer: bool
+) -> None:
+    late = Late(broker, method, acks_ride=False, claim_on_submit=submit_claimer)
+    # No poll comes between: the queue claims only when woken, so it is idle when we submit.
+    gate = make_gate(late, {"q": QueueConfig(workers=1, lease_ttl=SHORT_LEASE)}, poll_interval=GUARD * 2)
+    ran: list[str] = []
+    gate.handle("q", lambda task: ran.append(task.id))
+    async with gate:
+        with anyio.fail_after(GUARD):
+            await anyio.to_thread.run_sync(late.empty_claim.wait)  # the first claim found nothing
+            await anyio.wait_all_tasks_blocked()  # and the queue waits for news of work
+            # The call stores and claims, then hangs: the submit gives up at the worker path's
+            # deadline instead of waiting as long as the connection does.
+            with pytest.raises(BrokerError, match="did not answer"):
+                await gate.submit("q")
+        late.answer.set()  # the hung call answers at last
+        (task_id,) = late.late_leased
+        await eventually(gate, task_id, lambda t: late.put_back.get(task_id, 0) > 0)  # put back
+        other = await gate.submit("q")  # news of work: the queue claims both
+        for done in (task_id, other):
+            await gate.wait(done, timeout=GUARD)
+        task = await gate.get(task_id)
+    assert sorted(ran) == sorted([task_id, other])
+    assert (task.claims, task.lease_lost) == (2, 0)
+
+
+# -- shutdown, cancellation and the quota ----------------------------------------------------
+
+QUOTA_CLAIM = {"redis": "claim_with_limits"}
+
+
+async def test_a_run_cancelled_during_a_claim_within_a_quota_gives_the_units_back(
+    broker: Broker, backend: str
+) -> None:
+    late = Late(broker, QUOTA_CLAIM.get(backend, "claim_within_quota"), acks_ride=False)
+    gate = make_gate(late, {"q": _quota(2)})
+    gate.handle("q", lambda task: "ran")
+    ids = await gate.submit_many("q", [None, None])
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        await anyio.to_thread.run_sync(late.held.wait, GUARD)
+        tg.cancel_scope.cancel()  # while the claim is under way; it then answers
+        late.answer.set()
+    for task_id in ids:
+        task = await gate.get(task_id)
+        assert (task.status, task.claims, task.attempts, task.lease_lost) == (Status.PENDING, 1, 0, 0)
+    assert await _units_left(broker) == LIMIT  # no handler started: every unit is back
+    if backend == "redis":
+        assert await _free_slots(broker, 2) == 2
+
+
+async def test_after_the_shutdown_grace_a_task_that_never_started_gives_its_unit_back(
+    broker: Broker, backend: str
+) -> None:
+    late = Late(broker, QUOTA_CLAIM.get(backend, "claim_within_quota"), acks_ride=False)
+    late.armed = False
+    gate = make_gate(late, {"q": _quota(2)})
+    started = anyio.Event()
+
+    @gate.handler("q")
+    async def forever(task: Task) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        first = await gate.submit("q")
+        with anyio.fail_after(GUARD):
+            await started.wait()
+        late.armed = True
+        second = await gate.submit("q")  # claimed by a call that answers only after the grace
+        await anyio.to_thread.run_sync(late.held.wait, GUARD)
+        tg.start_soon(gate.shutdown, 0)
+        await anyio.wait_all_tasks_blocked()  # the grace is over: the started handler is stopped
+        late.answer.set()
+    assert late.late_leased == [second]
+    for task_id in (first, second):
+        task = await gate.get(task_id)
+        assert (task.status, task.claims, task.attempts, task.lease_lost) == (Status.PENDING, 1, 0, 0)
+    # The handler that started keeps its unit (it may have called the gateway); the task
+    # claimed after the grace, whose handler never started, gives its unit back.
+    assert await _units_left(broker) == LIMIT - 1
+    if backend == "redis":
+        assert await _free_slots(broker, 2) == 2
