@@ -337,3 +337,29 @@ async def test_after_the_shutdown_grace_a_task_that_never_started_gives_its_unit
     assert await _units_left(broker) == LIMIT - 1
     if backend == "redis":
         assert await _free_slots(broker, 2) == 2
+
+
+SUBMIT_CLAIM = {"redis": "enqueue_then_claim_with_limits"}
+
+
+async def test_a_submits_lease_that_finds_the_workers_gone_goes_back_with_its_slot(
+    broker: Broker, backend: str
+) -> None:
+    late = Late(broker, SUBMIT_CLAIM.get(backend, "enqueue_and_claim"), acks_ride=False)
+    # No poll comes between: the queue claims only when woken, so it is idle when we submit.
+    gate = make_gate(late, {"q": QueueConfig(workers=1, lease_ttl="1h")}, poll_interval=GUARD * 2)
+    gate.handle("q", lambda task: None)
+    async with anyio.create_task_group() as tg:
+        await tg.start(gate.run)
+        with anyio.fail_after(GUARD):
+            await anyio.to_thread.run_sync(late.empty_claim.wait)  # the first claim found nothing
+            await anyio.wait_all_tasks_blocked()  # and the queue waits for news of work
+            tg.start_soon(gate.submit, "q")
+            await anyio.to_thread.run_sync(late.held.wait)
+            await gate.shutdown()  # nothing runs: the workers stop at once
+        late.answer.set()  # the submit's lease comes back to no worker
+    (task_id,) = late.late_leased
+    task = await gate.get(task_id)
+    assert (task.status, task.claims, task.lease_lost) == (Status.PENDING, 1, 0)
+    if backend == "redis":
+        assert await _free_slots(broker, 1) == 1  # its global slot is free again
