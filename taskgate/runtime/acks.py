@@ -17,6 +17,10 @@ Where the broker can (`AckCarrier`, quiet acks only), the acks waiting when the 
 scheduler claims ride on that claim (`with_claim`): under load a queue's handlers finish
 together and its next claim follows at once, so one broker call does both. The writer then
 writes only what no claim took: acks of an idle queue, or that arrived during a claim.
+
+An ack the broker refuses (a result too large for it: any error but a `BrokerError`, a lost
+lease or a task no longer running) fails its task once with that reason; the other acks of
+its batch are written one by one. Running the task again would only compute the same result.
 """
 
 from __future__ import annotations

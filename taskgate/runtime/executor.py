@@ -5,6 +5,13 @@ Whatever stopped it decides the write: the handler's own result or exception (`d
 the stop reason (cancel -> ``finish_canceled``, shutdown -> ``requeue``, lease lost ->
 nothing). A stopped handler's cancellation goes on up to the lane's scope, which ends it;
 the write happens shielded on the way, so a runtime being cancelled still puts its tasks back.
+
+Nothing a handler returns or raises leaves `Executor.run` but a cancellation: a result the
+codec or the broker refuses fails the task once with the reason (a retry would only compute
+it again), an exception whose text cannot be read or stored is described as well as it can
+be (`describe`), and a write that fails for any other reason is logged. A stopped plain
+``def`` handler cannot be interrupted: its thread is abandoned, but its worker slot stays
+taken until the thread returns (`_ThreadRun`), so ``workers`` still bounds what runs.
 """
 
 from __future__ import annotations

@@ -23,7 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
-from taskgate import ManualClock, QueueConfig, SkipRetry, Status, Task, Throttled
+from taskgate import (
+    ConfigError,
+    ManualClock,
+    QueueConfig,
+    SkipRetry,
+    Status,
+    Task,
+    TaskNotFoundError,
+    Throttled,
+)
 from taskgate.brokers.base import Broker
 from taskgate.brokers.checks import MAX_ERROR_LENGTH
 from taskgate.brokers.memory import MemoryBroker
@@ -31,6 +40,7 @@ from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.sql import SQLBroker  # type: ignore[attr-defined]
 from taskgate.brokers.sql.engine import normalize_url
+from taskgate.errors import BrokerError
 
 pytestmark = pytest.mark.anyio
 
@@ -226,6 +236,31 @@ async def test_a_cancelled_sync_handler_keeps_its_slot_until_its_thread_returns(
     assert overlapped == [False]
 
 
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_shutdown_does_not_wait_for_a_stuck_sync_handler_past_its_timeout(broker: Broker) -> None:
+    # The guard of the slot kept above: the worker does not wait for the thread, so shutdown's
+    # timeout still ends the run and puts the task back.
+    gate = make_gate(broker, {"q": QueueConfig(workers=1)})
+    release, started = threading.Event(), threading.Event()
+
+    @gate.handler("q")
+    def stuck(task: Task) -> None:
+        started.set()
+        release.wait(GUARD)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(gate.run)
+            task_id = await gate.submit("q")
+            with anyio.fail_after(GUARD):
+                await anyio.to_thread.run_sync(started.wait, GUARD)
+                await gate.shutdown(timeout=0.05)
+        assert not release.is_set()  # shut down while the thread still runs
+        assert (await gate.get(task_id)).status is Status.PENDING
+    finally:
+        release.set()
+
+
 # -- the property: drawn handler behaviours, one gate per example -----------------------------
 
 MAX_RETRY, THROTTLED_MAX = 2, 2
@@ -279,7 +314,23 @@ def _circular() -> list[Any]:
 
 
 _raising = st.one_of(
-    st.builds(_error, st.sampled_from([ValueError, KeyError, OverflowError, RuntimeError, OSError]), _texts),
+    st.builds(
+        _error,
+        # taskgate's own errors too: raised by a handler, they are its failures like any other
+        st.sampled_from(
+            [
+                ValueError,
+                KeyError,
+                OverflowError,
+                RuntimeError,
+                OSError,
+                BrokerError,
+                TaskNotFoundError,
+                ConfigError,
+            ]
+        ),
+        _texts,
+    ),
     st.sampled_from([BrokenStr, NotAStr, lambda: UnicodeEncodeError("utf-8", "\udcff", 0, 1, "surrogates")]),
 )
 
