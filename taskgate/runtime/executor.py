@@ -6,8 +6,9 @@ the stop reason (cancel -> ``finish_canceled``, shutdown -> ``requeue``, lease l
 nothing). A stopped handler's cancellation goes on up to the lane's scope, which ends it;
 the write happens shielded on the way, so a runtime being cancelled still puts its tasks back.
 
-Nothing a handler returns or raises leaves `Executor.run` but a cancellation: a result the
-codec or the broker refuses fails the task once with the reason (a retry would only compute
+Nothing a handler returns or raises leaves `Executor.run` but a cancellation, an interpreter
+exit or an interrupt (a `BaseException` subclass of the handler's own is its failure): a result
+the codec or the broker refuses fails the task once with the reason (a retry would only compute
 it again), an exception whose text cannot be read or stored is described as well as it can
 be (`describe`), and a write that fails for any other reason is logged. A stopped plain
 ``def`` handler cannot be interrupted: its thread is abandoned, but its worker slot stays
@@ -135,6 +136,11 @@ class Executor:
             outcome, finished = _ACK_NONE if value is None else _encoded(value), True
         except Exception as exc:
             outcome, finished = self._decide(exc, task), False
+        except BaseException as exc:
+            if _ends_the_run(exc):
+                raise
+            # A handler's own BaseException subclass is its failure, not the gate's.
+            outcome, finished = self._decide(exc, task), False
         finally:
             lane.finish(ctx)
             leave(token)
@@ -142,7 +148,7 @@ class Executor:
                 note_fenced(ctx)  # unless a stop gave its reason first: the fence deadline passed
         return outcome, finished
 
-    def _decide(self, exc: Exception, task: Task) -> Outcome:
+    def _decide(self, exc: BaseException, task: Task) -> Outcome:
         """`decide`, which never raises: whatever a handler raised, its task gets an outcome."""
         try:
             return decide(exc, task, throttled_max=self._throttled_max)
@@ -290,6 +296,16 @@ def _hand_to_writer(ctx: RunContext, outcome: Outcome) -> bool:
     lease = ctx.lease
     ctx.ack(lease.task.id, lease.token, outcome.result)
     return True
+
+
+def _ends_the_run(exc: BaseException) -> bool:
+    """Whether ``exc``, raised out of a handler, must go on up rather than fail the task: a
+    cancellation (the lane's stop, or the runtime's), an interpreter exit or interrupt, or a
+    group that may hold one of them."""
+    return isinstance(
+        exc,
+        (anyio.get_cancelled_exc_class(), KeyboardInterrupt, SystemExit, GeneratorExit, BaseExceptionGroup),
+    )
 
 
 def _encoded(value: Any) -> Outcome:

@@ -106,7 +106,7 @@ def unknown_type(task: Task) -> Fail:
 
 
 def decide(
-    exc: Exception, task: Task, *, throttled_max: int, rand: Callable[[], float] = random.random
+    exc: BaseException, task: Task, *, throttled_max: int, rand: Callable[[], float] = random.random
 ) -> Outcome:
     """The retry path for a handler that raised ``exc`` while running ``task``.
 

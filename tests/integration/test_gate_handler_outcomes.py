@@ -102,6 +102,10 @@ class BrokenStr(Exception):
         raise RuntimeError("no text for you")
 
 
+class NotAnException(BaseException):
+    """A handler's own exception outside the `Exception` hierarchy (not an exit or a cancel)."""
+
+
 class NotAStr(Exception):
     """An exception whose ``__str__`` answers something else than a str."""
 
@@ -120,6 +124,7 @@ RAISES: dict[str, tuple[Callable[[], BaseException], tuple[str, ...]]] = {
     "str-raises": (lambda: BrokenStr(), ("BrokenStr", "RuntimeError")),
     "str-not-a-str": (lambda: NotAStr(), ("NotAStr", "TypeError")),
     "enormous": (lambda: ValueError("e" * 1_000_000), ("ValueError: eee", "cut from")),
+    "base-exception": (lambda: NotAnException("gave up"), ("NotAnException: gave up",)),
 }
 
 
