@@ -184,9 +184,10 @@ class Runtime:
 
     async def observe(self, tasks: Iterable[Task]) -> None:
         """React to snapshots this process produced: hooks, waiters, wake-ups. The tasks broker
-        calls settled on their own meanwhile come after them (the call that made ``tasks``
-        reported its own before it answered)."""
-        tasks = [*tasks, *self._take_also_settled()]
+        calls settled on their own meanwhile come first: each was reported before its call
+        answered, so before anything a later call did to the same task (a woken child's
+        ``pending`` goes before its ``running`` or ``completed``)."""
+        tasks = [*self._take_also_settled(), *tasks]
         cascade = False
         for task in tasks:
             if task.status.is_final:
@@ -424,7 +425,9 @@ class Runtime:
         self.active[key] = ctx
         try:
             if self.hooks.hook is not None:
-                await self.hooks.emit((lease.task,))  # running: nothing to wake, only the hook to call
+                # Running: nothing to wake, only the hook to call -- after what brokers settled
+                # before this claim (the task's own wake-up among them, as in `observe`).
+                await self.hooks.emit([*self._take_also_settled(), lease.task])
             await executor.run(ctx, lane, auto_heartbeat=not conf.manual_heartbeat)
         finally:
             if self.active.get(key) is ctx:

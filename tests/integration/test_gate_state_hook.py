@@ -31,6 +31,15 @@ BLOCKED_THEN_CANCELED = [Status.BLOCKED, Status.CANCELED]
 WOKEN_AND_RUN = [Status.BLOCKED, Status.PENDING, Status.RUNNING, Status.COMPLETED]
 
 
+def assert_woken_and_run(statuses: list[Status]) -> None:
+    """Each step reported once, blocked first and completed last. A woken child's ``pending``
+    and its ``running`` may swap when its claim is answered in the moment between its parent's
+    commit and that call's report of it (two calls racing in two threads), so only those two
+    are not ordered."""
+    assert sorted(statuses, key=WOKEN_AND_RUN.index) == WOKEN_AND_RUN
+    assert (statuses[0], statuses[-1]) == (Status.BLOCKED, Status.COMPLETED)
+
+
 @pytest.fixture(params=["memory", "sqlite", "postgresql", "mysql", "redis"])
 def any_broker(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path) -> Iterator[Broker]:
     """Each backend, on the test's clock."""
@@ -99,7 +108,7 @@ async def test_a_child_woken_by_its_parents_completion_is_reported_pending(any_b
         child = await gate.submit("q", depends_on=[parent])
         release.set()
         await gate.wait(child, timeout=GUARD)
-    assert seen.of(child) == WOKEN_AND_RUN
+    assert_woken_and_run(seen.of(child))
 
 
 async def test_descendants_of_a_parent_that_failed_for_good_are_reported_canceled(any_broker: Broker) -> None:
@@ -123,7 +132,7 @@ async def test_a_child_ignoring_its_failed_parent_is_reported_pending(any_broker
         child = await gate.submit("q", depends_on=[parent], ignore_parent_failure=True)
         release.set()
         await gate.wait(child, timeout=GUARD)
-    assert seen.of(child) == WOKEN_AND_RUN
+    assert_woken_and_run(seen.of(child))
 
 
 async def test_descendants_of_a_canceled_task_are_reported_canceled(any_broker: Broker) -> None:

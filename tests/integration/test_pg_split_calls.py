@@ -494,9 +494,11 @@ async def test_a_gate_submits_claims_and_reads_through_split_calls(broker: Count
             await done.wait()
     assert sorted(seen) == sorted(ids)
     assert broker.counts()["q"] == {Status.COMPLETED: 40}
-    names = set(broker.split_names)
-    # (A claim that finds a submit's statement in flight on the held connection runs in a thread.)
-    assert "enqueue_quiet" in names and "claim" in names
+    # Submits go through split calls. A claim that finds a submit's statement in flight on the
+    # held connection runs in a thread, which on a loaded host can be every claim of the run
+    # (seen in CI); `test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned` shows a
+    # claim split.
+    assert "enqueue_quiet" in set(broker.split_names)
 
 
 @pytest.mark.anyio
