@@ -72,31 +72,6 @@ def test_the_cycle_trace_shows_claims_ack_writes_and_runs_in_time_order() -> Non
     assert "run" in kinds and kinds <= {"run", "claim>", "claim<", "ack>", "ack<"}
 
 
-def test_the_bytecode_count_names_the_runtime_and_repeats_closely() -> None:
-    def count() -> list[str]:
-        args = ("--backend", "memory", "-n", "200", "--top", "15")
-        return _stdout_of("benchmarks.opcount", *args, timeout=60, PYTHONHASHSEED="0").splitlines()
-
-    def per_task(lines: list[str]) -> float:
-        assert lines[0].endswith("bytecodes per task")
-        return float(lines[0].split()[0].replace(",", ""))
-
-    first = count()
-    assert per_task(first) > 0
-    assert any("taskgate/runtime/" in line for line in first[1:])
-    assert len(first) == 16
-    # A count, not a timing: a second run differs by a poll wake-up or two at most.
-    assert abs(per_task(count()) - per_task(first)) <= 0.02 * per_task(first)
-
-
-def test_the_server_count_runs_redis_under_valgrind_and_counts_each_phase() -> None:
-    stdout = _stdout_of("benchmarks.servercount", "-n", "100", "--only", "claim,ack", timeout=300)
-    counts = {line.split()[0]: float(line.split()[1].replace(",", "")) for line in stdout.splitlines()}
-    assert set(counts) == {"claim", "ack"}
-    # Each task's script reads and writes its hash: tens of thousands of instructions, never none.
-    assert all(10_000 < value < 10_000_000 for value in counts.values()), counts
-
-
 @pytest.mark.parametrize(("backend", "what"), [("redis", "submit"), ("redis", "get"), ("pg", "latency")])
 def test_the_split_calls_a_b_runs_both_sides(backend: str, what: str) -> None:
     args = ("--backend", backend, "--what", what, "--rounds", "2", "-n", "20")

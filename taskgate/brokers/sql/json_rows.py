@@ -1,12 +1,12 @@
 """Wide rows read with their small columns packed into one JSON array (MySQL/MariaDB).
 
-PyMySQL parses every column of every row in Python: a claim's ten task rows of 21 columns
-cost the worker more CPU than the claim's round trips (``benchmarks/README.md``,
-"Twenty-second round"). Here a SELECT of many columns is sent as ``SELECT JSON_ARRAY(<its
-columns of bounded size>), <the others> …``: the server formats the small columns as JSON
-and ``json.loads`` (C) parses them. Each value is brought back to what PyMySQL itself would
-have read (a naive ``datetime`` from its text), then the column type's own result processor
-runs, so a row reads exactly as it would otherwise.
+PyMySQL parses every column of every row in Python: a claim's ten task rows of 21 columns cost
+the worker more CPU than the claim's round trips (the benchmarks' twenty-second round, in the
+git history of ``benchmarks/README.md``). Here a SELECT of many columns is sent as ``SELECT
+JSON_ARRAY(<its columns of bounded size>), <the others> …``: the server formats the small
+columns as JSON and ``json.loads`` (C) parses them. Each value is brought back to what PyMySQL
+itself would have read (a naive ``datetime`` from its text), then the column type's own result
+processor runs, so a row reads exactly as it would otherwise.
 
 Only columns of bounded size are packed: strings with a length (at most 255 characters here),
 numbers, booleans, datetimes. A row's array therefore stays far below ``max_allowed_packet``,
