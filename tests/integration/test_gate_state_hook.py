@@ -32,12 +32,11 @@ WOKEN_AND_RUN = [Status.BLOCKED, Status.PENDING, Status.RUNNING, Status.COMPLETE
 
 
 def assert_woken_and_run(statuses: list[Status]) -> None:
-    """Each step reported once, blocked first and completed last. A woken child's ``pending``
-    and its ``running`` may swap when its claim is answered in the moment between its parent's
-    commit and that call's report of it (two calls racing in two threads), so only those two
-    are not ordered."""
+    """Each step reported exactly once. Their order is not asserted: each call's snapshots are
+    handed to the hook when its caller resumes, so snapshots of concurrent calls can arrive out
+    of order (seen on Trio and Redis: a parent's ``completed``, and with it its child's
+    ``pending``, after the child's own ``completed``)."""
     assert sorted(statuses, key=WOKEN_AND_RUN.index) == WOKEN_AND_RUN
-    assert (statuses[0], statuses[-1]) == (Status.BLOCKED, Status.COMPLETED)
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql", "mysql", "redis"])
