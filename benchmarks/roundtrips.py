@@ -62,7 +62,7 @@ class _BrokerTimer:
     METHODS = ("enqueue", "claim", "ack", "ack_many", "ack_many_quiet", "heartbeat", "reap", "counts")
     METHODS += ("wait_for_work",)
     METHODS += ("acquire_slots", "release_slots", "renew_slots", "take_rate", "reserve_quota")
-    METHODS += ("claim_with_slots", "claim_with_limits", "claim_within_quota")
+    METHODS += ("claim_with_limits", "claim_within_quota")
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()

@@ -621,15 +621,6 @@ class DistributedLimiter(Protocol):
         """Take up to ``n`` of the queue's ``capacity`` slots, each expiring after ``ttl``."""
         ...
 
-    def claim_with_slots(self, queue: str, capacity: int, limit: int, lease_ttl: timedelta) -> list[Lease]:
-        """`Broker.claim` and `acquire_slots` as ONE atomic step: up to ``limit`` due tasks, each
-        under one of the queue's ``capacity`` slots, taken only for tasks claimed.
-
-        Each slot's token is its lease's token and expires with the lease (``lease_ttl``);
-        renew and release it by that token like any slot.
-        """
-        ...
-
     def claim_with_limits(
         self,
         queue: str,
@@ -643,10 +634,13 @@ class DistributedLimiter(Protocol):
         release: Sequence[str] = (),
         claimer: str = "",
     ) -> LimitedClaim:
-        """`claim_with_slots` that also takes, per task claimed, one start of `take_rate`'s
-        limiter (``rps`` > 0) and one unit of ``quota``'s current window -- ONE atomic step.
+        """`Broker.claim` of up to ``limit`` due tasks, each under one of the queue's ``capacity``
+        slots, that also takes per task claimed one start of `take_rate`'s limiter (``rps`` > 0)
+        and one unit of ``quota``'s current window -- ONE atomic step.
 
-        Slots, starts and units are spent only for tasks claimed. ``release`` gives those slot
+        Each slot's token is its lease's token and expires with the lease (``lease_ttl``);
+        renew and release it by that token like any slot. Slots, starts and units are spent
+        only for tasks claimed. ``release`` gives those slot
         tokens back first (as `release_slots` would), so they count as free for this claim.
         A ``claimer`` id makes claimers take turns: one that found no free slot while tasks
         were due is owed one, which every other claimer leaves free until it came back.

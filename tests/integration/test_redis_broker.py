@@ -412,40 +412,40 @@ def _pending(broker: RedisBroker, n: int, queue: str = "q") -> list[str]:
     return ids
 
 
-def test_claim_with_slots_takes_a_slot_per_claimed_task_and_no_more(open_broker: Factory) -> None:
+def test_a_limited_claim_takes_a_slot_per_claimed_task_and_no_more(open_broker: Factory) -> None:
     clock = ManualClock()
     one, two = open_broker(clock=clock), open_broker(clock=clock)
     _pending(one, 5)
     other = one.acquire_slots("q", 4, 1, TTL)  # another process's slot
-    leases = one.claim_with_slots("q", 4, 10, TTL)
+    leases = one.claim_with_limits("q", 4, 10, TTL).leases
     assert [lease.task.id for lease in leases] == ["t0", "t1", "t2"]  # 4 slots, 1 held elsewhere
     assert all(lease.task.status is Status.RUNNING for lease in leases)
-    assert two.claim_with_slots("q", 4, 10, TTL) == []  # every slot is held
+    assert two.claim_with_limits("q", 4, 10, TTL).leases == []  # every slot is held
     assert two.get("t3").status is Status.PENDING  # nothing claimed without a slot
     # Each lease's token is its slot: renewing and releasing work by that token.
     tokens = [lease.token for lease in leases]
     assert one.renew_slots("q", tokens + other, TTL) == []
     one.release_slots("q", tokens[:1])
-    (more,) = two.claim_with_slots("q", 4, 10, TTL)
+    (more,) = two.claim_with_limits("q", 4, 10, TTL).leases
     assert more.task.id == "t3"
 
 
-def test_claim_with_slots_takes_no_slot_when_nothing_is_due(open_broker: Factory) -> None:
+def test_a_limited_claim_takes_no_slot_when_nothing_is_due(open_broker: Factory) -> None:
     broker = open_broker(clock=ManualClock())
-    assert broker.claim_with_slots("q", 2, 2, TTL) == []
+    assert broker.claim_with_limits("q", 2, 2, TTL).leases == []
     assert len(broker.acquire_slots("q", 2, 2, TTL)) == 2  # the empty claim held none
 
 
-def test_claim_with_slots_slots_expire_with_the_lease(open_broker: Factory) -> None:
+def test_a_limited_claims_slots_expire_with_the_lease(open_broker: Factory) -> None:
     clock = ManualClock()
     broker = open_broker(clock=clock)
     _pending(broker, 2)
-    (lease,) = broker.claim_with_slots("q", 1, 1, TTL)
+    (lease,) = broker.claim_with_limits("q", 1, 1, TTL).leases
     assert lease.expires_at == clock.now() + TTL
     clock.advance(TTL - timedelta(microseconds=1))
-    assert broker.claim_with_slots("q", 1, 1, TTL) == []
+    assert broker.claim_with_limits("q", 1, 1, TTL).leases == []
     clock.advance(timedelta(microseconds=1))  # the crashed holder's slot comes back
-    assert [lease.task.id for lease in broker.claim_with_slots("q", 1, 1, TTL)] == ["t1"]
+    assert [lease.task.id for lease in broker.claim_with_limits("q", 1, 1, TTL).leases] == ["t1"]
 
 
 def test_claim_with_limits_spends_starts_only_for_tasks_claimed(open_broker: Factory) -> None:
@@ -538,9 +538,9 @@ def test_gcra_defaults_and_unlimited_rate(open_broker: Factory) -> None:
         lambda b: b.take_rate("q", -1, 1, 1),
         lambda b: b.take_rate("q", float("inf"), 1, 1),
         lambda b: b.renew_slots("q", "token", TTL),
-        lambda b: b.claim_with_slots("q", 0, 1, TTL),
-        lambda b: b.claim_with_slots("q", 1, 0, TTL),
-        lambda b: b.claim_with_slots("q", 1, 1, timedelta(0)),
+        lambda b: b.claim_with_limits("q", 0, 1, TTL),
+        lambda b: b.claim_with_limits("q", 1, 0, TTL),
+        lambda b: b.claim_with_limits("q", 1, 1, timedelta(0)),
         lambda b: b.claim_with_limits("q", 1, 1, TTL, rps=-1.0, burst=1),
         lambda b: b.claim_with_limits("q", 1, 1, TTL, rps=1.0, burst=-1),
         lambda b: b.claim_with_limits("q", 0, 1, TTL, rps=1.0, burst=1),

@@ -610,16 +610,6 @@ class RedisBroker:
         """Take up to ``n`` of the queue's ``capacity`` slots (global), each expiring after ``ttl``."""
         return self._limits.acquire_slots(queue, capacity, n, ttl)
 
-    def claim_with_slots(
-        self, queue: str, capacity: int, limit: int, lease_ttl: timedelta
-    ) -> builtins.list[Lease]:
-        """Claim up to ``limit`` due tasks, each under one of the queue's ``capacity`` slots.
-
-        One script: slots are taken only for tasks claimed; each slot's token is its lease's
-        token and expires with the lease (renew and release it by that token).
-        """
-        return self.claim_with_limits(queue, capacity, limit, lease_ttl).leases
-
     def claim_with_limits(
         self,
         queue: str,
@@ -633,8 +623,10 @@ class RedisBroker:
         release: Sequence[str] = (),
         claimer: str = "",
     ) -> LimitedClaim:
-        """`claim_with_slots` that also takes, per task claimed, a start of the queue's global
-        rate (``rps`` > 0) and a unit of ``quota`` -- one script, spent only for tasks claimed.
+        """Claim up to ``limit`` due tasks, each under one of the queue's ``capacity`` global
+        slots, taking per task claimed a start of the queue's global rate (``rps`` > 0) and a
+        unit of ``quota`` -- one script, spent only for tasks claimed. Each slot's token is its
+        lease's token and expires with the lease (renew and release it by that token).
         The slots of ``release`` are given back first, in the same script; claimers with a
         ``claimer`` id take turns at slots (see claim_limited.lua)."""
         return self._call(
