@@ -14,7 +14,6 @@ from taskgate.brokers.base import (
     NewTask,
     QuotaGrant,
     Renewal,
-    SubmitClaimer,
 )
 
 if TYPE_CHECKING:
@@ -35,7 +34,6 @@ __all__ = [
     "RedisBroker",
     "Renewal",
     "SQLBroker",
-    "SubmitClaimer",
     "open_broker",
 ]
 

@@ -63,7 +63,6 @@ __all__ = [
     "QuotaSpec",
     "Renewal",
     "SettledSink",
-    "SubmitClaimer",
     "Unset",
     "check_identifier",
 ]
@@ -256,9 +255,6 @@ class Capabilities:
       the event loop inside `taskgate.brokers.nowait.no_wait`; where it would have to wait it
       raises `taskgate.brokers.nowait.WouldBlock` having changed nothing, and `Gate` runs it
       again in a thread (SQLite).
-    - ``claim_on_submit``: implements `SubmitClaimer`, so a submit that finds a worker of its
-      queue idle in the same process claims in the same unit as it stores (one round trip
-      where a submit and the claim that follows it take two).
     - ``quiet_acks``: implements `QuietAcker`, so `Gate` completes tasks without reading
       back their snapshots when nothing would look at them (no ``on_state_change`` hook).
     - ``quiet_enqueue``: implements `QuietEnqueuer`, so `Gate` stores submitted tasks without
@@ -278,7 +274,6 @@ class Capabilities:
     extra: frozenset[str] = field(default_factory=frozenset)
     nonblocking: bool = False
     inline_attempts: bool = False
-    claim_on_submit: bool = False
     quiet_acks: bool = False
     quiet_enqueue: bool = False
     acks_in_claims: bool = False
@@ -484,25 +479,6 @@ class Broker(Protocol):
 
 
 @runtime_checkable
-class SubmitClaimer(Protocol):
-    """Storing one task and claiming for the submitter as one step.
-
-    Only brokers declaring ``capabilities.claim_on_submit`` implement it.
-    """
-
-    def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
-        """`Broker.enqueue` of ``task`` and, when ``task`` is due on arrival and no other task
-        of its queue is due, its claim as `Broker.claim` would make it -- ONE atomic step.
-
-        Returns ``task``'s snapshot as submitted (the status `enqueue` gives it, ``pending``
-        for a task that was leased) and its lease, or None when it was stored to wait for a
-        claim: a delayed or blocked ``task``, or one that would overtake a due task (rows other
-        claimers hold count as due). When `enqueue` would raise, nothing is stored or claimed.
-        """
-        ...
-
-
-@runtime_checkable
 class QuietAcker(Protocol):
     """`Broker.ack_many` without the snapshots, for callers that do not look at them.
 
@@ -644,28 +620,6 @@ class DistributedLimiter(Protocol):
         tokens back first (as `release_slots` would), so they count as free for this claim.
         A ``claimer`` id makes claimers take turns: one that found no free slot while tasks
         were due is owed one, which every other claimer leaves free until it came back.
-        """
-        ...
-
-    def enqueue_then_claim_with_limits(
-        self,
-        task: NewTask,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> tuple[Task, LimitedClaim | None]:
-        """`Broker.enqueue` of ``task``, then `claim_with_limits` on its queue, in one call.
-
-        A submit's store and the claim for a worker already free take one round trip. The
-        claim may lease another task, due earlier. When `enqueue` would raise, this raises the
-        same and nothing is stored or claimed. A claim that fails once the task is stored is
-        answered with None (the task stays stored; the slots of ``release`` may not be back).
         """
         ...
 

@@ -21,7 +21,6 @@ from taskgate.brokers.base import (
     DistributedLimiter,
     LimitedAckCarrier,
     LimitedClaim,
-    NewTask,
     QuietAckOutcome,
     QuotaSpec,
 )
@@ -29,7 +28,6 @@ from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.bucket import TokenBucket
 from taskgate.runtime.calls import BrokerCalls
-from taskgate.task import Task
 
 __all__ = ["DistributedLimits", "Limits", "LocalLimits"]
 
@@ -71,14 +69,6 @@ class CombinedAckClaim(Protocol):
     ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]: ...
 
 
-class CombinedSubmitClaim(Protocol):
-    """See `Limits.combined_submit_claim`."""
-
-    def __call__(
-        self, task: NewTask, capacity: int, n: int, lease_ttl: timedelta, /, *, release: Sequence[str]
-    ) -> tuple[Task, LimitedClaim | None]: ...
-
-
 class Limits(Protocol):
     """Slots and rate for one queue's scheduler."""
 
@@ -100,17 +90,6 @@ class Limits(Protocol):
         Called as ``combined_ack_claim(acks, queue, capacity, n, lease_ttl, quota=…, release=…)``;
         returns the acks' answers and the claim, or None for a claim that failed after the
         acks were written (`LimitedAckCarrier`). None: the acks are written on their own.
-        """
-        ...
-
-    @property
-    def combined_submit_claim(self) -> CombinedSubmitClaim | None:
-        """`combined_claim` with the store of a new task before it, in one broker step.
-
-        Called as ``combined_submit_claim(task, capacity, n, lease_ttl, release=…)`` (no rate or
-        quota: a submit claims only for an unmetered queue). Returns the stored task and the
-        claim, or None for a claim that failed after the task was stored. None: store, then
-        `combined_claim`.
         """
         ...
 
@@ -159,11 +138,6 @@ class LocalLimits:
 
     @property
     def combined_claim(self) -> CombinedClaim | None:
-        """Local slots cost no call: nothing to combine."""
-        return None
-
-    @property
-    def combined_submit_claim(self) -> CombinedSubmitClaim | None:
         """Local slots cost no call: nothing to combine."""
         return None
 
@@ -237,9 +211,6 @@ class DistributedLimits:
         self._claim: CombinedClaim = functools.partial(
             limiter.claim_with_limits, rps=rps, burst=burst, claimer=claimer
         )
-        self._submit_claim: CombinedSubmitClaim = functools.partial(
-            limiter.enqueue_then_claim_with_limits, rps=rps, burst=burst, claimer=claimer
-        )
         self._ack_claim: CombinedAckClaim | None = None
         if carrier is not None:
             self._ack_claim = functools.partial(
@@ -259,11 +230,6 @@ class DistributedLimits:
     def combined_ack_claim(self) -> CombinedAckClaim | None:
         """Quiet acks, slots, the global rate and the claim in one script, when the broker can."""
         return self._ack_claim
-
-    @property
-    def combined_submit_claim(self) -> CombinedSubmitClaim | None:
-        """The store of a submitted task, slots and the claim in one script."""
-        return self._submit_claim
 
     def give_back(self, slots: Sequence[Slot]) -> None:
         """Note ``slots`` for the next claim (or `flush`) to give back."""

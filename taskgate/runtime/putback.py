@@ -11,11 +11,11 @@ Such leases turn up in two ways, both put back by `PutBack`:
 
 - a claim that answers after its caller stopped waiting (its deadline passed, or the caller
   was cancelled): every claim path -- the plain claim, the claim within a quota, the combined
-  limited claim, each of them with acks carried, and a submit that claims -- names
-  `PutBack.abandoned` as its ``on_abandoned``, which runs in the claim's own thread;
+  limited claim, each of them with acks carried -- names `PutBack.abandoned` as its
+  ``on_abandoned``, which runs in the claim's own thread;
 - leases the runtime holds whose handlers will not start: claimed while the scheduler was
-  cancelled, left in the feed when the workers stopped, a submit's lease that found the
-  workers gone, one claimed after shutdown's grace ran out: `PutBack.now`.
+  cancelled, left in the feed when the workers stopped, one claimed after shutdown's grace
+  ran out: `PutBack.now`.
 """
 
 from __future__ import annotations
@@ -42,16 +42,13 @@ _Step = tuple[Callable[..., Any], tuple[Any, ...], str]
 def held_by(answer: object) -> list[Held]:
     """The leases (and their grants) in what any claim path answered.
 
-    ``answer`` is a `Broker.claim`'s list of leases, a `QuotaClaim`, a `LimitedClaim`, a single
-    `Lease` or None, or a pair whose second item is one of those: the acks' answers and the
-    claim of a claim that carried acks, or the stored task and the claim of a submit that
-    claimed.
+    ``answer`` is a `Broker.claim`'s list of leases, a `QuotaClaim`, a `LimitedClaim` or None,
+    or a pair whose second item is one of those: the acks' answers and the claim of a claim
+    that carried acks.
     """
     match answer:
         case None:
             return []
-        case Lease():
-            return [(answer, None)]
         case list():
             return [(lease, None) for lease in answer]
         case QuotaClaim(leases=leases, grant=grant):

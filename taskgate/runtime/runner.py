@@ -134,51 +134,15 @@ class Runtime:
     async def submit(self, tasks: list[NewTask]) -> list[str]:
         """Store ``tasks`` and react to what they became (`observe`); their ids, in order.
 
-        A single task due at once whose queue has an idle worker here is claimed in the same
-        broker call (`QueueScheduler.submit_claiming`): with a `SubmitClaimer`, one round trip
-        and one commit instead of a submit, a wake-up and a claim. Without a hook, a broker
-        with ``quiet_enqueue`` answers statuses instead of snapshots (`arrived_unseen`).
+        A task due at once wakes its queue's scheduler here, which claims it without waiting
+        for the poll (`wake_queue`). Without a hook, a broker with ``quiet_enqueue`` answers
+        statuses instead of snapshots (`arrived_unseen`).
         """
-        if len(tasks) == 1:
-            stored = await self._submit_claiming(tasks[0])
-            if stored is not None:
-                return [stored.id]
         if self._quiet_enqueue is not None:
             self.arrived_unseen(tasks, await self.calls(self._quiet_enqueue.enqueue_quiet, tasks))
         else:
             await self.observe(await self.calls(self.broker.enqueue, tasks))
         return [task.id for task in tasks]
-
-    async def _submit_claiming(self, task: NewTask) -> Task | None:
-        """`QueueScheduler.submit_claiming` on a worker reserved for it; None when not tried."""
-        scheduler = self.schedulers.get(task.queue)
-        if scheduler is None or task.depends_on or task.delay or task.run_at is not None:
-            return None
-        if not scheduler.reserve_start():
-            return None
-        claimed_at = anyio.current_time()
-        # Not shielded: a caller that gives up (cancelled, or the worker path's deadline passed
-        # on a half-open connection) stops waiting at once, and a lease the call still makes is
-        # put back when it answers (`QueueScheduler.submit_claiming`).
-        try:
-            stored, lease = await scheduler.submit_claiming(task)
-        except BaseException:
-            scheduler.unreserve()
-            raise
-        # Shielded from here: the lease must reach the worker or go back, or the task would
-        # wait for the reaper.
-        with anyio.CancelScope(shield=True):
-            if lease is None:
-                scheduler.unreserve()
-                await self.observe([stored])
-                return stored
-            if lease.task.id == task.id:
-                await self.hooks.emit([stored])  # submitted (pending) before it shows running
-            else:
-                await self.observe([stored])  # an earlier task was claimed: this one waits
-            if not scheduler.start_reserved(lease, claimed_at):
-                await scheduler.put_back([(lease, None)])  # its queue has no quota (`reserve_start`)
-        return stored
 
     # -- observing transitions ------------------------------------------------------------------
 

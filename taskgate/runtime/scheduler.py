@@ -6,9 +6,7 @@ quota-exhausted queue never delays another. A same-process submit fires the queu
 ``poll_interval``.
 
 Claimed leases go to the queue's ``workers`` long-lived worker tasks through a `Feed`, and
-finished handlers' acks to the queue's `AckWriter`: no task is spawned per run. A submit in
-this process may claim its own task while storing it (`Runtime.submit`): it reserves a free
-worker here first (`reserve_start`) and hands its lease to the same feed.
+finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
 
 A lease whose handler never starts -- claimed by a call that answered too late, left in the
 feed when the workers stop -- goes back with its quota unit and slot (`taskgate.runtime.putback`).
@@ -30,14 +28,12 @@ from taskgate.brokers.base import (
     Broker,
     DistributedLimiter,
     Lease,
-    NewTask,
     QuietAckOutcome,
     QuotaClaim,
     QuotaGrant,
-    SubmitClaimer,
 )
 from taskgate.config import QueueConfig
-from taskgate.errors import BrokerError, TaskgateError
+from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
@@ -109,8 +105,6 @@ class QueueScheduler:
         self._claim_failures = 0
         self._claim_started = 0.0
         self._held_by_rate = False  # the last combined claim left due tasks for the rate
-        self._claiming = False  # between counting free workers and handing out what came back
-        self._started = False  # every worker is waiting for work: leases may be handed out
         # The last claim found less than it asked for: nothing more may be due. Rate tokens
         # and quota units taken for an empty claim are spent for good on a shared limiter,
         # so an idle queue asks whether work is due before taking them (see `_cycle`). A new
@@ -142,101 +136,9 @@ class QueueScheduler:
             self._idle = False
         self.signal.fire()
 
-    def reserve_start(self) -> bool:
-        """Take a free worker for a submit that claims in its own broker call (`submit_claiming`).
-
-        Only for an idle queue without rate or quota, between two claims: a claim counts free
-        workers before it asks, and must count this one as taken. Every True is answered by
-        one `start_reserved` or `unreserve`.
-        """
-        if self._stopping or not self._started or not self._idle or self._metered or self._claiming:
-            return False
-        if anyio.current_time() < self._paused_until:
-            return False
-        if self._free_workers() <= 0:
-            return False
-        self.running += 1
-        return True
-
     def _free_workers(self) -> int:
         """Workers free for new leases: idle ones, less acks waiting beyond their allowance."""
         return self.conf.workers - self.running - self.acks.backlog_beyond(ACK_ALLOWANCE * self.conf.workers)
-
-    async def submit_claiming(self, task: NewTask) -> tuple[Task, Lease | None]:
-        """Store ``task`` and claim for the worker `reserve_start` took, in one broker call.
-
-        A `SubmitClaimer` leases ``task`` itself in the submit's own step. Global limits that
-        combine a submit with their claim (Redis: one script) store it and claim as `_cycle`
-        would in one round trip. Any other broker stores it, then claims in the same thread,
-        sparing the hop back, the scheduler's wake-up and the hop to the claim. The last two
-        may lease another task, due earlier.
-
-        The call runs under the worker path's deadline (`BrokerError` past it) and the caller's
-        cancel scope; a call given up on puts back what it claimed when it answers (`PutBack`).
-        Whether the task was stored is then unknown, as for any call that did not answer.
-        """
-        late = self._put_back.abandoned
-        if self._broker.capabilities.claim_on_submit:
-            claimer = cast(SubmitClaimer, self._broker)
-            return await self._calls(
-                claimer.enqueue_and_claim, task, self.conf.lease, deadline=self.deadline, on_abandoned=late
-            )
-        combined = self.limits.combined_submit_claim
-        if combined is None:
-            enqueue_then_claim = self._enqueue_then_claim
-            return await self._calls(enqueue_then_claim, task, deadline=self.deadline, on_abandoned=late)
-        release = self.limits.take_releases()
-        try:
-            stored, claim = await self._calls(
-                combined,
-                task,
-                self.conf.workers,
-                1,
-                self.conf.lease,
-                release=release,
-                deadline=self.deadline,
-                on_abandoned=late,
-            )
-        except BaseException:
-            self.limits.restore_releases(release)
-            raise
-        if claim is None:  # the broker logged why; the scheduler claims next
-            self.limits.restore_releases(release)
-            return stored, None
-        return stored, (claim.leases[0] if claim.leases else None)
-
-    def _enqueue_then_claim(self, task: NewTask) -> tuple[Task, Lease | None]:
-        """In a broker thread: `enqueue` ``task``, then claim one lease of its queue (local
-        limits: no slots to take or give back). A failed claim leaves the submit standing."""
-        (stored,) = self._broker.enqueue([task])
-        try:
-            leases = self._broker.claim(self.name, 1, self.conf.lease)
-        except TaskgateError as exc:
-            log.warning(
-                "queue %r: the claim after a submit failed (the scheduler claims next): %s", self.name, exc
-            )
-            return stored, None
-        return stored, (leases[0] if leases else None)
-
-    def start_reserved(self, lease: Lease, claimed_at: float) -> bool:
-        """Hand the submit's ``lease`` to the reserved worker.
-
-        False when the workers are gone (the scheduler ended): the reservation is given back
-        and the caller puts the lease back (`put_back`).
-        """
-        if self._ready.closed:
-            self.unreserve()
-            return False
-        # Under global limits a lease's token is its slot, as in `_claim_within_limits`. A
-        # submit claims only for a queue without a quota: its lease took no unit.
-        slot = lease.token if self.limits.combined_claim is not None else None
-        self._ready.put((lease, slot, claimed_at, None))
-        return True
-
-    def unreserve(self) -> None:
-        """Give back the worker `reserve_start` took: the submit claimed nothing for it."""
-        self.running -= 1
-        self.wake(new_work=False)  # a claim may be waiting for a free worker
 
     async def put_back(self, held: list[Held]) -> None:
         """Put back leases whose handlers never started, with their quota units and slots
@@ -259,7 +161,6 @@ class QueueScheduler:
                         workers.start_soon(_work, self._ready, start)
                     while self._ready.parked < self.conf.workers:
                         await anyio.lowlevel.checkpoint()  # the first claim finds them waiting
-                    self._started = True
                     try:
                         while not self._stopping:
                             await self._cycle()
@@ -294,19 +195,15 @@ class QueueScheduler:
             await self.limits.flush()
             await self.signal.wait(self._poll)
             return
-        self._claiming = True
-        try:
-            claimed = await self._claim_within_limits(free)
-            if claimed is None:
-                return
-            leases, slots, grant = claimed
-            # Leases that come back after `stop` still run: graceful shutdown finishes the work
-            # already claimed (the runtime puts them back once the shutdown grace is over).
-            for lease, slot in zip(leases, slots, strict=False):
-                self.running += 1
-                self._ready.put((lease, slot, self._claim_started, grant))
-        finally:
-            self._claiming = False
+        claimed = await self._claim_within_limits(free)
+        if claimed is None:
+            return
+        leases, slots, grant = claimed
+        # Leases that come back after `stop` still run: graceful shutdown finishes the work
+        # already claimed (the runtime puts them back once the shutdown grace is over).
+        for lease, slot in zip(leases, slots, strict=False):
+            self.running += 1
+            self._ready.put((lease, slot, self._claim_started, grant))
         while self._ready.in_transit:
             # The workers just handed a lease start their handlers before this queue claims
             # again: a claim may run on the event loop (inline brokers) and hold it meanwhile.

@@ -2,10 +2,9 @@
 
 A backend's test file subclasses `BrokerContract` and supplies a ``broker_factory`` fixture
 (see `taskgate.testing.contract`); every contract test then runs against that backend. A
-broker declaring ``capabilities.claim_on_submit`` adds `SubmitClaimContract` too, one declaring
-``capabilities.quiet_acks`` `QuietAckContract`, one declaring ``capabilities.quiet_enqueue``
-`QuietEnqueueContract`, one implementing `taskgate.brokers.base.AckCarrier`
-`AckCarrierContract`.
+broker declaring ``capabilities.quiet_acks`` adds `QuietAckContract` too, one declaring
+``capabilities.quiet_enqueue`` `QuietEnqueueContract`, one implementing
+`taskgate.brokers.base.AckCarrier` `AckCarrierContract`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from taskgate.testing.contract import (  # noqa: E402
     BrokerContract,
     QuietAckContract,
     QuietEnqueueContract,
-    SubmitClaimContract,
 )
 
 __all__ = [
@@ -31,5 +29,4 @@ __all__ = [
     "BrokerContract",
     "QuietAckContract",
     "QuietEnqueueContract",
-    "SubmitClaimContract",
 ]

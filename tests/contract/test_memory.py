@@ -14,11 +14,10 @@ from taskgate.testing.contract import (
     BrokerFactory,
     QuietAckContract,
     QuietEnqueueContract,
-    SubmitClaimContract,
 )
 
 
-class TestMemoryBroker(BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract):
+class TestMemoryBroker(BrokerContract, QuietAckContract, QuietEnqueueContract):
     @pytest.fixture
     def broker_factory(self, clock: ManualClock) -> Iterator[BrokerFactory]:
         # A memory broker IS its store, so every "connection" is the same object.

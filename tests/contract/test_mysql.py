@@ -19,7 +19,6 @@ from taskgate.testing.contract import (
     BrokerFactory,
     QuietAckContract,
     QuietEnqueueContract,
-    SubmitClaimContract,
 )
 
 
@@ -32,9 +31,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestMySQLBroker(
-    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
-):
+class TestMySQLBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
     """Every contract test on MariaDB/MySQL; each broker object has its own pool."""
 
     @pytest.fixture

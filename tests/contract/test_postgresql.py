@@ -26,7 +26,6 @@ from taskgate.testing.contract import (
     BrokerFactory,
     QuietAckContract,
     QuietEnqueueContract,
-    SubmitClaimContract,
 )
 
 
@@ -39,9 +38,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestPostgreSQLBroker(
-    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
-):
+class TestPostgreSQLBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
     """Every contract test on PostgreSQL; each broker object has its own pool (and listener)."""
 
     @pytest.fixture

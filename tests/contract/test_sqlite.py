@@ -22,14 +22,11 @@ from taskgate.testing.contract import (
     BrokerFactory,
     QuietAckContract,
     QuietEnqueueContract,
-    SubmitClaimContract,
 )
 from taskgate.testing.contract._support import TTL, new_task
 
 
-class TestSQLiteBroker(
-    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
-):
+class TestSQLiteBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
     """Every contract test on a SQLite file; each broker object opens its own engine."""
 
     @pytest.fixture
@@ -39,7 +36,7 @@ class TestSQLiteBroker(
 
 
 class TestSQLiteBrokerAttemptedInline(
-    BrokerContract, SubmitClaimContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
+    BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
 ):
     """Every contract test again, each call attempted without waiting first."""
 

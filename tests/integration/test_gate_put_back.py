@@ -1,9 +1,9 @@
 """Leases whose handlers never start go back as if never claimed, on every claim path.
 
 A claim that answers after its deadline (or after its caller gave up), leases a shutdown or a
-cancellation leaves unstarted, a submit's lease nobody will run: each task goes back to
-pending with no counter moved, its quota unit back in its window and (Redis) its global slot
-free again. A handler that had started keeps its unit (SPEC Part 1, shutdown).
+cancellation leaves unstarted: each task goes back to pending with no counter moved, its quota
+unit back in its window and (Redis) its global slot free again. A handler that had started
+keeps its unit (SPEC Part 1, shutdown).
 
 On all five backends, each with the test's `ManualClock`: no lease expires and no quota
 window ends meanwhile, so a lease that was not put back stays `running` for good (the test
@@ -27,7 +27,7 @@ import redis
 from gate_helpers import GUARD, eventually, make_gate
 from helpers.redis_servers import purge_keys
 
-from taskgate import BrokerError, ManualClock, QueueConfig, Status, Task
+from taskgate import ManualClock, QueueConfig, Status, Task
 from taskgate.brokers.base import Broker, DistributedLimiter, Lease
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.brokers.redis import RedisBroker
@@ -50,8 +50,6 @@ CLAIMS = frozenset(
         "claim_within_quota_after_acks",
         "claim_with_limits",
         "claim_with_limits_after_acks",
-        "enqueue_and_claim",
-        "enqueue_then_claim_with_limits",
     }
 )
 
@@ -61,12 +59,11 @@ class Late:
     only when `answer` is set (in its own thread, after the real call); `held` is set then.
 
     Its calls always go to a thread. ``acks_ride`` decides whether acks may ride on claims
-    (the SQL servers implement `AckCarrier` without declaring it); ``claim_on_submit=False``
-    hides `SubmitClaimer` (a submit then stores and claims in one thread). `put_back` counts
-    the requeues (what the runtime does with a lease nobody will start) per task.
+    (the SQL servers implement `AckCarrier` without declaring it). `put_back` counts the
+    requeues (what the runtime does with a lease nobody will start) per task.
     """
 
-    def __init__(self, inner: Broker, method: str, *, acks_ride: bool, claim_on_submit: bool = True) -> None:
+    def __init__(self, inner: Broker, method: str, *, acks_ride: bool) -> None:
         self._inner = inner
         caps = inner.capabilities
         self.capabilities = dataclasses.replace(
@@ -75,7 +72,6 @@ class Late:
             inline_attempts=False,
             split_calls=False,
             acks_in_claims=acks_ride,
-            claim_on_submit=caps.claim_on_submit and claim_on_submit,
         )
         self.method = method
         self.armed = True
@@ -233,52 +229,6 @@ async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(
         assert await _free_slots(broker, 1) == 1
 
 
-# -- a submit that claims, past its deadline or given up by its caller -----------------------
-
-# (backend, the claim method a submit holds, SubmitClaimer shown): every submit-claim path.
-SUBMIT_PATHS = [
-    *[
-        (backend, method, method == "enqueue_and_claim")
-        for backend in ("memory", "sqlite", "postgresql", "mysql")
-        for method in ("enqueue_and_claim", "claim")  # "claim": store, then claim in one thread
-    ],
-    ("redis", "enqueue_then_claim_with_limits", False),
-]
-
-
-@pytest.mark.parametrize(
-    ("backend", "method", "submit_claimer"),
-    SUBMIT_PATHS,
-    ids=[f"{b}-{m}" for b, m, _ in SUBMIT_PATHS],
-    indirect=["backend"],
-)
-async def test_a_submit_that_claims_on_a_hung_connection_gives_up_at_its_deadline(
-    broker: Broker, method: str, submit_claimer: bool
-) -> None:
-    late = Late(broker, method, acks_ride=False, claim_on_submit=submit_claimer)
-    # No poll comes between: the queue claims only when woken, so it is idle when we submit.
-    gate = make_gate(late, {"q": QueueConfig(workers=1, lease_ttl=SHORT_LEASE)}, poll_interval=GUARD * 2)
-    ran: list[str] = []
-    gate.handle("q", lambda task: ran.append(task.id))
-    async with gate:
-        with anyio.fail_after(GUARD):
-            await anyio.to_thread.run_sync(late.empty_claim.wait)  # the first claim found nothing
-            await anyio.wait_all_tasks_blocked()  # and the queue waits for news of work
-            # The call stores and claims, then hangs: the submit gives up at the worker path's
-            # deadline instead of waiting as long as the connection does.
-            with pytest.raises(BrokerError, match="did not answer"):
-                await gate.submit("q")
-        late.answer.set()  # the hung call answers at last
-        (task_id,) = late.late_leased
-        await eventually(gate, task_id, lambda t: late.put_back.get(task_id, 0) > 0)  # put back
-        other = await gate.submit("q")  # news of work: the queue claims both
-        for done in (task_id, other):
-            await gate.wait(done, timeout=GUARD)
-        task = await gate.get(task_id)
-    assert sorted(ran) == sorted([task_id, other])
-    assert (task.claims, task.lease_lost) == (2, 0)
-
-
 # -- shutdown, cancellation and the quota ----------------------------------------------------
 
 QUOTA_CLAIM = {"redis": "claim_with_limits"}
@@ -337,29 +287,3 @@ async def test_after_the_shutdown_grace_a_task_that_never_started_gives_its_unit
     assert await _units_left(broker) == LIMIT - 1
     if backend == "redis":
         assert await _free_slots(broker, 2) == 2
-
-
-SUBMIT_CLAIM = {"redis": "enqueue_then_claim_with_limits"}
-
-
-async def test_a_submits_lease_that_finds_the_workers_gone_goes_back_with_its_slot(
-    broker: Broker, backend: str
-) -> None:
-    late = Late(broker, SUBMIT_CLAIM.get(backend, "enqueue_and_claim"), acks_ride=False)
-    # No poll comes between: the queue claims only when woken, so it is idle when we submit.
-    gate = make_gate(late, {"q": QueueConfig(workers=1, lease_ttl="1h")}, poll_interval=GUARD * 2)
-    gate.handle("q", lambda task: None)
-    async with anyio.create_task_group() as tg:
-        await tg.start(gate.run)
-        with anyio.fail_after(GUARD):
-            await anyio.to_thread.run_sync(late.empty_claim.wait)  # the first claim found nothing
-            await anyio.wait_all_tasks_blocked()  # and the queue waits for news of work
-            tg.start_soon(gate.submit, "q")
-            await anyio.to_thread.run_sync(late.held.wait)
-            await gate.shutdown()  # nothing runs: the workers stop at once
-        late.answer.set()  # the submit's lease comes back to no worker
-    (task_id,) = late.late_leased
-    task = await gate.get(task_id)
-    assert (task.status, task.claims, task.lease_lost) == (Status.PENDING, 1, 0)
-    if backend == "redis":
-        assert await _free_slots(broker, 1) == 1  # its global slot is free again

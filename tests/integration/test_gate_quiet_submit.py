@@ -29,7 +29,6 @@ class Recording:
         self.capabilities = dataclasses.replace(
             inner.capabilities,
             cross_process=False,
-            claim_on_submit=False,
             quiet_enqueue=quiet_enqueue,
             acks_in_claims=False,
         )

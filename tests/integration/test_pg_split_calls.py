@@ -93,12 +93,7 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     assert lease.task == broker.get(task.id)
     broker.ack(task.id, lease.token, b"done")  # the token the split claim answered holds the lease
     assert broker.get(child.id).status is Status.PENDING
-
-    submitted, claimed = _split(broker, broker.enqueue_and_claim, new_task(queue="idle"), TTL)
-    assert submitted.status is Status.PENDING and claimed is not None
-    assert claimed.task == broker.get(submitted.id)
-    assert broker.ack(submitted.id, claimed.token, None).status is Status.COMPLETED
-    assert broker.split_names == ["enqueue_quiet", "enqueue", "enqueue", "claim", "enqueue_and_claim"]
+    assert broker.split_names == ["enqueue_quiet", "enqueue", "enqueue", "claim"]
 
 
 def test_a_split_claim_within_quota_never_over_issues_its_window(broker: CountingSplits) -> None:

@@ -10,7 +10,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -659,97 +658,6 @@ def test_a_running_task_whose_hash_is_gone_does_not_stop_the_reaper(
     clock.advance(TTL.total_seconds())
     assert [t.id for t in broker.reap(lease_lost_max=5)] == [later.task.id]  # and the next pass
     assert broker.reap(lease_lost_max=5) == []
-
-
-# -- a submit and its claim in one script (enqueue_then_claim_with_limits) ----------------------
-
-
-def test_a_submit_chained_with_its_claim_stores_what_an_enqueue_then_a_claim_would(
-    open_broker: Factory, client: redis.Redis, unique_prefix: str
-) -> None:
-    broker = open_broker(clock=ManualClock())
-    chained, claim = broker.enqueue_then_claim_with_limits(NewTask(id="c", type="t", queue="qc"), 2, 1, TTL)
-    (apart,) = broker.enqueue([NewTask(id="s", type="t", queue="qs")])
-    apart_claim = broker.claim_with_limits("qs", 2, 1, TTL)
-
-    assert claim is not None and _ids(claim) == ["c"] and _ids(apart_claim) == ["s"]
-    assert chained.status is Status.PENDING and replace(chained, id="s", queue="qs") == apart
-    hashes = [_stored(client, unique_prefix, task_id) for task_id in ("c", "s")]
-    for fields in hashes:
-        del fields[b"id"], fields[b"queue"], fields[b"token"]
-    assert hashes[0] == hashes[1]
-    keys = KeySpace(unique_prefix)
-    for name in ("idx:all", "idx:type:t", "leases"):
-        assert client.zscore(keys.base + name, "c") == client.zscore(keys.base + name, "s") is not None, name
-    assert client.zscore(keys.base + "idx:status:pending", "c") is None
-    assert client.exists(keys.base + "idx:status:running") == 0  # `leases` lists running tasks
-    assert client.zcard(keys.queue("qc")) == 0
-    assert client.zscore(keys.slots("qc"), claim.leases[0].token) is not None  # the lease's token is its slot
-    assert broker.counts() == {"t": {Status.RUNNING: 2}}
-
-
-def test_a_submit_chained_with_its_claim_leases_a_task_due_before_it(open_broker: Factory) -> None:
-    clock = ManualClock()
-    broker = open_broker(clock=clock)
-    broker.enqueue([NewTask(id="early", type="t", queue="q")])
-    clock.advance(1)
-    stored, claim = broker.enqueue_then_claim_with_limits(NewTask(id="late", type="t", queue="q"), 1, 1, TTL)
-    assert claim is not None and _ids(claim) == ["early"]
-    assert broker.get("late") == stored and stored.status is Status.PENDING
-    # The one slot is taken: a second chained submit stores and claims nothing.
-    _, none_free = broker.enqueue_then_claim_with_limits(NewTask(id="third", type="t", queue="q"), 1, 1, TTL)
-    assert none_free is not None and _ids(none_free) == []
-    assert broker.queue_length("q") == 2
-
-
-def test_a_chained_submit_wakes_the_queue_only_when_a_task_stays_pending(
-    open_broker: Factory, client: redis.Redis, unique_prefix: str
-) -> None:
-    broker = open_broker(clock=ManualClock())
-    signals = client.pubsub()
-    signals.subscribe(KeySpace(unique_prefix).signal("q"))
-    try:
-        confirmed = signals.get_message(timeout=5)  # read first, or a later read returns it
-        assert confirmed is not None and confirmed["type"] == "subscribe"
-        # Claimed by its own submit: nothing is left for any waiter, so none is woken.
-        _, claim = broker.enqueue_then_claim_with_limits(NewTask(id="a", type="t", queue="q"), 1, 1, TTL)
-        assert claim is not None and _ids(claim) == ["a"]
-        assert signals.get_message(timeout=0.2) is None
-        # No slot left: the task stays pending, and waiters (other processes) must hear of it.
-        _, claim = broker.enqueue_then_claim_with_limits(NewTask(id="b", type="t", queue="q"), 1, 1, TTL)
-        assert claim is not None and _ids(claim) == []
-        message = signals.get_message(timeout=5)
-        assert message is not None and message["type"] == "message"
-    finally:
-        signals.close()
-
-
-def test_a_chained_submit_the_enqueue_refuses_stores_and_claims_nothing(
-    open_broker: Factory, client: redis.Redis, unique_prefix: str
-) -> None:
-    broker = open_broker(clock=ManualClock())
-    broker.enqueue([NewTask(id="taken", type="t", queue="q")])
-    with pytest.raises(ValueError, match="taken"):
-        broker.enqueue_then_claim_with_limits(NewTask(id="taken", type="t", queue="q"), 2, 1, TTL)
-    with pytest.raises(ValueError, match="slot capacity"):
-        broker.enqueue_then_claim_with_limits(NewTask(id="new", type="t", queue="q"), 0, 1, TTL)
-    assert client.zcard(KeySpace(unique_prefix).slots("q")) == 0
-    assert broker.counts() == {"t": {Status.PENDING: 1}} and broker.queue_length("q") == 1
-
-
-def test_a_claim_that_fails_after_the_chained_submit_stored_its_task_leaves_it_pending(
-    open_broker: Factory, client: redis.Redis, unique_prefix: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    broker = open_broker(clock=ManualClock())
-    slots = KeySpace(unique_prefix).slots("q")
-    client.set(slots, "not a sorted set")  # the claim part's first slot command fails
-    stored, claim = broker.enqueue_then_claim_with_limits(NewTask(id="a", type="t", queue="q"), 2, 1, TTL)
-
-    assert claim is None and stored.status is Status.PENDING
-    assert "the claim after storing task a failed" in caplog.text and "WRONGTYPE" in caplog.text
-    assert broker.get("a") == stored and broker.counts() == {"t": {Status.PENDING: 1}}
-    client.delete(slots)
-    assert _ids(broker.claim_with_limits("q", 2, 1, TTL)) == ["a"]  # stored whole: claimable
 
 
 # -- acks and the next claim in one script (claim_with_limits_after_acks) -----------------------

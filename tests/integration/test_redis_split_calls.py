@@ -313,7 +313,7 @@ async def test_a_gate_submits_claims_and_acks_through_split_calls(broker: Counti
     assert sorted(seen) == sorted(ids)
     assert broker.counts()["q"] == {Status.COMPLETED: 40}
     names = set(broker.split_names)
-    assert "enqueue_quiet" in names or "enqueue_then_claim_with_limits" in names
+    assert "enqueue_quiet" in names
     assert names & {"claim_with_limits", "claim_with_limits_after_acks", "ack_many_quiet"}
     # Only the first calls, before a loop connection was open, went to a thread.
     assert broker.unsplit <= len(broker.split_names) // 4

@@ -80,9 +80,7 @@ class MemoryBroker:
     in-memory work, so the runtime calls them on its event loop (``nonblocking=True``).
     """
 
-    capabilities = Capabilities(
-        shared_quota=True, nonblocking=True, claim_on_submit=True, quiet_acks=True, quiet_enqueue=True
-    )
+    capabilities = Capabilities(shared_quota=True, nonblocking=True, quiet_acks=True, quiet_enqueue=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -129,26 +127,6 @@ class MemoryBroker:
             self._table.add(record)
         self._signal(r.queue for r in records if r.status in READY_STATUSES)
         return records
-
-    def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
-        """`enqueue` of ``task``, leased at once when it is due and no other task of its queue is,
-        under one lock."""
-        (item,) = check_new_tasks([task])
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        with self._cond:
-            now = self._now()
-            head = self._table.next_run_at(item.queue)
-            (record,) = self._build_batch([item], now)
-            self._table.add(record)
-            stored = record.snapshot()
-            lease = None
-            if head is None or head > now:
-                # Nothing else is due, so the only task a claim can find now is this one.
-                leases = self._lease_all(self._table.start_due(item.queue, now, 1), now, lease_ttl)
-                lease = leases[0] if leases else None
-            if record.status in READY_STATUSES:
-                self._signal([item.queue])  # not claimed here: it waits for a claim
-            return stored, lease
 
     def _build_batch(self, items: builtins.list[NewTask], now: datetime) -> builtins.list[Record]:
         """Records for ``items``, checked against the store and each other; changes nothing."""

@@ -659,71 +659,6 @@ class RedisBroker:
         args = _limited_claim_args(queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer)
         return self._request("claim_limited", args, lambda reply: _limited_claim(unwrap(reply), quota))
 
-    def enqueue_then_claim_with_limits(
-        self,
-        task: NewTask,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> tuple[Task, LimitedClaim | None]:
-        """`enqueue` of ``task``, then `claim_with_limits` on its queue: one script, one round trip.
-
-        The claim may lease another task of the queue, due earlier. When `enqueue` would
-        raise, this raises the same and nothing is stored or claimed. A claim that fails
-        once the task is stored is logged and answered with None: the task stays stored
-        and pending, and the slots of ``release`` may not have been given back.
-        """
-        return self._call(
-            self._plan_enqueue_then_claim_with_limits(
-                task,
-                capacity,
-                limit,
-                lease_ttl,
-                rps=rps,
-                burst=burst,
-                quota=quota,
-                release=release,
-                claimer=claimer,
-            )
-        )
-
-    def _plan_enqueue_then_claim_with_limits(
-        self,
-        task: NewTask,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> _Request[tuple[Task, LimitedClaim | None]]:
-        (item,) = check_new_tasks([task])
-        stored_args = enqueue_args([item])
-        claim_args = _limited_claim_args(
-            item.queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer
-        )
-
-        def answer(reply: builtins.list[Any]) -> tuple[Task, LimitedClaim | None]:
-            stored_reply, *claim_reply = reply
-            (stored,) = arrived_tasks([item], *enqueued(unwrap(stored_reply)))
-            (claimed,) = claim_reply  # the store answered "ok": the claim ran
-            if claimed[0] != b"ok":
-                # The task is stored: report the claim's failure instead of failing the submit.
-                log.warning("the claim after storing task %s failed: %s", stored.id, _failure_text(claimed))
-                return stored, None
-            return stored, _limited_claim(unwrap(claimed), quota)
-
-        return self._request("enqueue_claim_limited", [len(stored_args), *stored_args, *claim_args], answer)
-
     def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
         """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
         return self._limits.renew_slots(queue, tokens, ttl)
@@ -967,6 +902,5 @@ _SPLIT_PLANS: dict[object, Callable[..., _Request[Any]]] = {
         "finish_canceled",
         "cancel",
         "claim_with_limits",
-        "enqueue_then_claim_with_limits",
     )
 }

@@ -70,7 +70,6 @@ READ_ONLY = frozenset({"history", "list", "next_due"})
 # Scripts made of two: the first's body, then -- only when it answered "ok" -- the second's,
 # in one FCALL (see ``lua/_chain.lua``).
 CHAINED = {
-    "enqueue_claim_limited": ("enqueue", "claim_limited"),
     "ack_claim": ("ack_many", "claim"),
     "ack_claim_quota": ("ack_many", "claim_quota"),
     "ack_claim_limited": ("ack_many", "claim_limited"),

@@ -64,7 +64,6 @@ from taskgate.brokers.sql import (
     quota_claim,
     quotas,
     reads,
-    submit_claim,
 )
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, traits_for
 from taskgate.brokers.sql.edge import translated
@@ -166,7 +165,6 @@ class SQLBroker:
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
             inline_attempts=self._traits.name == "sqlite",
-            claim_on_submit=True,
             quiet_acks=True,
             quiet_enqueue=True,
             # One writer at a time on SQLite: an ack write and a claim cannot overlap there, so
@@ -252,44 +250,11 @@ class SQLBroker:
             return self._run("enqueue", lambda tx: create.insert_alone(tx, item), one_statement=True)
         return None
 
-    def enqueue_and_claim(self, task: NewTask, lease_ttl: timedelta) -> tuple[Task, Lease | None]:
-        """`enqueue` of ``task``, leased at once when it is due and no other task of its queue
-        is, in one transaction (on PostgreSQL one statement).
-
-        One commit where a submit and the claim after it take two, each waiting for the
-        server's disk (see `taskgate.brokers.sql.submit_claim`).
-        """
-        item = self._checked_submit_claim(task, lease_ttl)
-        if self._traits.dml_ctes and _plain(item):
-            done = self._run(
-                "enqueue_and_claim",
-                lambda tx: submit_claim.enqueue_and_claim_in_one_statement(
-                    tx, item, lease_ttl, self._channel
-                ),
-                one_statement=True,
-            )
-            if done is not None:
-                return done
-        attempts = 0
-
-        def step(tx: Tx) -> tuple[Task, Lease | None]:
-            # As in `enqueue`: the first attempt leaves taken ids to the primary key.
-            nonlocal attempts
-            attempts += 1
-            return submit_claim.enqueue_and_claim(tx, item, lease_ttl, check_ids=attempts > 1)
-
-        return self._run("enqueue_and_claim", step)
-
     def _checked_new(self, tasks: Sequence[NewTask]) -> builtins.list[NewTask]:
         items = check_new_tasks(tasks)
         for item in items:
             create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
         return items
-
-    def _checked_submit_claim(self, task: NewTask, lease_ttl: timedelta) -> NewTask:
-        (item,) = self._checked_new([task])
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        return item
 
     def replay(
         self,
@@ -622,8 +587,8 @@ class SQLBroker:
     # -- split calls (PostgreSQL) -----------------------------------------------------------
 
     def split(self, method: Callable[..., _T], /, *args: Any, **kwargs: Any) -> SplitCall[_T] | None:
-        """Send a one-statement call (a single submit, a submit that claims, a claim, `get`)
-        from the event loop on the held connection (`taskgate.brokers.sql.pg_split`); see
+        """Send a one-statement call (a single submit, a claim, `get`) from the event loop on
+        the held connection (`taskgate.brokers.sql.pg_split`); see
         `taskgate.brokers.split.SplitCaller`. Anything else, or no idle held connection, or a
         server clock due for a reading: None, nothing sent."""
         planner = _SPLIT_PLANS.get(getattr(method, "__func__", None))
@@ -692,14 +657,6 @@ class SQLBroker:
         return create.enqueue_one_plan(tx, items[0], self._channel).then(
             lambda stored: [answer(_or_thread(stored))]
         )
-
-    def _plan_enqueue_and_claim(
-        self, tx: Tx, task: NewTask, lease_ttl: timedelta
-    ) -> OneStatement[Any] | None:
-        item = self._checked_submit_claim(task, lease_ttl)
-        if not _plain(item):
-            return None
-        return submit_claim.enqueue_and_claim_plan(tx, item, lease_ttl, self._channel).then(_or_thread)
 
     def _plan_claim_within_quota(
         self,
@@ -934,5 +891,5 @@ def _or_thread(answer: _T | None) -> _T:
 # The methods `SQLBroker.split` sends from the event loop, each with the plan of its statement.
 _SPLIT_PLANS: dict[object, Callable[..., OneStatement[Any] | None]] = {
     getattr(SQLBroker, name): getattr(SQLBroker, f"_plan_{name}")
-    for name in ("get", "claim", "claim_within_quota", "enqueue", "enqueue_quiet", "enqueue_and_claim")
+    for name in ("get", "claim", "claim_within_quota", "enqueue", "enqueue_quiet")
 }

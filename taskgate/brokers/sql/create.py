@@ -52,7 +52,6 @@ __all__ = [
     "enqueue",
     "enqueue_one_in_one_statement",
     "enqueue_one_plan",
-    "insert_keys",
     "new_row",
     "replay",
     "store_new",
@@ -116,18 +115,6 @@ def check_free(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> N
     if check_ids:
         _check_ids_free(tx, [item.id for item in items])
     _check_keys_free(tx, [item.business_key for item in items if item.business_key is not None])
-
-
-def insert_keys(tx: Tx, items: Sequence[NewTask]) -> None:
-    """The business-key rows of ``items`` whose task rows are inserted already."""
-    keys = [
-        {"business_key": i.business_key, "execution_id": i.id} for i in items if i.business_key is not None
-    ]
-    if keys:
-        try:
-            tx.traits.insert_rows(tx, table_of(tx.models.business_key), keys)
-        except IntegrityError as exc:
-            raise Conflict(f"a business key was taken concurrently: {exc.orig}") from exc
 
 
 def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[str, Any] | None:

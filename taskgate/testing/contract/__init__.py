@@ -43,7 +43,6 @@ from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
 from taskgate.testing.contract.replay import ReplayContract
 from taskgate.testing.contract.settled import SettledContract
-from taskgate.testing.contract.submit_claim import SubmitClaimContract
 from taskgate.testing.contract.validation import ValidationContract
 
 __all__ = [
@@ -53,7 +52,6 @@ __all__ = [
     "BrokerFactory",
     "QuietAckContract",
     "QuietEnqueueContract",
-    "SubmitClaimContract",
 ]
 
 

@@ -1,7 +1,7 @@
 -- _chain.lua: NOT a script on its own. The loader (scripts.py, `chained`) puts the bodies of
 -- two scripts in place of the two marker lines below and registers `main` as one more function
 -- of the library: it runs the first and then, only when it answered "ok", the second -- one
--- round trip where the two scripts take two (a submit's store and the claim that follows it).
+-- round trip where the two scripts take two (a worker's quiet acks and its queue's next claim).
 --
 -- ARGV[1]      "now" for both parts
 -- ARGV[2]      the number N of the first part's own arguments: ARGV[3..2+N]
@@ -12,12 +12,12 @@
 --          the first part's writes stand, so the reply must say so rather than raise.
 --
 -- The first part's deferred writes are flushed before the second runs: the second reads
--- what the first deferred (a claim reads the queue an enqueue added to). A second part that
--- raised has its deferred writes dropped, as when a script alone raises.
+-- what the first deferred (a claim reads the queue the acks woke children into). A second
+-- part that raised has its deferred writes dropped, as when a script alone raises.
 --
 -- The first part's wake-ups (`signal`) are held back until the second has run, and sent only
--- for queues that still hold a pending task then: when the claim took the task the enqueue
--- stored, waking every waiter of its queue would only make them look and find nothing.
+-- for queues that still hold a pending task then: when the claim took the child the acks
+-- woke, waking every waiter of its queue would only make them look and find nothing.
 
 local function first_part(ARGV)
 --[[FIRST]]
