@@ -1,8 +1,9 @@
 """Fixtures of the runtime tests.
 
 The broker under test is chosen by ONE fixture, `gate_broker`: memory always, SQLite when
-`taskgate.brokers.sql` provides `SQLBroker`. Every broker gets the test's `ManualClock`, so
-broker time (run_at, leases, quota windows) only moves when a test advances it.
+`taskgate.brokers.sql` provides `SQLBroker`; tests that must hold on every backend take `broker`
+(each of the five, by `backend`). Every broker gets the test's `ManualClock`, so broker time
+(run_at, leases, quota windows) only moves when a test advances it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from helpers.redis_servers import purge_keys
 from sql_sessions import Server, server_for
 
 from taskgate import ManualClock
 from taskgate.brokers.base import Broker
 from taskgate.brokers.memory import MemoryBroker
+from taskgate.brokers.redis import RedisBroker
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.brokers.sql import SQLBroker  # type: ignore[attr-defined]
 
 
 def _sql_available() -> bool:
@@ -60,6 +66,43 @@ def client(redis_url: str) -> Iterator[Any]:
     plain = redis.Redis.from_url(redis_url)
     yield plain
     plain.close()
+
+
+EVERY_BACKEND = ["memory", "sqlite", "postgresql", "mysql", "redis"]
+
+
+@pytest.fixture(params=EVERY_BACKEND)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each of the five backends (tests may narrow it with ``indirect`` parametrisation)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def broker(
+    backend: str, request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path
+) -> Iterator[Broker]:
+    """A broker of ``backend`` on the test's clock (fresh database / key prefix per test)."""
+    opened: Broker
+    if backend == "memory":
+        opened = MemoryBroker(clock=clock)
+    elif backend == "sqlite":
+        opened = SQLBroker(f"sqlite:///{tmp_path / 'gate.db'}", clock=clock)
+    elif backend == "redis":
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
+        opened = RedisBroker(url, key_prefix=prefix, clock=clock)
+
+        def purge() -> None:
+            client = redis.Redis.from_url(url)
+            try:
+                purge_keys(client, KeySpace(prefix).pattern())
+            finally:
+                client.close()
+
+        request.addfinalizer(purge)
+    else:
+        opened = SQLBroker(request.getfixturevalue(f"{backend}_url"), clock=clock)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture(params=["postgresql", "mysql", "sqlite"])

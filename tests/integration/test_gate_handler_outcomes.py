@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import redis
 from gate_helpers import GUARD, Faulty, eventually, make_gate
-from helpers.redis_servers import purge_keys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
@@ -35,51 +32,14 @@ from taskgate import (
 )
 from taskgate.brokers.base import Broker
 from taskgate.brokers.checks import MAX_ERROR_LENGTH
-from taskgate.brokers.memory import MemoryBroker
-from taskgate.brokers.redis import RedisBroker
-from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.sql import SQLBroker  # type: ignore[attr-defined]
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.errors import BrokerError
 
 pytestmark = pytest.mark.anyio
 
-BACKENDS = ["memory", "sqlite", "postgresql", "mysql", "redis"]
 # Long enough that moving the clock to a retry's due time never expires a running lease.
 LONG_LEASE = QueueConfig(workers=2, lease_ttl="1h")
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def broker(
-    backend: str, request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path
-) -> Iterator[Broker]:
-    """A broker of ``backend`` on the test's clock (fresh database / key prefix per test)."""
-    opened: Broker
-    if backend == "memory":
-        opened = MemoryBroker(clock=clock)
-    elif backend == "sqlite":
-        opened = SQLBroker(f"sqlite:///{tmp_path / 'gate.db'}", clock=clock)
-    elif backend == "redis":
-        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
-        opened = RedisBroker(url, key_prefix=prefix, clock=clock)
-        request.addfinalizer(lambda: _purge(url, prefix))
-    else:
-        opened = SQLBroker(request.getfixturevalue(f"{backend}_url"), clock=clock)
-    yield opened
-    opened.close()
-
-
-def _purge(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        purge_keys(client, KeySpace(prefix).pattern())
-    finally:
-        client.close()
 
 
 def assert_readable(error: str | None, *fragments: str) -> None:

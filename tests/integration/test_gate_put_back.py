@@ -16,27 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import redis
 from gate_helpers import GUARD, eventually, make_gate
-from helpers.redis_servers import purge_keys
 
-from taskgate import ManualClock, QueueConfig, Status, Task
+from taskgate import QueueConfig, Status, Task
 from taskgate.brokers.base import Broker, DistributedLimiter, Lease
-from taskgate.brokers.memory import MemoryBroker
-from taskgate.brokers.redis import RedisBroker
-from taskgate.brokers.redis.keys import KeySpace
-from taskgate.brokers.sql import SQLBroker
 
 pytestmark = pytest.mark.anyio
 
-BACKENDS = ["memory", "sqlite", "postgresql", "mysql", "redis"]
 LIMIT = 50  # quota units per (never ending) window
 PERIOD = timedelta(hours=1)
 # A worker-path deadline of 0.15 s (lease_ttl / 4): a held call misses it soon.
@@ -122,39 +113,6 @@ def _leased(answer: Any) -> list[str]:
         return [answer.task.id]
     leases = answer if isinstance(answer, list) else answer.leases
     return [lease.task.id for lease in leases]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def broker(
-    backend: str, request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path
-) -> Iterator[Broker]:
-    """A broker of ``backend`` on the test's clock (fresh database / key prefix per test)."""
-    opened: Broker
-    if backend == "memory":
-        opened = MemoryBroker(clock=clock)
-    elif backend == "sqlite":
-        opened = SQLBroker(f"sqlite:///{tmp_path / 'gate.db'}", clock=clock)
-    elif backend == "redis":
-        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
-        opened = RedisBroker(url, key_prefix=prefix, clock=clock)
-        request.addfinalizer(lambda: _purge(url, prefix))
-    else:
-        opened = SQLBroker(request.getfixturevalue(f"{backend}_url"), clock=clock)
-    yield opened
-    opened.close()
-
-
-def _purge(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        purge_keys(client, KeySpace(prefix).pattern())
-    finally:
-        client.close()
 
 
 async def _units_left(broker: Broker) -> int:

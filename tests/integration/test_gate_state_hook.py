@@ -7,22 +7,14 @@ was canceled or was failed by the reaper become canceled.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import anyio
 import pytest
-import redis
 from gate_helpers import GUARD, make_gate
-from helpers.redis_servers import purge_keys
 
 from taskgate import ConfigError, Gate, ManualClock, QueueConfig, SkipRetry, Status, Task, TaskFailedError
 from taskgate.brokers.base import Broker, Capabilities
-from taskgate.brokers.memory import MemoryBroker
-from taskgate.brokers.redis import RedisBroker
-from taskgate.brokers.redis.keys import KeySpace
-from taskgate.brokers.sql import SQLBroker
 
 pytestmark = pytest.mark.anyio
 
@@ -37,32 +29,6 @@ def assert_woken_and_run(statuses: list[Status]) -> None:
     of order (seen on Trio and Redis: a parent's ``completed``, and with it its child's
     ``pending``, after the child's own ``completed``)."""
     assert sorted(statuses, key=WOKEN_AND_RUN.index) == WOKEN_AND_RUN
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgresql", "mysql", "redis"])
-def any_broker(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path) -> Iterator[Broker]:
-    """Each backend, on the test's clock."""
-    broker: Broker
-    if request.param == "memory":
-        broker = MemoryBroker(clock=clock)
-    elif request.param == "sqlite":
-        broker = SQLBroker(f"sqlite:///{tmp_path / 'hook.db'}", clock=clock)
-    elif request.param == "redis":
-        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
-        broker = RedisBroker(url, key_prefix=prefix, clock=clock)
-        request.addfinalizer(lambda: _purge(url, prefix))
-    else:
-        broker = SQLBroker(request.getfixturevalue(f"{request.param}_url"), clock=clock)
-    yield broker
-    broker.close()
-
-
-def _purge(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        purge_keys(client, KeySpace(prefix).pattern())
-    finally:
-        client.close()
 
 
 class Seen:
@@ -99,9 +65,9 @@ async def _failed(gate: Gate, task_id: str) -> Task:
     return failed.value.task
 
 
-async def test_a_child_woken_by_its_parents_completion_is_reported_pending(any_broker: Broker) -> None:
+async def test_a_child_woken_by_its_parents_completion_is_reported_pending(broker: Broker) -> None:
     seen = Seen()
-    gate, release = _held_parent_gate(any_broker, seen, fails=False)
+    gate, release = _held_parent_gate(broker, seen, fails=False)
     async with gate:
         parent = await gate.submit("hold")
         child = await gate.submit("q", depends_on=[parent])
@@ -110,9 +76,9 @@ async def test_a_child_woken_by_its_parents_completion_is_reported_pending(any_b
     assert_woken_and_run(seen.of(child))
 
 
-async def test_descendants_of_a_parent_that_failed_for_good_are_reported_canceled(any_broker: Broker) -> None:
+async def test_descendants_of_a_parent_that_failed_for_good_are_reported_canceled(broker: Broker) -> None:
     seen = Seen()
-    gate, release = _held_parent_gate(any_broker, seen, fails=True)
+    gate, release = _held_parent_gate(broker, seen, fails=True)
     async with gate:
         parent = await gate.submit("hold")
         child = await gate.submit("q", depends_on=[parent])
@@ -123,9 +89,9 @@ async def test_descendants_of_a_parent_that_failed_for_good_are_reported_cancele
     assert (seen.of(child), seen.of(grandchild)) == (BLOCKED_THEN_CANCELED, BLOCKED_THEN_CANCELED)
 
 
-async def test_a_child_ignoring_its_failed_parent_is_reported_pending(any_broker: Broker) -> None:
+async def test_a_child_ignoring_its_failed_parent_is_reported_pending(broker: Broker) -> None:
     seen = Seen()
-    gate, release = _held_parent_gate(any_broker, seen, fails=True)
+    gate, release = _held_parent_gate(broker, seen, fails=True)
     async with gate:
         parent = await gate.submit("hold")
         child = await gate.submit("q", depends_on=[parent], ignore_parent_failure=True)
@@ -134,9 +100,9 @@ async def test_a_child_ignoring_its_failed_parent_is_reported_pending(any_broker
     assert_woken_and_run(seen.of(child))
 
 
-async def test_descendants_of_a_canceled_task_are_reported_canceled(any_broker: Broker) -> None:
+async def test_descendants_of_a_canceled_task_are_reported_canceled(broker: Broker) -> None:
     seen = Seen()
-    gate = make_gate(any_broker, QUEUES, on_state_change=seen)
+    gate = make_gate(broker, QUEUES, on_state_change=seen)
     gate.handle("q", lambda task: None)
     async with gate:
         parent = await gate.submit("q", delay="1h")  # the clock stands still: it stays pending
@@ -148,11 +114,11 @@ async def test_descendants_of_a_canceled_task_are_reported_canceled(any_broker: 
 
 
 async def test_descendants_of_a_task_the_reaper_failed_are_reported_canceled(
-    any_broker: Broker, clock: ManualClock
+    broker: Broker, clock: ManualClock
 ) -> None:
     seen = Seen()
     queues = {"hold": QueueConfig(workers=1, manual_heartbeat=True), "q": QueueConfig(workers=1)}
-    gate = make_gate(any_broker, queues, on_state_change=seen, lease_lost_max=1, reap_interval=0.02)
+    gate = make_gate(broker, queues, on_state_change=seen, lease_lost_max=1, reap_interval=0.02)
     started = anyio.Event()
 
     @gate.handler("hold")
