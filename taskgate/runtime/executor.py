@@ -251,14 +251,15 @@ class _ThreadRun:
     on (its lease's outcome is written at once), only the scheduler's count stays taken.
     """
 
-    __slots__ = ("give_back", "handler", "lock", "state", "task", "wake")
+    __slots__ = ("give_back", "handler", "lock", "state", "task")
 
     def __init__(self, handler: Handler, task: Task) -> None:
         self.handler, self.task = handler, task
-        self.wake = loop_waker()  # the thread hands the slot back on this loop
         self.lock = threading.Lock()
         self.state = _WAITING
-        self.give_back: Callable[[], None] | None = None
+        # Set only when abandoned while running: how the thread reaches the event loop, and
+        # the slot's release to run there.
+        self.give_back: tuple[Callable[[Callable[[], None]], Any], Callable[[], None]] | None = None
 
     def __call__(self) -> Any:
         with self.lock:
@@ -272,8 +273,9 @@ class _ThreadRun:
                 self.state = _DONE
                 give_back, self.give_back = self.give_back, None
             if give_back is not None:
+                wake, free = give_back
                 try:
-                    self.wake(give_back)
+                    wake(free)
                 except RuntimeError:
                     pass  # the event loop is gone, and the slot with it
 
@@ -281,7 +283,9 @@ class _ThreadRun:
         """The wait for the thread ended early (cancelled): keep ``ctx``'s slot while it runs."""
         with self.lock:
             if self.state is _RUNNING:
-                self.give_back = ctx.keep_slot()
+                free = ctx.keep_slot()
+                if free is not None:
+                    self.give_back = loop_waker(), free  # on the event loop: its waker is at hand
             elif self.state is _WAITING:
                 self.state = _ABANDONED
 
