@@ -1,7 +1,7 @@
-"""The broker alone, no runtime: ``claim(k=10)`` then ``ack_many`` of those 10, in one thread.
+"""The broker alone, no runtime: ``claim(k=10)`` then one ``settle`` completing those 10, in one thread.
 
 ``python -m benchmarks.brokerloop --backend pg -n 3000`` prints tasks/s and the mean time of a
-claim and of an ``ack_many``. With ``--statements``, on SQL, also the mean time of each kind of
+claim and of a ``settle``. With ``--statements``, on SQL, also the mean time of each kind of
 statement (the first words of its text) between SQLAlchemy's before/after cursor events --
 where a transition spends its round trips; listening to those events sends the prepared
 statements through SQLAlchemy's own execution, so the loop itself runs slower then. The gap
@@ -20,6 +20,7 @@ from typing import Any
 from benchmarks.cli import ALIASES
 from benchmarks.common import QUEUE, enqueue_noops
 from benchmarks.stores import isolated_store
+from taskgate.brokers.params import Claim, Complete, Settle
 
 __all__ = ["main"]
 
@@ -76,9 +77,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         start = time.perf_counter()
         while done < args.n:
             t0 = time.perf_counter()
-            leases = broker.claim(QUEUE, BATCH, LEASE)
+            leases = broker.claim(Claim(QUEUE, BATCH, LEASE)).leases
             t1 = time.perf_counter()
-            broker.ack_many([(lease.task.id, lease.token, None) for lease in leases])
+            broker.settle(Settle(tuple(Complete(lease.task.id, lease.token) for lease in leases)))
             ack_s += time.perf_counter() - t1
             claim_s += t1 - t0
             done, cycles = done + len(leases), cycles + 1
@@ -86,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 raise RuntimeError("the store ran dry before every task was claimed")
         elapsed = time.perf_counter() - start
     print(
-        f"{backend} claim({BATCH}) + ack_many: {done / elapsed:,.0f} tasks/s; "
-        f"claim {claim_s / cycles * 1e3:.2f} ms, ack_many {ack_s / cycles * 1e3:.2f} ms per call"
+        f"{backend} claim({BATCH}) + settle: {done / elapsed:,.0f} tasks/s; "
+        f"claim {claim_s / cycles * 1e3:.2f} ms, settle {ack_s / cycles * 1e3:.2f} ms per call"
     )
     if statements is not None:
         print("\n".join(statements.report(cycles)))

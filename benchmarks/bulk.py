@@ -20,6 +20,7 @@ from sqlalchemy import Boolean, bindparam, create_engine, text
 from benchmarks.common import LEASE, QUEUE
 from benchmarks.stores import Store
 from taskgate.brokers.base import NewTask
+from taskgate.brokers.params import Claim, Complete, Settle, Submit
 from taskgate.ids import new_id
 from taskgate.models import models_for
 from taskgate.models.types import UTCDateTime
@@ -119,15 +120,17 @@ def _fill_redis(store: Store, m: int, budget: float) -> int:
 
 
 def _fill_memory(store: Store, m: int, budget: float) -> int:
-    """The memory broker has no lower level: enqueue, claim and ack through its own methods."""
+    """The memory broker has no lower level: submit, claim and settle through its own verbs."""
     broker = store.open()
     done = 0
     gc.disable()  # a million long-lived objects: full collections would dominate the set-up
     try:
         for lo, hi in _chunks(m, budget):
-            broker.enqueue([NewTask(id=new_id(), type=QUEUE, queue=QUEUE) for _ in range(hi - lo + 1)])
-            for lease in broker.claim(QUEUE, hi - lo + 1, LEASE):
-                broker.ack(lease.task.id, lease.token, None)
+            tasks = tuple(NewTask(id=new_id(), type=QUEUE, queue=QUEUE) for _ in range(hi - lo + 1))
+            broker.submit(Submit(tasks, snapshots=False))
+            leases = broker.claim(Claim(QUEUE, len(tasks), LEASE)).leases
+            acks = tuple(Complete(lease.task.id, lease.token) for lease in leases)
+            broker.settle(Settle(acks, snapshots=False))
             done = hi
     finally:
         gc.enable()

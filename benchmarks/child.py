@@ -21,6 +21,7 @@ from benchmarks.common import QUEUE, make_gate
 from benchmarks.stores import open_spec
 from taskgate import Task
 from taskgate.brokers.base import NewTask
+from taskgate.brokers.params import Submit
 from taskgate.ids import new_id
 
 __all__ = ["main"]
@@ -79,14 +80,14 @@ def _rss(options: dict[str, Any]) -> None:
     from taskgate.brokers.memory import MemoryBroker
 
     broker = MemoryBroker()
-    broker.enqueue([NewTask(id=new_id(), type=QUEUE, queue=QUEUE)])  # warm the code paths
+    broker.submit(Submit((NewTask(id=new_id(), type=QUEUE, queue=QUEUE),)))  # warm the code paths
     gc.collect()
     before = _rss_bytes()
     started = time.perf_counter()
     left = options["tasks"] - 1
     while left > 0:
         count = min(10_000, left)
-        broker.enqueue([NewTask(id=new_id(), type=QUEUE, queue=QUEUE) for _ in range(count)])
+        broker.submit(Submit(tuple(NewTask(id=new_id(), type=QUEUE, queue=QUEUE) for _ in range(count))))
         left -= count
     seconds = time.perf_counter() - started
     gc.collect()

@@ -1,9 +1,9 @@
 """Claim throughput beside many finished tasks: does a big history slow the claim path?
 
 At the broker level (no runtime), so only the store's cost shows: ``n`` pending tasks are
-drained by ``claim(k=10)`` followed by ``ack`` of each claimed task, in a store holding
-``small_finished`` completed tasks and in one holding ``big_finished`` (built in bulk, see
-`benchmarks.bulk`), the two drained in turn, repeat by repeat.
+drained by ``claim(k=10)`` followed by a ``settle`` completing each claimed task on its own,
+in a store holding ``small_finished`` completed tasks and in one holding ``big_finished``
+(built in bulk, see `benchmarks.bulk`), the two drained in turn, repeat by repeat.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from benchmarks.common import LEASE, QUEUE, enqueue_noops
 from benchmarks.settings import Settings
 from benchmarks.stores import isolated_store
 from taskgate.brokers.base import Broker
+from taskgate.brokers.params import Claim, Complete, Settle
 
 __all__ = ["CLAIM_K", "ClaimRun", "claim_rates"]
 
@@ -61,10 +62,10 @@ def _drain(broker: Broker, n: int, cap: float) -> float:
     stop = start + cap
     done = 0
     while done < n and time.perf_counter() < stop:
-        leases = broker.claim(QUEUE, CLAIM_K, LEASE)
+        leases = broker.claim(Claim(QUEUE, CLAIM_K, LEASE)).leases
         if not leases:
             raise RuntimeError(f"queue ran dry after {done} of {n} tasks")
         for lease in leases:
-            broker.ack(lease.task.id, lease.token, None)
+            broker.settle(Settle((Complete(lease.task.id, lease.token),)))
         done += len(leases)
     return done / (time.perf_counter() - start)

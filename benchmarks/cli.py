@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks import claims, latency, processing, submit
 from benchmarks.floors import FLOOR_NAMES, measure_floors
 from benchmarks.plan import GROUPS, spec_of
-from benchmarks.results import Figure, judge, median, percentile, render_table
+from benchmarks.results import Figure, median, note_baseline, percentile, render_table
 from benchmarks.settings import Settings
 from benchmarks.stores import BACKENDS, CROSS_PROCESS, isolated_store, server_address
 
@@ -164,7 +164,8 @@ class Run:
             floor = self._floor_value(backend, spec.floor)
         if floor:
             fig.floor_name, fig.floor, fig.ratio = spec.floor, floor, fig.value / floor
-        judge(fig, spec.target(backend), lambda other: self._find(backend, other))
+        if spec.baseline is not None:
+            note_baseline(fig, self._find(backend, spec.baseline))
         self.figures.append(fig)
         fig.emit()
 

@@ -12,6 +12,7 @@ import anyio
 
 from taskgate import Config, Gate, QueueConfig, Status, Task
 from taskgate.brokers.base import Broker, NewTask
+from taskgate.brokers.params import Claim, Complete, Settle, Submit
 from taskgate.ids import new_id
 
 __all__ = [
@@ -42,20 +43,18 @@ def enqueue_noops(broker: Broker, n: int, *, depends_on: Sequence[str] = ()) -> 
     """Store ``n`` pending no-op tasks directly through the broker (set-up, not measured)."""
     for start in range(0, n, ENQUEUE_CHUNK):
         count = min(ENQUEUE_CHUNK, n - start)
-        broker.enqueue(
-            [
-                NewTask(id=new_id(), type=QUEUE, queue=QUEUE, depends_on=tuple(depends_on))
-                for _ in range(count)
-            ]
+        tasks = tuple(
+            NewTask(id=new_id(), type=QUEUE, queue=QUEUE, depends_on=tuple(depends_on)) for _ in range(count)
         )
+        broker.submit(Submit(tasks, snapshots=False))
 
 
 def completed_parent(broker: Broker) -> str:
     """A completed task of type ``parent``, for children whose dependency is already met."""
     parent = NewTask(id=new_id(), type="parent", queue="parent")
-    broker.enqueue([parent])
-    (lease,) = broker.claim("parent", 1, LEASE)
-    broker.ack(parent.id, lease.token, None)
+    broker.submit(Submit((parent,), snapshots=False))
+    (lease,) = broker.claim(Claim("parent", 1, LEASE)).leases
+    broker.settle(Settle((Complete(parent.id, lease.token),), snapshots=False))
     return parent.id
 
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 from benchmarks.cli import choose
 from benchmarks.stores import BACKENDS, isolated_store
 from taskgate.brokers.base import FailureKind, NewTask
+from taskgate.brokers.params import Claim, Retry, Settle, Submit
 from taskgate.ids import new_id
 
 __all__ = ["main", "rates"]
@@ -28,19 +29,19 @@ def rates(backend: str, n: int) -> tuple[float, float]:
     """(cancels per second, claim-and-retry cycles per second) on a fresh store."""
     with isolated_store(backend) as store:
         broker = store.open()
-        tasks = broker.enqueue([NewTask(id=new_id(), type="t", queue="q") for _ in range(n + _WARM_UP)])
+        fresh = tuple(NewTask(id=new_id(), type="t", queue="q") for _ in range(n + _WARM_UP))
+        tasks = broker.submit(Submit(fresh)).tasks
         for task in tasks[:_WARM_UP]:
             broker.cancel(task.id)
         start = time.perf_counter()
         for task in tasks[_WARM_UP:]:
             broker.cancel(task.id)
         cancels = n / (time.perf_counter() - start)
-        broker.enqueue([NewTask(id=new_id(), type="t", queue="r")])
+        broker.submit(Submit((NewTask(id=new_id(), type="t", queue="r"),)))
         start = time.perf_counter()
         for _ in range(n):
-            (lease,) = broker.claim("r", 1, _LEASE)
-            task_id, token = lease.task.id, lease.token
-            broker.retry(task_id, token, kind=FailureKind.THROTTLED, error="busy", delay=timedelta(0))
+            (lease,) = broker.claim(Claim("r", 1, _LEASE)).leases
+            broker.settle(Settle((Retry(lease.task.id, lease.token, FailureKind.THROTTLED, "busy"),)))
         return cancels, n / (time.perf_counter() - start)
 
 

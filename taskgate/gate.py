@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from taskgate.brokers.base import UNSET, Capabilities, DistributedLimiter, Unset, check_identifier
+from taskgate.brokers.base import UNSET, Capabilities, Unset, check_identifier
+from taskgate.brokers.params import Replay
+from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
 from taskgate.config import Config
 from taskgate.durations import DurationLike
@@ -183,7 +185,7 @@ class Gate:
     async def history(self, business_key: str) -> builtins.list[Task]:
         """Every execution of ``business_key``, oldest first (``[]`` for an unknown key)."""
         check_identifier(business_key, what="business_key")
-        return await self._runtime.calls(self.config.broker.history, business_key)
+        return await self._runtime.calls(self.config.broker.list, Filter(business_key=business_key))
 
     async def stats(self, queue: str) -> QueueStats:
         """``queue`` as this process sees it: workers, running here, backlog, rps, quota flags."""
@@ -260,13 +262,8 @@ class Gate:
         self._runtime.check_open()
         check_identifier(execution_id, what="execution id")
         body = payload if isinstance(payload, Unset) else encode_value(payload, what="payload")
-        task = await self._runtime.calls(
-            self.config.broker.replay,
-            execution_id,
-            new_id=new_id(),
-            allow_completed=allow_completed,
-            payload=body,
-        )
+        replay = Replay(execution_id, new_id(), allow_completed=allow_completed, payload=body)
+        task = await self._runtime.calls(self.config.broker.replay, replay)
         await self._runtime.observe([task])
         return task.id
 
@@ -352,8 +349,8 @@ def _check_broker(config: Config) -> None:
             "hook needs it to see the tasks transitions settle on their own (children woken, "
             "descendants canceled)"
         )
-    if caps.distributed_limits and not isinstance(config.broker, DistributedLimiter):
+    if caps.split_calls and not isinstance(config.broker, SplitCaller):
         raise ConfigError(
-            f"broker {type(config.broker).__name__} declares distributed_limits but does not "
-            "implement DistributedLimiter"
+            f"broker {type(config.broker).__name__} declares capabilities.split_calls but has no "
+            "split() (taskgate.brokers.split.SplitCaller)"
         )

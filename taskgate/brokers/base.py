@@ -24,44 +24,45 @@ Writes by a worker carry the lease token it got from `claim`; a stale token rais
 Settled on its own: a transition that makes a task final also settles that task's blocked
 descendants in the same unit (a child woken to ``pending``, descendants canceled by the
 cascade). Each method answers with the task it names; the others reach the one sink set with
-`Broker.report_settled` -- one option for every transition, so no method grows a parameter
-or a second answer for it, and a broker without a sink builds none of those snapshots.
+`Broker.report_settled` -- one option for every transition, so no verb grows a second answer
+for it, and a broker without a sink builds none of those snapshots.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum, StrEnum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.ids import MAX_ID_LENGTH
 from taskgate.task import Filter, Status, Task
+
+if TYPE_CHECKING:
+    from taskgate.brokers.params import (
+        Claim,
+        Claimed,
+        Heartbeat,
+        ItemAnswer,
+        Renewal,
+        Replay,
+        Settle,
+        Submit,
+        Submitted,
+    )
 
 __all__ = [
     "MAX_DELAY",
     "UNSET",
-    "AckCarrier",
-    "AckItem",
-    "AckOutcome",
     "Broker",
     "Capabilities",
-    "DistributedLimiter",
     "FailureKind",
     "Lease",
-    "LimitedAckCarrier",
-    "LimitedClaim",
     "NewTask",
-    "QuietAckOutcome",
-    "QuietAcker",
-    "QuietEnqueuer",
-    "QuotaClaim",
     "QuotaGrant",
     "QuotaSpec",
-    "Renewal",
     "SettledSink",
     "Unset",
     "check_identifier",
@@ -83,12 +84,6 @@ UNSET = Unset.UNSET
 # Receives the snapshots of the tasks one call settled on its own (`Broker.report_settled`).
 SettledSink = Callable[[builtins.list[Task]], None]
 
-# One `Broker.ack_many` item, ``(task_id, token, result)``, and its answer: the completed
-# snapshot, or the error `Broker.ack` would have raised for that item alone.
-AckItem = tuple[str, str, bytes | None]
-AckOutcome = Task | LeaseLostError | TaskNotFoundError
-# The answer of `QuietAcker.ack_many_quiet` for one item: None when it completed the task.
-QuietAckOutcome = LeaseLostError | TaskNotFoundError | None
 
 
 class FailureKind(StrEnum):
@@ -132,7 +127,7 @@ class NewTask:
 
     ``run_at`` (absolute) wins over ``delay`` (relative to the broker's clock); with neither
     the task is due at once. ``depends_on`` names parents that must exist already or appear
-    earlier in the same `Broker.enqueue` batch.
+    earlier in the same `Broker.submit`.
     """
 
     id: str
@@ -183,14 +178,6 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
-class Renewal:
-    """The answer to a heartbeat: the new lease end, and whether a cancel was requested."""
-
-    expires_at: datetime
-    cancel_requested: bool
-
-
-@dataclass(frozen=True, slots=True)
 class QuotaGrant:
     """Units taken from one quota window; ``granted`` may be fewer than asked, even 0.
 
@@ -206,19 +193,6 @@ class QuotaGrant:
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaClaim:
-    """What `Broker.claim_within_quota` did.
-
-    ``grant`` holds exactly the units the claimed tasks took (``granted == len(leases)``);
-    ``exhausted`` is True when the window had no unit left at all (wait for ``window_end``).
-    """
-
-    leases: list[Lease]
-    grant: QuotaGrant
-    exhausted: bool
-
-
-@dataclass(frozen=True, slots=True)
 class QuotaSpec:
     """A quota budget: ``limit`` units per epoch-aligned ``period`` of ``key``."""
 
@@ -226,112 +200,105 @@ class QuotaSpec:
     limit: int
     period: timedelta
 
-
-@dataclass(frozen=True, slots=True)
-class LimitedClaim:
-    """What `DistributedLimiter.claim_with_limits` did.
-
-    ``retry_after`` > 0: the rate held due tasks back; the next start may be allowed after
-    that many seconds. ``quota``: what the quota window gave, when one was asked for.
-    """
-
-    leases: list[Lease]
-    retry_after: float = 0.0
-    quota: QuotaClaim | None = None
+    def __post_init__(self) -> None:
+        check_identifier(self.key, what="quota key")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+            raise TypeError(f"quota limit must be an int, got {self.limit!r}")
+        if self.limit < 1:
+            raise ValueError(f"quota limit must be >= 1, got {self.limit}")
+        if not isinstance(self.period, timedelta):
+            raise TypeError(f"quota period must be a timedelta, got {self.period!r}")
+        if self.period <= timedelta(0):
+            raise ValueError(f"quota period must be > 0, got {self.period!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a broker can do beyond the base protocol. Declared, never sniffed.
+    """What a broker honours beyond the base protocol, and how `Gate` may call it. Declared,
+    never sniffed.
 
-    - ``shared_quota``: quota windows are counted in a medium all processes of this broker see
-      (process memory counts for the memory broker: all its users are in one process).
+    What it honours:
+
+    - ``shared_quota``: quota windows (`Claim.quota`) are counted in a medium all processes of
+      this broker see (process memory counts for the memory broker: all its users are in one
+      process). `Gate` refuses a quota on a broker without it.
+    - ``shared_limits``: `Claim.shared` is honoured -- the queue's workers and rate counted
+      across every process. A broker without it refuses a `Claim` carrying ``shared`` with a
+      `ValueError` naming the field, and `Gate` counts the limits in each process.
     - ``cross_process``: several processes can share the tasks.
-    - ``distributed_limits``: implements `DistributedLimiter` (global workers and rps).
     - ``push_wakeups``: `Broker.wait_for_work` is woken by other processes' submits, not polled.
+
+    How it is best called (every broker answers every call correctly either way):
+
     - ``nonblocking``: every method but `Broker.wait_for_work` returns within microseconds and
       does no I/O, so `Gate` may call it on the event loop instead of hopping to a thread.
     - ``inline_attempts``: a method is usually short local work, so `Gate` first calls it on
       the event loop inside `taskgate.brokers.nowait.no_wait`; where it would have to wait it
       raises `taskgate.brokers.nowait.WouldBlock` having changed nothing, and `Gate` runs it
       again in a thread (SQLite).
-    - ``quiet_acks``: implements `QuietAcker`, so `Gate` completes tasks without reading
-      back their snapshots when nothing would look at them (no ``on_state_change`` hook).
-    - ``quiet_enqueue``: implements `QuietEnqueuer`, so `Gate` stores submitted tasks without
-      building their snapshots when nothing would look at them (no ``on_state_change`` hook).
-    - ``acks_in_claims``: implements `AckCarrier` (and `LimitedAckCarrier` when it declares
-      ``distributed_limits`` too), so the quiet acks waiting to be written ride on the next
-      claim of their queue: one broker call where an ack write and a claim take two.
+    - ``acks_in_claims``: acks carried by a `Claim` cost less than writing them apart, so `Gate`
+      lets the acks waiting to be written ride on the next claim of their queue (a broker with
+      one writer at a time, where the two could not overlap anyway).
     - ``split_calls``: implements `taskgate.brokers.split.SplitCaller`, so `Gate` sends the
-      requests of the methods it splits from the event loop and waits for their replies there,
+      requests of the calls it splits from the event loop and waits for their replies there,
       with no thread hop (Redis).
     """
 
     shared_quota: bool = False
+    shared_limits: bool = False
     cross_process: bool = False
-    distributed_limits: bool = False
     push_wakeups: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)
     nonblocking: bool = False
     inline_attempts: bool = False
-    quiet_acks: bool = False
-    quiet_enqueue: bool = False
     acks_in_claims: bool = False
     split_calls: bool = False
 
 
 @runtime_checkable
 class Broker(Protocol):
-    """The repository protocol. Every method is one atomic transition; see the module docstring.
+    """The repository protocol: one method per verb, each one atomic transition taking one
+    checked parameter object (`taskgate.brokers.params`); see the module docstring.
 
-    Missing tasks raise `TaskNotFoundError`; stale lease tokens raise `LeaseLostError`;
-    medium failures raise `BrokerError`. No method leaves a partial change behind.
+    Missing tasks raise `TaskNotFoundError`; stale lease tokens raise `LeaseLostError` (or
+    answer it, per item, where a call takes several); medium failures raise `BrokerError`.
+    No method leaves a partial change behind.
     """
 
     capabilities: Capabilities
 
-    # -- tasks: create ---------------------------------------------------------------------
-
-    def enqueue(self, tasks: Sequence[NewTask]) -> list[Task]:
-        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+    def submit(self, submit: Submit) -> Submitted:
+        """Store ``submit.tasks`` all-or-nothing; their statuses (and snapshots) in order.
 
         Status on arrival: ``pending`` without parents; with parents, ``pending`` when every
         parent is completed (or final, for ``ignore_parent_failure``), ``canceled`` when a
         parent failed or was canceled (unless ``ignore_parent_failure``), else ``blocked``.
-        A used business key raises `TaskExistsError` with the key's newest execution (exactly
-        one of many racing submitters wins); an unknown parent raises `TaskNotFoundError`.
+        Parents must exist already or come earlier in the same submit. A used business key
+        raises `TaskExistsError` with the key's newest execution (exactly one of many racing
+        submitters wins); an unknown parent raises `TaskNotFoundError`. No tasks: no change.
         """
         ...
 
-    def replay(
-        self,
-        execution_id: str,
-        *,
-        new_id: str,
-        allow_completed: bool = False,
-        payload: bytes | Unset | None = UNSET,
-    ) -> Task:
+    def replay(self, replay: Replay) -> Task:
         """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
 
         The new execution copies type, queue, max_retry, business key, parents and (unless
         given) payload, has ``replay_of=execution_id`` and fresh counters; its status follows
-        the `enqueue` rule. The old record never changes. Raises `ReplayNotFinalError`,
-        `AlreadyReplayedError` (not the newest of its chain) or `CompletedNotAllowedError`.
+        the `submit` rule. The old record never changes. Raises `ReplayNotFinalError`,
+        `AlreadyReplayedError` (not the newest of its chain) or `CompletedNotAllowedError`; a
+        ``new_id`` in use raises `ValueError`.
         """
         ...
 
-    # -- tasks: read -----------------------------------------------------------------------
-
     def get(self, task_id: str) -> Task:
-        """The current snapshot of ``task_id``."""
+        """The current snapshot of ``task_id``; `TaskNotFoundError` when there is none."""
         ...
 
-    def list(self, filter: Filter) -> list[Task]:
-        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
-        ...
+    def list(self, filter: Filter) -> builtins.list[Task]:
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit.
 
-    def history(self, business_key: str) -> builtins.list[Task]:
-        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
+        ``Filter(business_key=k)`` gives every execution of ``k``, oldest first.
+        """
         ...
 
     def counts(self) -> dict[str, dict[Status, int]]:
@@ -345,70 +312,42 @@ class Broker(Protocol):
         """How many tasks of ``queue`` are pending or retrying (due or not)."""
         ...
 
-    # -- tasks: the worker's transitions ---------------------------------------------------
-
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
-        """Lease up to ``limit`` due tasks of ``queue`` (pending/retrying, ``run_at <= now``).
+    def claim(self, claim: Claim) -> Claimed:
+        """Write ``claim.acks`` (as `settle` would, quietly), then lease up to ``claim.limit``
+        due tasks of ``claim.queue`` (pending/retrying, ``run_at <= now``) -- one call.
 
         Oldest due first (``run_at``, then id). Each becomes ``running`` with ``claims += 1``,
         ``started_at = now`` and a fresh token valid until ``now + lease_ttl``. A task is
-        returned to at most one claimer while its lease is valid. Never more than ``limit``.
+        returned to at most one claimer while its lease is valid; never more than ``limit``.
+        With ``quota``, each task claimed takes one unit of the window (fewer tasks when fewer
+        units are left, none and ``exhausted`` when none are); with ``shared``, one shared slot
+        (under the lease's token, expiring with the lease) and one start of the rate. Units,
+        slots and starts are spent only for tasks claimed, so a failed call spends nothing.
+        The claim sees what the acks wrote: a child they made ready may be leased by it.
         """
         ...
 
-    def claim_within_quota(
-        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
-    ) -> QuotaClaim:
-        """`claim` and `reserve_quota` as ONE atomic step: one unit of ``key``'s current window
-        per task claimed, up to ``limit`` tasks and the units left.
+    def settle(self, settle: Settle) -> builtins.list[ItemAnswer]:
+        """End the runs of ``settle.items`` in ONE unit, then give back ``settle.give_back``;
+        one answer per item, in order.
 
-        Units are taken only for tasks claimed, so nothing is given back afterwards and a
-        failed call spends nothing. Raises `BrokerError` when the medium cannot be reached.
+        `Complete` completes the task and wakes children now ready; `Retry` counts the failure
+        by kind and sets ``retrying`` due at ``now + delay``; `Fail` counts it, sets ``failed``
+        and cancels descendants; `Requeue` puts the task back to ``pending`` due now, touching
+        no counter; `Canceled` ends a run stopped by a cancel (with cascade). A `Retry` or
+        `Requeue` of a task whose cancel was requested cancels it instead (with cascade).
+        Items are independent: an unknown id or a stale token answers its own item with
+        `TaskNotFoundError`/`LeaseLostError` and changes nothing for it; a lease named twice
+        is settled once (the later item answers `LeaseLostError`). A value the medium cannot
+        store raises for the whole call, before anything is written. Given-back quota units
+        go to the window they came from (never below 0); slots not held are ignored.
         """
         ...
 
-    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
-        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested."""
+    def heartbeat(self, heartbeat: Heartbeat) -> Renewal:
+        """Extend the lease to ``now + lease_ttl`` (and its shared slot, for ``slot_queue``)
+        and report whether a cancel was requested and whether the slot was lost."""
         ...
-
-    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
-        """Complete the task with ``result`` and, in the same unit, wake children now ready."""
-        ...
-
-    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
-        """`ack` every ``(task_id, token, result)`` in ONE unit; one answer per item, in order.
-
-        Items are independent, not all-or-nothing: an unknown id or a stale token answers its
-        own item with the `TaskNotFoundError`/`LeaseLostError` that `ack` would raise and
-        changes nothing for it, while every other item completes and wakes its children
-        exactly as `ack` would. An id given twice is acked at most once (a later item answers
-        `LeaseLostError`). Bad arguments raise before anything changes; ``[]`` gives ``[]``.
-        """
-        ...
-
-    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
-        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
-
-        If a cancel was requested meanwhile, the task is canceled (with cascade) instead.
-        """
-        ...
-
-    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
-        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
-        ...
-
-    def requeue(self, task_id: str, token: str) -> Task:
-        """Put a running task back to ``pending``, due now, touching no counter.
-
-        Used on graceful shutdown. If a cancel was requested meanwhile, cancels instead.
-        """
-        ...
-
-    def finish_canceled(self, task_id: str, token: str) -> Task:
-        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
-        ...
-
-    # -- tasks: anyone's transitions -------------------------------------------------------
 
     def cancel(self, task_id: str) -> Task:
         """Cancel a task.
@@ -428,213 +367,33 @@ class Broker(Protocol):
         """
         ...
 
-    # -- quota -----------------------------------------------------------------------------
-
-    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
-        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
-
-        Check and take are one atomic unit: across every process the window never grants
-        more than ``limit``. Raises `BrokerError` when the medium cannot be reached.
-        """
-        ...
-
-    def release_quota(self, grant: QuotaGrant, n: int) -> None:
-        """Give back ``n`` units of ``grant`` to the window they came from (never below 0)."""
-        ...
-
-    # -- what transitions settle on their own -----------------------------------------------
-
     def report_settled(self, sink: SettledSink | None) -> None:
         """From now on, give ``sink`` the snapshots of the tasks each call settles on its own;
         None stops it. `Gate` sets one when an ``on_state_change`` hook is configured.
 
         Settled on its own: a blocked child woken to ``pending``, or a descendant canceled by
-        the cascade, by any transition that makes a task final -- `ack`, `ack_many` and its
-        quiet and claim-carrying forms, `fail`, `retry` and `requeue` when they cancel,
-        `finish_canceled`, `cancel` and `reap`. The task a call names is still its own answer,
-        never the sink's. The sink gets the rest, as they were right after the call, in the
-        order they were settled: once per call that settled any (never an empty list), after
-        the call's unit committed and every lock it took was released, in the thread that
-        made the call (the event loop, for a call made or split there). A call that wrote
-        nothing reports nothing. ``sink`` must not raise or block: the unit is written already.
+        the cascade, by any transition that makes a task final -- `settle`, the acks a `claim`
+        carries, `cancel` and `reap`. The task a call names is still its own answer, never the
+        sink's. The sink gets the rest, as they were right after the call, in the order they
+        were settled: once per call that settled any (never an empty list), after the call's
+        unit committed and every lock it took was released, in the thread that made the call
+        (the event loop, for a call made or split there). A call that wrote nothing reports
+        nothing. ``sink`` must not raise or block: the unit is written already.
 
         Without a sink no such snapshot is read or built, so the transitions cost what they
         did. A broker has one sink: setting one replaces the one before.
         """
         ...
 
-    # -- wake-ups and lifecycle -------------------------------------------------------------
-
     def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
         """Block up to ``timeout`` seconds until work may be due in ``queues``.
 
-        Returns True when woken by an enqueue/requeue/wake-up (spurious True is allowed),
-        False on timeout. `close` wakes every waiter.
+        Returns True when woken by a submit/requeue/wake-up (spurious True is allowed),
+        False on timeout; with ``timeout=0``, whether a task of ``queues`` is due now.
+        `close` wakes every waiter.
         """
         ...
 
     def close(self) -> None:
         """Release connections and wake waiters. Idempotent."""
-        ...
-
-
-@runtime_checkable
-class QuietAcker(Protocol):
-    """`Broker.ack_many` without the snapshots, for callers that do not look at them.
-
-    Only brokers declaring ``capabilities.quiet_acks`` implement it.
-    """
-
-    def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
-        """`Broker.ack_many` of ``items``, exactly -- the same unit, the same writes, the same
-        errors for the same items, the same children woken -- except that an item it completed
-        is answered None instead of its task's snapshot.
-
-        Reading a whole task back (payload and result included) is most of what an ack costs
-        where rows are parsed in Python or replies carry every field; the runtime's group acks
-        only need to know which tasks completed.
-        """
-        ...
-
-
-@runtime_checkable
-class QuietEnqueuer(Protocol):
-    """`Broker.enqueue` without the snapshots, for callers that do not look at them.
-
-    Only brokers declaring ``capabilities.quiet_enqueue`` implement it.
-    """
-
-    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
-        """`Broker.enqueue` of ``tasks``, exactly -- the same unit, the same writes, the same
-        errors, the same wake-ups -- except that each task is answered by its status on
-        arrival (pending, blocked, or canceled by a failed parent) instead of its snapshot.
-
-        Building a snapshot per task is a third or more of a batch submit's cost in Python;
-        `Gate.submit_many` returns only ids, and without a hook only the statuses matter
-        (which queues to wake, which waiters to answer).
-        """
-        ...
-
-
-@runtime_checkable
-class AckCarrier(Protocol):
-    """Quiet acks and the claim that follows them as one step.
-
-    Brokers declaring ``capabilities.acks_in_claims`` implement it, and `Gate` uses it only
-    for them. A broker may have it without declaring it where an ack write and a claim
-    apart are faster (the SQL broker on PostgreSQL and MariaDB, whose servers run the two
-    side by side on two connections).
-    """
-
-    def claim_after_acks(
-        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
-    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]:
-        """`QuietAcker.ack_many_quiet` of ``items``, then `Broker.claim` of ``queue`` -- ONE
-        broker call: the acks' answers in item order, and the leases.
-
-        The claim sees what the acks wrote: a child they made ready is leased by it, due order
-        permitting. Items or arguments `ack_many_quiet` or `claim` would refuse raise before anything is
-        written or claimed. A claim that fails once the acks are written is answered with
-        None for the leases (the acks stand); a broker whose call is one transaction raises
-        instead, having written nothing.
-
-        Under load a queue's finished handlers and its next claim come together: a worker
-        cycle then takes one round trip (one commit, one thread hop) instead of two.
-        """
-        ...
-
-    def claim_within_quota_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        key: str,
-        quota_limit: int,
-        period: timedelta,
-    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]:
-        """`QuietAcker.ack_many_quiet` of ``items``, then `Broker.claim_within_quota` -- ONE
-        broker call, answered and failing as `claim_after_acks` is."""
-        ...
-
-
-@runtime_checkable
-class LimitedAckCarrier(Protocol):
-    """`AckCarrier` for a broker's limited claims (`DistributedLimiter.claim_with_limits`).
-
-    Only brokers declaring both ``capabilities.acks_in_claims`` and ``distributed_limits``
-    implement it.
-    """
-
-    def claim_with_limits_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> tuple[builtins.list[QuietAckOutcome], LimitedClaim | None]:
-        """`QuietAcker.ack_many_quiet` of ``items``, then `DistributedLimiter.claim_with_limits`
-        -- ONE broker call, answered and failing as `AckCarrier.claim_after_acks` is."""
-        ...
-
-
-@runtime_checkable
-class DistributedLimiter(Protocol):
-    """Global concurrency slots and rate for a queue, shared by every process of a broker.
-
-    Only brokers declaring ``capabilities.distributed_limits`` implement it.
-    """
-
-    def acquire_slots(self, queue: str, capacity: int, n: int, ttl: timedelta) -> list[str]:
-        """Take up to ``n`` of the queue's ``capacity`` slots, each expiring after ``ttl``."""
-        ...
-
-    def claim_with_limits(
-        self,
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> LimitedClaim:
-        """`Broker.claim` of up to ``limit`` due tasks, each under one of the queue's ``capacity``
-        slots, that also takes per task claimed one start of `take_rate`'s limiter (``rps`` > 0)
-        and one unit of ``quota``'s current window -- ONE atomic step.
-
-        Each slot's token is its lease's token and expires with the lease (``lease_ttl``);
-        renew and release it by that token like any slot. Slots, starts and units are spent
-        only for tasks claimed. ``release`` gives those slot
-        tokens back first (as `release_slots` would), so they count as free for this claim.
-        A ``claimer`` id makes claimers take turns: one that found no free slot while tasks
-        were due is owed one, which every other claimer leaves free until it came back.
-        """
-        ...
-
-    def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> list[str]:
-        """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
-        ...
-
-    def release_slots(self, queue: str, tokens: Sequence[str]) -> None:
-        """Give slots back; a token not held is ignored (released at most once)."""
-        ...
-
-    def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
-        """Take up to ``n`` starts from the queue's GCRA limiter.
-
-        Returns ``(granted, retry_after_seconds)``: when ``granted < n``, the wait before the
-        next start may be allowed.
-        """
         ...

@@ -1,4 +1,4 @@
-"""Group commit of acks: handlers of one queue that finish together complete in ONE `ack_many`.
+"""Group commit of acks: handlers of one queue that finish together complete in ONE `settle`.
 
 A worker whose handler returned hands the ack to the queue's `AckWriter` and goes on to its
 next task: nothing per task waits for the write. The writer is one long-lived task per queue;
@@ -13,9 +13,10 @@ before a write leaves those tasks running under their leases: the reaper puts th
 they run again -- a re-run, never a loss. Shutdown waits for every write (the writer drains
 before it ends, shielded when the runtime is cancelled).
 
-Where the broker can (`AckCarrier`, quiet acks only), the acks waiting when the queue's
-scheduler claims ride on that claim (`with_claim`): under load a queue's handlers finish
-together and its next claim follows at once, so one broker call does both. The writer then
+Where the broker gains by it (``capabilities.acks_in_claims``, quiet acks only), the acks
+waiting when the queue's scheduler claims ride on that claim (`Claim.acks`, `with_claim`):
+under load a queue's handlers finish together and its next claim follows at once, so one
+broker call does both. The writer then
 writes only what no claim took: acks of an idle queue, or that arrived during a claim.
 
 An ack the broker refuses (a result too large for it: any error but a `BrokerError`, a lost
@@ -28,12 +29,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar, cast
 
 import anyio
 import anyio.lowlevel
 
-from taskgate.brokers.base import AckItem, AckOutcome, Broker, QuietAcker, QuietAckOutcome
+from taskgate.brokers.base import Broker
+from taskgate.brokers.params import Claimed, Complete, Fail, ItemAnswer, Settle
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.outcome import describe, unstorable_result
@@ -44,7 +45,7 @@ __all__ = ["MAX_ACK_BATCH", "RIDE_MAX", "WRITE_TRIES", "AckWriter"]
 
 log = logging.getLogger("taskgate")
 
-# Items per `ack_many`: bounds one statement/script; more wait for the next write.
+# Items per `settle`: bounds one statement/script; more wait for the next write.
 MAX_ACK_BATCH = 256
 # Acks waiting beyond this many go out in a write of their own rather than on the claim: a
 # call's own cost is then small beside their work, and that write overlaps the claim (Redis
@@ -54,10 +55,9 @@ RIDE_MAX = 32
 # tasks up to the reaper.
 WRITE_TRIES = 3
 
-T = TypeVar("T")
 Settled = Callable[[list[Task]], Awaitable[None]]
 Completed = Callable[[list[str]], None]
-Answer = AckOutcome | QuietAckOutcome | Exception
+Answer = ItemAnswer | Exception
 
 
 class AckWriter:
@@ -75,15 +75,15 @@ class AckWriter:
         max_batch: int = MAX_ACK_BATCH,
     ) -> None:
         """``on_settled`` gets the snapshots of the tasks a write completed. With
-        ``on_completed``, a broker that declares ``quiet_acks`` answers without snapshots
-        (`QuietAcker`): ``on_completed`` then gets the ids of the tasks completed that way."""
+        ``on_completed``, acks are written without snapshots (``Settle.snapshots=False``):
+        ``on_completed`` then gets the ids of the tasks completed that way."""
         self._broker, self._calls, self._deadline = broker, calls, deadline
         self._on_settled, self.on_written = on_settled, on_written
         self._on_completed = on_completed
-        self._quiet = cast(QuietAcker, broker) if on_completed and broker.capabilities.quiet_acks else None
-        self.rides_on_claims = self._quiet is not None and broker.capabilities.acks_in_claims
+        self._snapshots = on_completed is None
+        self.rides_on_claims = not self._snapshots and broker.capabilities.acks_in_claims
         self._max_batch = max_batch
-        self._queued: deque[AckItem] = deque()
+        self._queued: deque[Complete] = deque()
         self._arrived = Signal()
         self._closed = False
         self.in_flight = 0
@@ -99,10 +99,10 @@ class AckWriter:
         return max(0, self.backlog - allowance)
 
     def put(self, task_id: str, token: str, result: bytes | None) -> None:
-        """Queue an ack (as ``broker.ack`` would take it); the writer completes the task."""
+        """Queue an ack; the writer completes the task."""
         if self._closed:
             raise RuntimeError("the ack writer is closed")
-        self._queued.append((task_id, token, result))
+        self._queued.append(Complete(task_id, token, result))
         self._arrived.fire()
 
     def close(self) -> None:
@@ -127,46 +127,44 @@ class AckWriter:
                 while self._queued:
                     await self._write_next()
 
-    async def with_claim(
-        self,
-        alone: Callable[[], Awaitable[T]],
-        after_acks: Callable[[list[AckItem]], Awaitable[tuple[Sequence[QuietAckOutcome], T | None]]],
-    ) -> T:
-        """Claim by ``after_acks(acks)`` taking the queued acks along, or by ``alone()`` when
-        none wait or they cannot ride (`rides_on_claims`).
+    async def with_claim(self, claim: Callable[[tuple[Complete, ...]], Awaitable[Claimed]]) -> Claimed:
+        """Claim by ``claim(acks)`` taking the queued acks along, or by ``claim(())`` when none
+        wait or they cannot ride (`rides_on_claims`).
 
-        ``after_acks`` answers the acks and the claim, None for a claim that failed once the
-        acks were written (raised here as `BrokerError`). When it raises, the acks go back to
-        the queue for the writer: when the broker refused them before writing anything (a
-        result too large for it: anything but a `BrokerError`), each is then acked on its own
-        (and a refused one failed), and the claim goes alone.
+        A claim that failed once its acks were written (`Claimed.failed`) raises `BrokerError`
+        here. When ``claim(acks)`` raises, the acks go back to the queue for the writer: when
+        the broker refused them before writing anything (a result too large for it: anything
+        but a `BrokerError`), each is then acked on its own (and a refused one failed), and the
+        claim goes alone.
         """
         if not self.rides_on_claims or not self._queued or len(self._queued) > RIDE_MAX:
-            return await alone()
+            return await claim(())
         count = min(len(self._queued), self._max_batch)
-        acks = [self._queued.popleft() for _ in range(count)]
+        acks = tuple(self._queued.popleft() for _ in range(count))
         self._riding += count
         try:
-            answers, claimed = await after_acks(acks)
+            claimed = await claim(acks)
         except BrokerError:
             self._put_back(acks)
             raise
         except Exception:
             self._put_back(acks)
-            return await alone()
+            return await claim(())
         except BaseException:
             self._put_back(acks)
             raise
         self._riding -= count
-        _, completed = _completed(acks, answers)
+        _, completed = _completed(acks, claimed.acked)
         if completed and self._on_completed is not None:
             self._on_completed(completed)
         self.on_written()
-        if claimed is None:
-            raise BrokerError(f"the claim after {count} ack(s) failed (the acks were written)")
+        if claimed.failed is not None:
+            raise BrokerError(
+                f"the claim after {count} ack(s) failed (the acks were written): {claimed.failed}"
+            )
         return claimed
 
-    def _put_back(self, acks: list[AckItem]) -> None:
+    def _put_back(self, acks: Sequence[Complete]) -> None:
         """Acks a claim took but may not have written: first in line for the writer again. A
         second write of an ack the claim did write answers lease-lost and changes nothing."""
         self._riding -= len(acks)
@@ -190,7 +188,7 @@ class AckWriter:
             self.in_flight = 0
             self.on_written()
 
-    async def _write(self, batch: list[AckItem]) -> tuple[list[Task], list[str]]:
+    async def _write(self, batch: list[Complete]) -> tuple[list[Task], list[str]]:
         """Write ``batch`` (retrying a write that failed as a whole); the tasks it completed:
         their snapshots, and the ids of those completed without one (quiet acks)."""
         for attempt in range(1, WRITE_TRIES + 1):
@@ -215,43 +213,39 @@ class AckWriter:
         log.error("%d ack(s) not written; the reaper will take the tasks back", len(batch))
         return [], []
 
-    async def _fail_refused(self, refused: list[tuple[AckItem, Answer]]) -> list[Task]:
+    async def _fail_refused(self, refused: list[tuple[Complete, Answer]]) -> list[Task]:
         """Fail once, with the reason, each task whose ack the broker refused (a result it can
         never store: running the task again would only compute it again); their snapshots."""
         failed: list[Task] = []
-        for (task_id, token, _), answer in refused:
-            outcome = unstorable_result(cast(Exception, answer))
+        for ack, answer in refused:
+            task_id = ack.task_id
+            assert isinstance(answer, Exception)  # `_refused` says so
+            outcome = unstorable_result(answer)
             log.warning("task %s: %s", task_id, outcome.error)
+            fail = Settle((Fail(task_id, ack.token, outcome.kind, outcome.error),))
             try:
                 with anyio.CancelScope(shield=True):
-                    failed.append(
-                        await self._calls(
-                            self._broker.fail,
-                            task_id,
-                            token,
-                            kind=outcome.kind,
-                            error=outcome.error,
-                            deadline=self._deadline,
-                        )
-                    )
+                    (written,) = await self._calls(self._broker.settle, fail, deadline=self._deadline)
+                if isinstance(written, Exception):
+                    raise written
+                if written is not None:
+                    failed.append(written)
             except LeaseLostError:
                 log.info("task %s: lease was lost before its outcome was written; discarded", task_id)
             except Exception as exc:
                 log.warning("task %s: its failure was not written either: %s", task_id, describe(exc))
         return failed
 
-    async def _ack_many(self, items: list[AckItem]) -> Sequence[Answer]:
-        write: Callable[[list[AckItem]], Sequence[Answer]] = (
-            self._broker.ack_many if self._quiet is None else self._quiet.ack_many_quiet
-        )
+    async def _ack_many(self, items: list[Complete]) -> Sequence[Answer]:
+        settle = Settle(tuple(items), snapshots=self._snapshots)
         try:
             if self._calls.inline:
                 # Called right here, with no checkpoint before it: nothing can cut it short, so
                 # it needs no shielded scope (one per write was a tenth of a memory cycle);
                 # `run` yields once per batch.
-                return write(items)
+                return self._broker.settle(settle)
             with anyio.CancelScope(shield=True):
-                return await self._calls(write, items, deadline=self._deadline)
+                return await self._calls(self._broker.settle, settle, deadline=self._deadline)
         except BrokerError:
             raise  # the medium failed: `_write` tries the whole batch again
         except Exception:
@@ -262,21 +256,25 @@ class AckWriter:
             answers = [await self._ack_one(item) for item in items]
         return answers
 
-    async def _ack_one(self, item: AckItem) -> AckOutcome | Exception:
+    async def _ack_one(self, item: Complete) -> Answer:
         try:
-            return await self._calls(self._broker.ack, *item, deadline=self._deadline)
+            (answer,) = await self._calls(
+                self._broker.settle, Settle((item,), snapshots=self._snapshots), deadline=self._deadline
+            )
         except BrokerError:
             raise  # the medium failed: retry the whole batch
         except Exception as exc:
             return exc
+        return answer
 
 
-def _completed(batch: Sequence[AckItem], answers: Sequence[Answer]) -> tuple[list[Task], list[str]]:
+def _completed(batch: Sequence[Complete], answers: Sequence[Answer]) -> tuple[list[Task], list[str]]:
     """The tasks the answers completed (snapshots, and ids answered None by a quiet ack); the
     rest are logged (their outcome is not written)."""
     done: list[Task] = []
     quietly: list[str] = []
-    for (task_id, _, _), answer in zip(batch, answers, strict=True):
+    for ack, answer in zip(batch, answers, strict=True):
+        task_id = ack.task_id
         if isinstance(answer, Task):
             done.append(answer)
         elif answer is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,6 +22,7 @@ import anyio
 import anyio.from_thread
 
 from taskgate.brokers.base import Broker, Lease
+from taskgate.brokers.params import Heartbeat
 from taskgate.errors import LeaseLostError, NoTaskError, TaskCanceledError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.outcome import StopReason
@@ -85,9 +86,10 @@ class RunContext:
     calls: BrokerCalls
     ttl: timedelta
     deadline: float
-    slots: Sequence[str | None] = ()
-    renew_slots: Callable[[Sequence[str | None]], Awaitable[list[str | None]]] | None = None
-    # Hands an ack to the queue's group commit (`AckWriter.put`); None: one ``broker.ack`` per task.
+    # The queue whose shared slot the lease holds under its token (renewed with the lease),
+    # when the broker counts the queue's limits.
+    slot_queue: str | None = None
+    # Hands an ack to the queue's group commit (`AckWriter.put`); None: one `Broker.settle` per task.
     ack: Callable[[str, str, bytes | None], None] | None = None
     # The worker's lane; None until a worker picks the context up.
     lane: Lane | None = None
@@ -162,24 +164,20 @@ class RunContext:
         """
         self.raise_if_stopped()
         started = anyio.current_time()
+        beat = Heartbeat(self.task.id, self.lease.token, self.ttl, slot_queue=self.slot_queue)
         try:
-            renewal = await self.calls(
-                self.broker.heartbeat, self.task.id, self.lease.token, self.ttl, deadline=self.deadline
-            )
+            renewal = await self.calls(self.broker.heartbeat, beat, deadline=self.deadline)
         except (LeaseLostError, TaskNotFoundError):
             self.stop(StopReason.LEASE_LOST)
             raise LeaseLostError(f"task {self.task.id}: lease lost; the result will be discarded") from None
-        if self.renew_slots is not None and self.slots and not renewal.cancel_requested:
-            # The handler holds its global slot as it holds its lease, and the slot expires one
-            # ttl after ITS last renewal (then another process may take it): the local deadline,
-            # and with it the fence, moves only once both were renewed. A failed slot renewal
-            # propagates and leaves the fence where it was; a slot already lost stops the
-            # handler as a lost lease does.
-            if await self.renew_slots(self.slots):
-                self.stop(StopReason.LEASE_LOST)
-                raise LeaseLostError(
-                    f"task {self.task.id}: its concurrency slot expired; the result will be discarded"
-                )
+        if renewal.slot_lost and not renewal.cancel_requested:
+            # The handler holds its shared slot as it holds its lease, and the slot expires one
+            # ttl after ITS last renewal (then another process may take it): a slot already
+            # lost stops the handler as a lost lease does.
+            self.stop(StopReason.LEASE_LOST)
+            raise LeaseLostError(
+                f"task {self.task.id}: its concurrency slot expired; the result will be discarded"
+            )
         self.lease_deadline = max(self.lease_deadline, started + self.ttl.total_seconds())
         if self.stop_reason is None and not self.kept:
             self.arm_fence()

@@ -2,7 +2,7 @@
 
 The handler runs inside its worker's cancel scope (`Lane`), next to the lease keeper.
 Whatever stopped it decides the write: the handler's own result or exception (`decide`), or
-the stop reason (cancel -> ``finish_canceled``, shutdown -> ``requeue``, lease lost ->
+the stop reason (cancel -> `Canceled`, shutdown -> `Requeue`, lease lost ->
 nothing). A stopped handler's cancellation goes on up to the lane's scope, which ends it;
 the write happens shielded on the way, so a runtime being cancelled still puts its tasks back.
 
@@ -26,8 +26,10 @@ from typing import Any
 
 import anyio
 
+from taskgate.brokers import params
 from taskgate.brokers.base import Broker, FailureKind
 from taskgate.brokers.checks import storable_error
+from taskgate.brokers.params import Canceled, Complete, Finish, Requeue, Settle
 from taskgate.codec import encode_value
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
@@ -223,23 +225,30 @@ class Executor:
 
     async def _write_once(self, ctx: RunContext, outcome: Outcome) -> Task | None:
         """One broker call writing ``outcome``; None for an outcome that writes nothing."""
-        b, task_id, token = self._broker, ctx.task.id, ctx.lease.token
-        deadline = ctx.deadline
-        match outcome:
-            case Ack(result):
-                return await self._calls(b.ack, task_id, token, result, deadline=deadline)
-            case Retry(kind, error, delay):
-                wait = timedelta(seconds=delay)
-                return await self._calls(
-                    b.retry, task_id, token, kind=kind, error=error, delay=wait, deadline=deadline
-                )
-            case Fail(kind, error):
-                return await self._calls(b.fail, task_id, token, kind=kind, error=error, deadline=deadline)
-            case Stop(StopReason.CANCELED):
-                return await self._calls(b.finish_canceled, task_id, token, deadline=deadline)
-            case Stop(StopReason.SHUTDOWN):
-                return await self._calls(b.requeue, task_id, token, deadline=deadline)
-        return None
+        item = _settle_item(ctx.task.id, ctx.lease.token, outcome)
+        if item is None:
+            return None
+        (answer,) = await self._calls(self._broker.settle, Settle((item,)), deadline=ctx.deadline)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _settle_item(task_id: str, token: str, outcome: Outcome) -> Finish | None:
+    """The `Settle` item writing ``outcome``; None for an outcome that writes nothing. Builds
+    a value the item refuses (a delay out of range) raise as the broker would have."""
+    match outcome:
+        case Ack(result):
+            return Complete(task_id, token, result)
+        case Retry(kind, error, delay):
+            return params.Retry(task_id, token, kind, error, timedelta(seconds=delay))
+        case Fail(kind, error):
+            return params.Fail(task_id, token, kind, error)
+        case Stop(StopReason.CANCELED):
+            return Canceled(task_id, token)
+        case Stop(StopReason.SHUTDOWN):
+            return Requeue(task_id, token)
+    return None
 
 
 class _ThreadRun:

@@ -3,16 +3,16 @@
 A lease whose handler never started goes back as if it had never been claimed (SPEC Part 1,
 shutdown: put back "exactly as they were"; a claimed task whose handler never started gives
 its quota unit back): its task is requeued (pending, due now, no counter moved), its quota unit
-goes back to the window it came from, and its global slot (Redis, where a lease's token is its
-slot) is released. Only a start of a global rate, spent when granted, cannot be given back:
+goes back to the window it came from, and its shared slot (where the broker counts the limits,
+a lease's token is its slot) is released -- one `Broker.settle` with a `Requeue` per lease and
+a `GiveBack`. Only a start of a global rate, spent when granted, cannot be given back:
 fewer starts, never more.
 
 Such leases turn up in two ways, both put back by `PutBack`:
 
 - a claim that answers after its caller stopped waiting (its deadline passed, or the caller
-  was cancelled): every claim path -- the plain claim, the claim within a quota, the combined
-  limited claim, each of them with acks carried -- names `PutBack.abandoned` as its
-  ``on_abandoned``, which runs in the claim's own thread;
+  was cancelled): every claim names `PutBack.abandoned` as its ``on_abandoned``, which runs
+  in the claim's own thread;
 - leases the runtime holds whose handlers will not start: claimed while the scheduler was
   cancelled, left in the feed when the workers stopped, one claimed after shutdown's grace
   ran out: `PutBack.now`.
@@ -21,10 +21,10 @@ Such leases turn up in two ways, both put back by `PutBack`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from taskgate.brokers.base import Broker, DistributedLimiter, Lease, LimitedClaim, QuotaClaim, QuotaGrant
+from taskgate.brokers.base import Broker, Lease, QuotaGrant
+from taskgate.brokers.params import Claimed, GiveBack, Requeue, Settle
 from taskgate.errors import TaskgateError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.task import Task
@@ -35,40 +35,24 @@ log = logging.getLogger("taskgate")
 
 # A lease and the quota grant its unit came from (None: no quota).
 Held = tuple[Lease, QuotaGrant | None]
-# One step of a put-back: a broker method, its arguments, and what a failure leaves behind.
-_Step = tuple[Callable[..., Any], tuple[Any, ...], str]
 
 
 def held_by(answer: object) -> list[Held]:
-    """The leases (and their grants) in what any claim path answered.
-
-    ``answer`` is a `Broker.claim`'s list of leases, a `QuotaClaim`, a `LimitedClaim` or None,
-    or a pair whose second item is one of those: the acks' answers and the claim of a claim
-    that carried acks.
-    """
-    match answer:
-        case None:
-            return []
-        case list():
-            return [(lease, None) for lease in answer]
-        case QuotaClaim(leases=leases, grant=grant):
-            return [(lease, grant) for lease in leases]
-        case LimitedClaim(leases=leases, quota=quota):
-            units = None if quota is None else quota.grant
-            return [(lease, units) for lease in leases]
-        case (_, claimed):
-            return held_by(claimed)
+    """The leases (and their grant) in what a claim answered (a `Claimed`, or None)."""
+    if answer is None:
+        return []
+    if isinstance(answer, Claimed):
+        return [(lease, answer.quota) for lease in answer.leases]
     raise TypeError(f"not the answer of a claim: {answer!r}")
 
 
 class PutBack:
     """Puts back one queue's leases whose handlers never started (see the module docstring).
 
-    ``slots``: the broker's limiter when each lease's token is a global slot (the queue claims
-    through `DistributedLimiter.claim_with_limits`), else None.
+    ``slots``: each lease's token is a shared slot of the queue (the broker counts its limits).
     """
 
-    def __init__(self, broker: Broker, queue: str, *, slots: DistributedLimiter | None) -> None:
+    def __init__(self, broker: Broker, queue: str, *, slots: bool) -> None:
         self._broker, self._queue, self._slots = broker, queue, slots
 
     def abandoned(self, answer: object) -> None:
@@ -76,50 +60,44 @@ class PutBack:
 
         Runs in the call's thread, with nobody to tell: failures are logged.
         """
-        held = held_by(answer)
-        for fn, args, failed in self._steps(held):
-            try:
-                fn(*args)
-            except TaskgateError as exc:
-                log.warning("%s: %s", failed, exc)
+        settle = self._settle(held_by(answer))
+        if settle is None:
+            return
+        try:
+            self._broker.settle(settle)
+        except TaskgateError as exc:
+            log.warning("%s", self._failed(settle, exc))
 
     async def now(self, held: Sequence[Held], calls: BrokerCalls, *, deadline: float) -> list[Task]:
-        """Put ``held`` back through the runtime's broker calls; the snapshots of the tasks
-        requeued. Each step is a broker call of its own (a call attempted on the event loop
-        must change nothing before it may be run again in a thread); failures are logged."""
-        requeued: list[Task] = []
-        for fn, args, failed in self._steps(held):
-            try:
-                answer = await calls(fn, *args, deadline=deadline)
-            except TaskgateError as exc:
-                log.warning("%s: %s", failed, exc)
-                continue
-            if isinstance(answer, Task):
-                requeued.append(answer)
-        return requeued
+        """Put ``held`` back through the runtime's broker calls, in one call; the snapshots of
+        the tasks requeued (or canceled instead, when a cancel was asked). Failures are logged."""
+        settle = self._settle(held)
+        if settle is None:
+            return []
+        try:
+            answers = await calls(self._broker.settle, settle, deadline=deadline)
+        except TaskgateError as exc:
+            log.warning("%s", self._failed(settle, exc))
+            return []
+        return [answer for answer in answers if isinstance(answer, Task)]
 
-    def _steps(self, held: Sequence[Held]) -> list[_Step]:
-        """Requeue each lease, then give its quota unit back, then its global slot."""
-        broker = self._broker
-        steps: list[_Step] = [
-            (
-                broker.requeue,
-                (lease.task.id, lease.token),
-                f"task {lease.task.id}: a lease whose handler never started could not be put back "
-                "(the reaper takes it back when it expires)",
-            )
-            for lease, _ in held
-        ]
+    def _settle(self, held: Sequence[Held]) -> Settle | None:
+        """Requeue each lease, and give back its quota unit and its shared slot."""
+        if not held:
+            return None
         # A unit per lease, given back to its own claim's grant (never more than it granted).
         units: dict[int, tuple[QuotaGrant, int]] = {}
         for _, grant in held:
             if grant is not None:
                 units[id(grant)] = (grant, units.get(id(grant), (grant, 0))[1] + 1)
-        for grant, n in units.values():
-            failed = f"quota {grant.key!r}: {n} unit(s) of tasks whose handlers never started stay spent"
-            steps.append((broker.release_quota, (grant, n), failed))
-        if self._slots is not None and held:
-            tokens = [lease.token for lease, _ in held]
-            failed = f"queue {self._queue!r}: {len(tokens)} slot(s) stay taken until their leases expire"
-            steps.append((self._slots.release_slots, (self._queue, tokens), failed))
-        return steps
+        slots = tuple(lease.token for lease, _ in held) if self._slots else ()
+        give_back = GiveBack(quota=tuple(units.values()), queue=self._queue if slots else None, slots=slots)
+        return Settle(tuple(Requeue(lease.task.id, lease.token) for lease, _ in held), give_back=give_back)
+
+    def _failed(self, settle: Settle, exc: Exception) -> str:
+        ids = ", ".join(item.task_id for item in settle.items)
+        return (
+            f"queue {self._queue!r}: leases whose handlers never started could not be put back "
+            f"(tasks {ids}; the reaper takes them back when they expire, their quota units stay "
+            f"spent and their slots taken until then): {exc}"
+        )

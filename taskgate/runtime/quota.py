@@ -1,7 +1,7 @@
 """The hard quota in front of a queue's claims: one unit per task, taken by the claim itself.
 
-The scheduler claims through ``Broker.claim_within_quota``, so units are spent only for
-tasks claimed, in the same atomic step. Exhausted (no unit left) is not an error: the queue
+The scheduler's claims carry the quota (`Claim.quota`), so units are spent only for tasks
+claimed, in the same atomic step. Exhausted (no unit left) is not an error: the queue
 pauses until the window ends. A broker error is: the gate fails closed (claims nothing),
 backs off and shows ``quota_stalled`` until the medium answers again -- it never falls back
 to counting locally.
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from taskgate.brokers.base import Lease, QuotaClaim, QuotaSpec
+from taskgate.brokers.base import QuotaSpec
+from taskgate.brokers.params import Claimed
 
 __all__ = ["QuotaGate"]
 
@@ -26,13 +27,12 @@ class QuotaGate:
         self.stalled = False
         self.pause = 0.0
 
-    def took(self, claim: QuotaClaim) -> list[Lease]:
-        """Note what a ``claim_within_quota`` answered; its leases. Sets `exhausted` and `pause`."""
+    def took(self, claim: Claimed) -> None:
+        """Note what a claim carrying this quota answered. Sets `exhausted` and `pause`."""
         self.stalled = False
         self.exhausted = claim.exhausted
-        if claim.exhausted:
-            self.pause = self._until(claim.grant.window_end)
-        return claim.leases
+        if claim.exhausted and claim.quota is not None:
+            self.pause = self._until(claim.quota.window_end)
 
     def unreachable(self) -> None:
         """The claim could not reach the medium: nothing was granted (fail closed) -- shown as

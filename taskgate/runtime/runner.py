@@ -18,14 +18,8 @@ from typing import cast
 import anyio
 from anyio.abc import TaskStatus
 
-from taskgate.brokers.base import (
-    DistributedLimiter,
-    Lease,
-    LimitedAckCarrier,
-    NewTask,
-    QuietEnqueuer,
-    QuotaGrant,
-)
+from taskgate.brokers.base import Lease, NewTask, QuotaGrant
+from taskgate.brokers.params import Submit
 from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError
@@ -35,7 +29,7 @@ from taskgate.runtime.context import Lane, RunContext
 from taskgate.runtime.executor import Executor, Handler
 from taskgate.runtime.hooks import HookDispatcher
 from taskgate.runtime.lease import LeaseKeeper
-from taskgate.runtime.limits import DistributedLimits, Limits, LocalLimits, Slot
+from taskgate.runtime.limits import Limits, LocalLimits, SharedQueueLimits, Slot
 from taskgate.runtime.outcome import StopReason
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.scheduler import QueueScheduler
@@ -78,11 +72,7 @@ class Runtime:
         if self.hooks.hook is not None:
             self.broker.report_settled(self._also_settled.extend)
         # Fixed here, as the hook is: without one, nothing reads a submitted task's snapshot.
-        self._quiet_enqueue = (
-            cast(QuietEnqueuer, self.broker)
-            if self.hooks.hook is None and self.broker.capabilities.quiet_enqueue
-            else None
-        )
+        self._submit_snapshots = self.hooks.hook is not None
         self.schedulers: dict[str, QueueScheduler] = {}
         self.queue_idle = Signal()  # a scheduler's claim came back short, or a queue was added
         # Running contexts by (task id, claims): a reaped claim may still be running here when
@@ -135,13 +125,15 @@ class Runtime:
         """Store ``tasks`` and react to what they became (`observe`); their ids, in order.
 
         A task due at once wakes its queue's scheduler here, which claims it without waiting
-        for the poll (`wake_queue`). Without a hook, a broker with ``quiet_enqueue`` answers
-        statuses instead of snapshots (`arrived_unseen`).
+        for the poll (`wake_queue`). Without a hook the broker answers statuses instead of
+        snapshots (`arrived_unseen`).
         """
-        if self._quiet_enqueue is not None:
-            self.arrived_unseen(tasks, await self.calls(self._quiet_enqueue.enqueue_quiet, tasks))
+        submit = Submit(tuple(tasks), snapshots=self._submit_snapshots)
+        submitted = await self.calls(self.broker.submit, submit)
+        if submit.snapshots:
+            await self.observe(submitted.tasks)
         else:
-            await self.observe(await self.calls(self.broker.enqueue, tasks))
+            self.arrived_unseen(tasks, submitted.statuses)
         return [task.id for task in tasks]
 
     # -- observing transitions ------------------------------------------------------------------
@@ -268,7 +260,7 @@ class Runtime:
             conf,
             broker=self.broker,
             calls=self.calls,
-            limits=self._limits(name, conf, acks_ride=acks.rides_on_claims),
+            limits=self._limits(name, conf),
             quota=self._quota(name, conf),
             poll_interval=self.poll_interval,
             deadline=worker_deadline(conf),
@@ -333,11 +325,9 @@ class Runtime:
             keeper=self.keeper,
         )
 
-    def _limits(self, name: str, conf: QueueConfig, *, acks_ride: bool) -> Limits:
-        if self.broker.capabilities.distributed_limits:
-            limiter = cast(DistributedLimiter, self.broker)
-            carrier = cast(LimitedAckCarrier, self.broker) if acks_ride else None
-            return DistributedLimits(limiter, self.calls, name, conf, worker_deadline(conf), carrier=carrier)
+    def _limits(self, name: str, conf: QueueConfig) -> Limits:
+        if self.broker.capabilities.shared_limits:
+            return SharedQueueLimits(self.broker, self.calls, name, conf, worker_deadline(conf))
         return LocalLimits(conf)
 
     def _quota(self, name: str, conf: QueueConfig) -> QuotaGate | None:
@@ -379,8 +369,7 @@ class Runtime:
             calls=self.calls,
             ttl=conf.lease,
             deadline=scheduler.deadline,
-            slots=[slot] if slot is not None else [],
-            renew_slots=scheduler.limits.renew if slot is not None else None,
+            slot_queue=scheduler.name if slot is not None else None,
             ack=scheduler.acks.put,
             lease_deadline=claimed_at + scheduler.lease_seconds,
             free_slot=free_slot,

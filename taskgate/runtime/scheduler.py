@@ -14,24 +14,17 @@ feed when the workers stop -- goes back with its quota unit and slot (`taskgate.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from contextlib import nullcontext
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 
-from taskgate.brokers.base import (
-    AckCarrier,
-    AckItem,
-    Broker,
-    DistributedLimiter,
-    Lease,
-    QuietAckOutcome,
-    QuotaClaim,
-    QuotaGrant,
-)
+from taskgate.brokers.base import Broker, Lease, QuotaGrant
+from taskgate.brokers.params import Claim, Claimed, Complete, SharedLimits
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
@@ -39,7 +32,7 @@ from taskgate.runtime.backoff import exponential
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane
 from taskgate.runtime.feed import Feed
-from taskgate.runtime.limits import CombinedClaim, Limits, Slot
+from taskgate.runtime.limits import Limits, Slot
 from taskgate.runtime.putback import Held, PutBack
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
@@ -55,10 +48,9 @@ log = logging.getLogger("taskgate")
 StartLease = Callable[[Lease, Slot, float, QuotaGrant | None, Lane], Coroutine[Any, Any, None]]
 # Told the snapshots of tasks put back (`put_back`).
 Requeued = Callable[[list[Task]], Coroutine[Any, Any, None]]
-Claimed = tuple[Lease, Slot, float, QuotaGrant | None]
+ClaimedLease = tuple[Lease, Slot, float, QuotaGrant | None]
 # What one claim took: its leases, and the quota grant of their units (None without a quota).
 Taken = tuple[list[Lease], QuotaGrant | None]
-T = TypeVar("T")
 
 # Acks waiting to be written may reach this many times ``workers`` before they hold claims
 # back: enough for the writer's batches to grow past one round of workers under load (one
@@ -86,14 +78,11 @@ class QueueScheduler:
         """``on_requeued`` is told the snapshots of tasks put back (`put_back`)."""
         self.name, self.conf = name, conf
         self.acks = acks  # the queue's group commit of acks (see `taskgate.runtime.acks`)
-        # The broker's claims that carry acks along, when the writer lets them ride.
-        self._carrier = cast(AckCarrier, broker) if acks.rides_on_claims else None
-        self._ready: Feed[Claimed] = Feed()
+        self._ready: Feed[ClaimedLease] = Feed()
         self._broker, self._calls = broker, calls
         self.limits, self.quota = limits, quota
-        # Under global limits every claim is the combined one, and each lease's token its slot.
-        slots = cast(DistributedLimiter, broker) if limits.combined_claim is not None else None
-        self._put_back = PutBack(broker, name, slots=slots)
+        # Under shared limits each lease's token is its slot.
+        self._put_back = PutBack(broker, name, slots=limits.shared_counted)
         self._on_requeued = on_requeued
         self._poll = poll_interval
         self.deadline = deadline  # of a worker-path broker call (`worker_deadline`)
@@ -222,52 +211,45 @@ class QueueScheduler:
     ) -> tuple[list[Lease], list[Slot], QuotaGrant | None] | None:
         """Take slots, rate and quota for up to ``free`` starts, then claim: the leases, their
         slots (then None for each start not claimed), their quota grant; None when paused."""
-        combined = self.limits.combined_claim
-        if combined is not None:
-            # Global slots, rate, quota and the claim in one call; each lease's token is its slot.
-            taken = await self._claim(free, combined)
+        shared = self.limits.shared()
+        if shared is not None:
+            # Shared slots, rate, quota and the claim in one call; each lease's token is its slot.
+            taken = await self._claim(free, shared)
             if taken is None:
                 return None
             leases, grant = taken
             # Fewer tasks than asked is a sign of an idle queue -- unless the rate held them back.
             unused = 0 if self._held_by_rate else free - len(leases)
             return leases, [*(lease.token for lease in leases), *[None] * unused], grant
-        slots = await self.limits.take_slots(free)
-        if not slots:
-            self._pause(self._poll)
-            return None
-        granted, wait = await self.limits.take_rate(len(slots))
+        granted, wait = await self.limits.take_rate(free)
         if granted <= 0:
-            await self.limits.release(slots)
             self._pause(max(wait, 0.001))
             return None
-        taken = await self._claim(granted)
+        taken = await self._claim(granted, None)
         got = [] if taken is None else taken[0]
         self.limits.spent(granted, len(got))
-        await self.limits.release(slots[len(got) :])
         if taken is None:
             return None
-        return got, slots[:granted], taken[1]
+        return got, [None] * granted, taken[1]
 
-    async def _claim(self, n: int, combined: CombinedClaim | None = None) -> Taken | None:
+    async def _claim(self, n: int, shared: SharedLimits | None) -> Taken | None:
         self._claim_started = anyio.current_time()
+        quota = None if self.quota is None else self.quota.spec
+        claim = Claim(self.name, n, self.conf.lease, quota=quota, shared=shared)
         try:
             # Shielded: an abandoned claim thread would still lease tasks that nobody runs,
             # stranding them until their lease expires (and costing them a lease_lost). A
             # broker called inline has no thread to abandon: a cancellation lands at the call's
             # checkpoint, before it claims (and a scope per claim is a tenth of a memory cycle).
-            shield = combined is not None or not self._calls.inline
+            shield = shared is not None or not self._calls.inline
             with anyio.CancelScope(shield=True) if shield else nullcontext():
-                taken: Taken
-                if combined is not None:
-                    taken = await self._combined_claim(combined, n)
-                elif self.quota is not None:
-                    claim = await self._claim_within_quota(self.quota, n)
-                    taken = self.quota.took(claim), claim.grant
-                else:
-                    taken = await self._plain_claim(n), None
+                claimed = await self._claim_by(claim)
+            taken = claimed.leases, claimed.quota
             await self._put_back_if_cancelled(taken)
         except BrokerError as exc:
+            if shared is not None:
+                # Slots of finished handlers the claim was to give back: keep them for the next.
+                self.limits.restore_releases(shared.release)
             if self.quota is not None:
                 self.quota.unreachable()
             self._claim_failures += 1
@@ -276,9 +258,14 @@ class QueueScheduler:
             self._pause(backoff)
             return None
         self._claim_failures = 0
-        if self.quota is not None and self.quota.exhausted:
-            self._pause(self.quota.pause)
-            return None
+        self._held_by_rate = claimed.retry_after > 0
+        if self._held_by_rate:
+            self._pause(claimed.retry_after)
+        if self.quota is not None:
+            self.quota.took(claimed)
+            if self.quota.exhausted:
+                self._pause(self.quota.pause)
+                return None
         return taken
 
     async def _put_back_if_cancelled(self, taken: Taken) -> None:
@@ -292,83 +279,21 @@ class QueueScheduler:
                 await self.put_back([(lease, grant) for lease in leases])
             raise
 
-    async def _plain_claim(self, n: int) -> list[Lease]:
-        carrier = self._carrier
-        return await self._claim_by(
-            self._broker.claim,
-            None if carrier is None else carrier.claim_after_acks,
-            self.name,
-            n,
-            self.conf.lease,
-        )
+    async def _claim_by(self, claim: Claim) -> Claimed:
+        """``claim`` in one broker call, taking along the acks waiting to be written when they
+        may ride (`AckWriter.with_claim`).
 
-    async def _claim_by(
-        self,
-        claim: Callable[..., T],
-        claim_after_acks: Callable[..., tuple[list[QuietAckOutcome], T | None]] | None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> T:
-        """``claim(*args, **kwargs)`` in a broker call, or ``claim_after_acks(acks, *args,
-        **kwargs)`` taking along the acks waiting to be written (`AckWriter.with_claim`).
-
-        Either way, a call that answers after its deadline puts back what it claimed
-        (`PutBack.abandoned`, in the call's thread): nobody will run those leases, and waiting
-        for them to expire would cost their tasks a lease_lost, a quota unit and a slot.
+        A call that answers after its deadline puts back what it claimed (`PutBack.abandoned`,
+        in the call's thread): nobody will run those leases, and waiting for them to expire
+        would cost their tasks a lease_lost, a quota unit and a slot.
         """
         late = self._put_back.abandoned
 
-        async def alone() -> T:
-            return await self._calls(claim, *args, deadline=self.deadline, on_abandoned=late, **kwargs)
+        async def call(acks: tuple[Complete, ...]) -> Claimed:
+            carrying = claim if not acks else dataclasses.replace(claim, acks=acks)
+            return await self._calls(self._broker.claim, carrying, deadline=self.deadline, on_abandoned=late)
 
-        if claim_after_acks is None:
-            return await alone()
-        carrying = claim_after_acks
-
-        async def after_acks(acks: list[AckItem]) -> tuple[list[QuietAckOutcome], T | None]:
-            return await self._calls(
-                carrying, acks, *args, deadline=self.deadline, on_abandoned=late, **kwargs
-            )
-
-        return await self.acks.with_claim(alone, after_acks)
-
-    async def _combined_claim(self, combined: CombinedClaim, n: int) -> Taken:
-        quota = None if self.quota is None else self.quota.spec
-        # Slots of finished handlers go back in the claim's own call, counted free by it.
-        release = self.limits.take_releases()
-        try:
-            taken = await self._claim_by(
-                combined,
-                self.limits.combined_ack_claim,
-                self.name,
-                self.conf.workers,
-                n,
-                self.conf.lease,
-                quota=quota,
-                release=release,
-            )
-        except BrokerError:
-            self.limits.restore_releases(release)
-            raise
-        self._held_by_rate = taken.retry_after > 0
-        if self._held_by_rate:
-            self._pause(taken.retry_after)
-        if self.quota is not None and taken.quota is not None:
-            self.quota.took(taken.quota)
-        return taken.leases, (None if taken.quota is None else taken.quota.grant)
-
-    async def _claim_within_quota(self, quota: QuotaGate, n: int) -> QuotaClaim:
-        carrier = self._carrier
-        return await self._claim_by(
-            self._broker.claim_within_quota,
-            None if carrier is None else carrier.claim_within_quota_after_acks,
-            self.name,
-            n,
-            self.conf.lease,
-            key=quota.spec.key,
-            quota_limit=quota.spec.limit,
-            period=quota.spec.period,
-        )
+        return await self.acks.with_claim(call)
 
     async def _work_due(self) -> bool:
         """Whether a task of this queue is due now (a zero-timeout `wait_for_work`)."""
@@ -381,7 +306,7 @@ class QueueScheduler:
         self._paused_until = anyio.current_time() + seconds
 
 
-async def _work(feed: Feed[Claimed], start: StartLease) -> None:
+async def _work(feed: Feed[ClaimedLease], start: StartLease) -> None:
     """One worker: run claimed leases one after another until the feed is closed and empty.
 
     Handlers run in the worker's `Lane`: one cancel scope, entered once and kept until a

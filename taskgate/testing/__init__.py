@@ -1,10 +1,36 @@
-"""Test helpers for taskgate users and broker authors: the broker contract suite.
+"""Test helpers for taskgate users and broker authors: the broker contract suite and steps.
 
-A backend's test file subclasses `BrokerContract` and supplies a ``broker_factory`` fixture
-(see `taskgate.testing.contract`); every contract test then runs against that backend. A
-broker declaring ``capabilities.quiet_acks`` adds `QuietAckContract` too, one declaring
-``capabilities.quiet_enqueue`` `QuietEnqueueContract`, one implementing
-`taskgate.brokers.base.AckCarrier` `AckCarrierContract`.
+A broker's test file subclasses `BrokerContract` and gives it a ``broker_factory`` fixture;
+every contract case then runs against that broker, its optional cases chosen by what
+``broker.capabilities`` declares (no opt-in classes). A third-party broker needs no more
+than this::
+
+    import pytest
+
+    from taskgate.testing import BrokerContract, BrokerFactory, ManualClock
+
+    from my_package import MyBroker
+
+
+    class TestMyBroker(BrokerContract):
+        @pytest.fixture
+        def broker_factory(self, clock: ManualClock) -> Iterator[BrokerFactory]:
+            opened: list[MyBroker] = []
+
+            def open_broker() -> MyBroker:  # a NEW broker on the test's ONE store, on `clock`
+                broker = MyBroker(store_for_this_test, clock=clock)
+                opened.append(broker)
+                return broker
+
+            yield open_broker
+            for broker in opened:
+                broker.close()
+
+A broker whose object is its store (in-process) may answer every call with the same object.
+For a broker's own tests: `steps` makes one transition per call in the shape a test reads
+best (``steps.claim(broker, "q", 1, ttl)``), `new_task` builds a task with a fresh id,
+`claim_many` submits and claims ``n`` tasks, and `RACE_ROUNDS` is how often the suite repeats
+each race.
 """
 
 from __future__ import annotations
@@ -15,18 +41,17 @@ import pytest
 # must run before the contract modules are imported.
 pytest.register_assert_rewrite("taskgate.testing.contract")
 
-from taskgate.testing.contract import (  # noqa: E402
-    RACE_ROUNDS,
-    AckCarrierContract,
-    BrokerContract,
-    QuietAckContract,
-    QuietEnqueueContract,
-)
+from taskgate.clock import ManualClock  # noqa: E402
+from taskgate.testing import steps  # noqa: E402
+from taskgate.testing.contract import RACE_ROUNDS, BrokerContract, BrokerFactory  # noqa: E402
+from taskgate.testing.contract._support import claim_many, new_task  # noqa: E402
 
 __all__ = [
     "RACE_ROUNDS",
-    "AckCarrierContract",
     "BrokerContract",
-    "QuietAckContract",
-    "QuietEnqueueContract",
+    "BrokerFactory",
+    "ManualClock",
+    "claim_many",
+    "new_task",
+    "steps",
 ]

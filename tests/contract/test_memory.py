@@ -9,15 +9,10 @@ import pytest
 from taskgate.brokers.base import Broker
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.clock import ManualClock
-from taskgate.testing import BrokerContract
-from taskgate.testing.contract import (
-    BrokerFactory,
-    QuietAckContract,
-    QuietEnqueueContract,
-)
+from taskgate.testing import BrokerContract, BrokerFactory
 
 
-class TestMemoryBroker(BrokerContract, QuietAckContract, QuietEnqueueContract):
+class TestMemoryBroker(BrokerContract):
     @pytest.fixture
     def broker_factory(self, clock: ManualClock) -> Iterator[BrokerFactory]:
         # A memory broker IS its store, so every "connection" is the same object.

@@ -13,13 +13,7 @@ from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, requi
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
-from taskgate.testing import BrokerContract
-from taskgate.testing.contract import (
-    AckCarrierContract,
-    BrokerFactory,
-    QuietAckContract,
-    QuietEnqueueContract,
-)
+from taskgate.testing import BrokerContract, BrokerFactory
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +25,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestMySQLBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
+class TestMySQLBroker(BrokerContract):
     """Every contract test on MariaDB/MySQL; each broker object has its own pool."""
 
     @pytest.fixture

@@ -20,13 +20,7 @@ from helpers.sql_databases import (
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
-from taskgate.testing import BrokerContract
-from taskgate.testing.contract import (
-    AckCarrierContract,
-    BrokerFactory,
-    QuietAckContract,
-    QuietEnqueueContract,
-)
+from taskgate.testing import BrokerContract, BrokerFactory
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +32,7 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-class TestPostgreSQLBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
+class TestPostgreSQLBroker(BrokerContract):
     """Every contract test on PostgreSQL; each broker object has its own pool (and listener)."""
 
     @pytest.fixture

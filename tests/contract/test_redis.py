@@ -11,16 +11,10 @@ from helpers.redis_servers import purge_keys
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.clock import ManualClock
-from taskgate.testing import BrokerContract
-from taskgate.testing.contract import (
-    AckCarrierContract,
-    BrokerFactory,
-    QuietAckContract,
-    QuietEnqueueContract,
-)
+from taskgate.testing import BrokerContract, BrokerFactory
 
 
-class TestRedisBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
+class TestRedisBroker(BrokerContract):
     """Every contract test against a real Redis; each test's keys are deleted afterwards."""
 
     @pytest.fixture

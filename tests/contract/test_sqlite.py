@@ -16,17 +16,11 @@ from helpers.inline_first import AttemptedInline
 from helpers.sql_databases import sql_brokers
 
 from taskgate.clock import ManualClock
-from taskgate.testing import BrokerContract
-from taskgate.testing.contract import (
-    AckCarrierContract,
-    BrokerFactory,
-    QuietAckContract,
-    QuietEnqueueContract,
-)
-from taskgate.testing.contract._support import TTL, new_task
+from taskgate.testing import BrokerContract, BrokerFactory, new_task, steps
+from taskgate.testing.contract._support import TTL
 
 
-class TestSQLiteBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract):
+class TestSQLiteBroker(BrokerContract):
     """Every contract test on a SQLite file; each broker object opens its own engine."""
 
     @pytest.fixture
@@ -35,20 +29,18 @@ class TestSQLiteBroker(BrokerContract, QuietAckContract, QuietEnqueueContract, A
             yield open_broker
 
 
-class TestSQLiteBrokerAttemptedInline(
-    BrokerContract, QuietAckContract, QuietEnqueueContract, AckCarrierContract
-):
+class TestSQLiteBrokerAttemptedInline(BrokerContract):
     """Every contract test again, each call attempted without waiting first."""
 
     @pytest.fixture
     def broker_factory(self, clock: ManualClock, tmp_path: Path) -> Iterator[BrokerFactory]:
         with sql_brokers(f"sqlite:///{tmp_path / 'tasks.db'}", clock) as open_broker:
-            yield lambda: AttemptedInline(open_broker())  # type: ignore[return-value]
+            yield lambda: AttemptedInline(open_broker())
 
     def test_a_worker_s_transitions_are_answered_by_the_first_attempt(self, broker_factory: Any) -> None:
         broker = broker_factory()
-        broker.enqueue([new_task(queue="q")])
-        (lease,) = broker.claim("q", 10, TTL)
-        broker.ack_many([(lease.task.id, lease.token, None)])
+        steps.enqueue(broker, [new_task(queue="q")])
+        (lease,) = steps.claim(broker, "q", 10, TTL)
+        steps.ack_many(broker, [(lease.task.id, lease.token, None)])
         broker.get(lease.task.id)
         assert (broker.inline, broker.moved) == (4, 0)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from taskgate.brokers.base import Lease
+from taskgate.brokers.params import Claimed
 from taskgate.brokers.split import SplitCall
 
 GUARD = 15.0  # as gate_helpers.GUARD: anything that should take milliseconds
@@ -46,14 +47,15 @@ def drive(call: SplitCall[Any]) -> Any:
 
 
 class LateLeases:
-    """An ``on_abandoned`` that keeps what a late claim answered, for the test to wait on."""
+    """An ``on_abandoned`` that keeps the leases a late claim answered, for the test to wait on
+    (the claim's `Claimed`, or its leases alone)."""
 
     def __init__(self) -> None:
         self.leases: list[Lease] = []
         self._got = threading.Event()
 
-    def __call__(self, leases: list[Lease]) -> None:
-        self.leases = leases
+    def __call__(self, answer: Claimed | list[Lease]) -> None:
+        self.leases = answer.leases if isinstance(answer, Claimed) else answer
         self._got.set()
 
     def wait(self) -> list[Lease]:

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,7 +23,7 @@ import anyio
 import redis
 
 from taskgate import Config, Gate, QueueConfig, Status, Task
-from taskgate.brokers.base import AckItem, Lease, LimitedClaim, QuietAckOutcome, QuotaSpec
+from taskgate.brokers.params import Claim, Claimed, ItemAnswer, Settle
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 
@@ -82,7 +82,8 @@ def _live(probe: Probe) -> Callable[[Task], None]:
         # MULTI/EXEC: the snapshot is the set exactly as this SADD left it, so the largest
         # snapshot is the largest the set ever was (it only grows by such SADDs).
         pipe = probe.client.pipeline(transaction=True)
-        pipe.sadd(probe.live, member).smembers(probe.live)
+        pipe.sadd(probe.live, member)
+        pipe.smembers(probe.live)
         _, members = pipe.execute()
         probe.client.rpush(probe.snapshots, b" ".join(sorted(members)))
         time.sleep(HOLD)  # the work: holds the slot so that the other process must contend
@@ -151,75 +152,20 @@ class CountingRedisBroker(RedisBroker):
             self.tally[f"{what}_granted"] += granted
             self.tally[f"{what}_refused"] += asked - granted
 
-    def acquire_slots(self, queue: str, capacity: int, n: int, ttl: timedelta) -> list[str]:
-        """`RedisBroker.acquire_slots`, counted."""
-        tokens = super().acquire_slots(queue, capacity, n, ttl)
-        self._count("slots", n, len(tokens))
-        return tokens
-
-    def claim_with_limits(
-        self,
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> LimitedClaim:
-        """`RedisBroker.claim_with_limits`, counted. Slots: a shortfall while tasks were still
-        queued and the rate held none back was for want of a slot (tasks leave the queue only
-        by being claimed). Rate: a positive wait means the rate held at least one task back
-        (counted as one refused start)."""
-        taken = super().claim_with_limits(
-            queue,
-            capacity,
-            limit,
-            lease_ttl,
-            rps=rps,
-            burst=burst,
-            quota=quota,
-            release=release,
-            claimer=claimer,
-        )
-        self._count_claim(queue, limit, rps, taken)
+    def claim(self, claim: Claim) -> Claimed:
+        """`RedisBroker.claim`, counted: a plain claim's shortfall is an idle poll; a claim under
+        shared limits is counted as `_count_limited` says (unless it failed after its acks)."""
+        taken = super().claim(claim)
+        if claim.shared is None:
+            self._count("claim", claim.limit, len(taken.leases))
+        elif taken.failed is None:
+            self._count_limited(claim.queue, claim.limit, claim.shared.rps, taken)
         return taken
 
-    def claim_with_limits_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> tuple[list[QuietAckOutcome], LimitedClaim | None]:
-        """`RedisBroker.claim_with_limits_after_acks`, its claim counted as `claim_with_limits`'s."""
-        answers, taken = super().claim_with_limits_after_acks(
-            items,
-            queue,
-            capacity,
-            limit,
-            lease_ttl,
-            rps=rps,
-            burst=burst,
-            quota=quota,
-            release=release,
-            claimer=claimer,
-        )
-        if taken is not None:
-            self._count_claim(queue, limit, rps, taken)
-        return answers, taken
-
-    def _count_claim(self, queue: str, limit: int, rps: float, taken: LimitedClaim) -> None:
+    def _count_limited(self, queue: str, limit: int, rps: float, taken: Claimed) -> None:
+        """Slots: a shortfall while tasks were still queued and the rate held none back was for
+        want of a slot (tasks leave the queue only by being claimed). Rate: a positive wait
+        means the rate held at least one task back (counted as one refused start)."""
         got = len(taken.leases)
         held_by_rate = taken.retry_after > 0
         short_of_slots = got < limit and not held_by_rate and self.queue_length(queue) > 0
@@ -228,22 +174,14 @@ class CountingRedisBroker(RedisBroker):
             self._count("rate", got + (1 if held_by_rate else 0), got)
         self._count("claim", limit, got)
 
-    def release_slots(self, queue: str, tokens: Sequence[str]) -> None:
-        """`RedisBroker.release_slots`, counted (slots given back in a call of their own)."""
-        super().release_slots(queue, tokens)
-        self._count("release", len(tokens), len(tokens))
-
-    def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
-        """`RedisBroker.take_rate`, counted."""
-        granted, retry_after = super().take_rate(queue, rps, burst, n)
-        self._count("rate", n, granted)
-        return granted, retry_after
-
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
-        """`RedisBroker.claim`, counted (an empty claim is an idle poll)."""
-        leases = super().claim(queue, limit, lease_ttl)
-        self._count("claim", limit, len(leases))
-        return leases
+    def settle(self, settle: Settle) -> list[ItemAnswer]:
+        """`RedisBroker.settle`, counting the slots given back in a call of their own (not on a
+        claim's ``release``)."""
+        answers = super().settle(settle)
+        if settle.give_back is not None and settle.give_back.slots:
+            slots = len(settle.give_back.slots)
+            self._count("release", slots, slots)
+        return answers
 
     def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
         """`RedisBroker.wait_for_work`, counting the zero-timeout "is anything due?" probes."""

@@ -1,7 +1,7 @@
-"""Acks riding on claims: a queue's quiet acks go out with its next claim (`AckCarrier`).
+"""Acks riding on claims: a queue's quiet acks go out with its next claim (`Claim.acks`).
 
-On SQLite (``acks_in_claims``, the plain claim) and Redis (its limited claim). The wrapper
-below records which call wrote each ack and can make the carrying call fail once.
+On SQLite and Redis (``acks_in_claims``; on Redis the claim also carries the shared limits).
+The wrapper below records which call wrote each ack and can make the carrying call fail once.
 """
 
 from __future__ import annotations
@@ -11,34 +11,37 @@ import threading
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import pytest
 import redis
-from gate_helpers import GUARD, eventually, make_gate
+from gate_helpers import GUARD, carried, eventually, is_ack_batch, make_gate, units_left
 from helpers.redis_servers import purge_keys
 
 from taskgate import ManualClock, QueueConfig, Status, Task
-from taskgate.brokers.base import AckCarrier, AckItem, Broker, Lease, LimitedAckCarrier, QuietAcker
-from taskgate.brokers.base import QuietAckOutcome as Answer
+from taskgate.brokers.base import Broker, Lease
+from taskgate.brokers.params import Claim, Claimed, Complete, ItemAnswer, Requeue, Settle
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.sql import SQLBroker  # type: ignore[attr-defined]
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import RIDE_MAX, AckWriter
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 pytestmark = pytest.mark.anyio
 
 
 class Riding:
-    """A broker wrapper recording, per call, which method wrote how many acks.
+    """A broker wrapper recording, per call, which way it wrote how many acks: ``claim`` (carried
+    by a claim; `carrying` lists what each such claim carried), ``settle`` (a quiet ack write of
+    the writer) or ``settle.snapshots`` (an ack write asking for the snapshots).
 
-    ``refuse`` is raised once by the next carrying call before anything is written; with
-    ``claim_fails`` the next carrying call writes its acks and answers its claim with None.
-    With ``late`` the next carrying call, once done, answers only when ``late`` is set (in its
+    ``refuse`` is raised once by the next carrying claim before anything is written; with
+    ``claim_fails`` the next carrying claim writes its acks and answers that its claim failed.
+    With ``late`` the next carrying claim, once done, answers only when ``late`` is set (in its
     thread); ``claimed_meanwhile`` is set by any claim made before that. ``put_back`` lists
     the tasks requeued by their lease (what the scheduler does with a claim it gave up on).
     """
@@ -47,6 +50,7 @@ class Riding:
         self._inner = inner
         self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
         self.writes: list[tuple[str, list[str]]] = []
+        self.carrying: list[frozenset[str]] = []
         self.refuse: BaseException | None = None
         self.claim_fails = False
         self.late: threading.Event | None = None
@@ -57,82 +61,40 @@ class Riding:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
-        self._note_claim()
-        return self._inner.claim(queue, limit, lease_ttl)
-
-    def requeue(self, task_id: str, token: str) -> Task:
-        self.put_back.append(task_id)
-        return self._inner.requeue(task_id, token)
-
-    def ack_many_quiet(self, items: Sequence[AckItem]) -> list[Answer]:
-        self.writes.append(("ack_many_quiet", [item[0] for item in items]))
-        return _quiet(self._inner).ack_many_quiet(items)
-
-    def claim_after_acks(
-        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
-    ) -> tuple[list[Answer], list[Lease] | None]:
-        if self._before_carrying():
-            return self._acks_alone("claim_after_acks", items)
-        answers, leases = _carrier(self._inner).claim_after_acks(items, queue, limit, lease_ttl)
-        return self._after_carrying("claim_after_acks", items, answers, leases)
-
-    def claim_with_limits_after_acks(self, items: Sequence[AckItem], *args: Any, **kwargs: Any) -> Any:
-        if self._before_carrying():
-            return self._acks_alone("claim_with_limits_after_acks", items)
-        inner = _limited_carrier(self._inner)
-        answers, taken = inner.claim_with_limits_after_acks(items, *args, **kwargs)
-        return self._after_carrying("claim_with_limits_after_acks", items, answers, taken)
-
-    def claim_within_quota_after_acks(self, items: Sequence[AckItem], *args: Any, **kwargs: Any) -> Any:
-        if self._before_carrying():
-            return self._acks_alone("claim_within_quota_after_acks", items)
-        answers, taken = _carrier(self._inner).claim_within_quota_after_acks(items, *args, **kwargs)
-        return self._after_carrying("claim_within_quota_after_acks", items, answers, taken)
-
-    def _note_claim(self) -> None:
+    def claim(self, claim: Claim) -> Claimed:
         if self.late_leased:
             self.claimed_meanwhile.set()
-
-    def _before_carrying(self) -> bool:
-        """Raise ``refuse``; True when this call's claim is to fail after its acks."""
-        self._note_claim()
+        if not claim.acks:
+            return self._inner.claim(claim)
         if self.refuse is not None:
             error, self.refuse = self.refuse, None
             raise error
-        failing, self.claim_fails = self.claim_fails, False
-        return failing
-
-    def _acks_alone(self, name: str, items: Sequence[AckItem]) -> tuple[list[Answer], None]:
-        """The acks written, then the claim failing: what the broker answers is None."""
-        self.writes.append((name, [item[0] for item in items]))
-        return _quiet(self._inner).ack_many_quiet(items), None
-
-    def _after_carrying(
-        self, name: str, items: Sequence[AckItem], answers: list[Answer], claimed: Any
-    ) -> Any:
-        self.writes.append((name, [item[0] for item in items]))
+        if self.claim_fails:
+            # The acks written, then the claim failing: no leases, and the failure answered.
+            self.claim_fails = False
+            self._wrote("claim", claim.acks)
+            acked = self._inner.settle(Settle(claim.acks, snapshots=False))
+            return Claimed(leases=[], acked=acked, failed=BrokerError("the claim after the acks failed"))
+        claimed = self._inner.claim(claim)
+        self._wrote("claim", claim.acks)
+        self.carrying.append(carried(claim))
         if self.late is not None and not self.late_leased:
-            leases = claimed if isinstance(claimed, list) else claimed.leases
-            self.late_leased = [lease.task.id for lease in leases] or ["nothing"]
+            self.late_leased = [lease.task.id for lease in claimed.leases] or ["nothing"]
             assert self.late.wait(GUARD), "the test never let the late call answer"
-        return answers, claimed
+        return claimed
+
+    def settle(self, settle: Settle) -> list[ItemAnswer]:
+        self.put_back += [item.task_id for item in settle.items if isinstance(item, Requeue)]
+        if is_ack_batch(settle):
+            self._wrote("settle" if not settle.snapshots else "settle.snapshots", settle.items)
+        return self._inner.settle(settle)
+
+    def _wrote(self, kind: str, acks: Sequence[Any]) -> None:
+        self.writes.append((kind, [ack.task_id for ack in acks]))
 
     def written(self, kind: str) -> list[str]:
         """Ids of the tasks whose acks went out by ``kind``."""
         return [task_id for name, ids in self.writes if name == kind for task_id in ids]
-
-
-def _quiet(broker: Broker) -> QuietAcker:
-    return cast(QuietAcker, broker)
-
-
-def _carrier(broker: Broker) -> AckCarrier:
-    return cast(AckCarrier, broker)
-
-
-def _limited_carrier(broker: Broker) -> LimitedAckCarrier:
-    return cast(LimitedAckCarrier, broker)
 
 
 @pytest.fixture
@@ -162,11 +124,9 @@ def carrying_broker(request: pytest.FixtureRequest) -> Broker:
     return broker
 
 
-CARRYING = {"sqlite": "claim_after_acks", "redis": "claim_with_limits_after_acks"}
-
-
-def _carrying_call(broker: Riding) -> str:
-    return CARRYING["redis" if broker.capabilities.distributed_limits else "sqlite"]
+def _carrying(broker: Riding) -> frozenset[str]:
+    """What a claim carrying acks carries on ``broker``: the shared limits too on Redis."""
+    return frozenset({"acks", "shared"} if broker.capabilities.shared_limits else {"acks"})
 
 
 async def _run_all(
@@ -192,9 +152,10 @@ async def _run_all(
 async def test_acks_of_finished_handlers_ride_on_the_next_claim(carrying_broker):
     broker = Riding(carrying_broker)
     ids, ran = await _run_all(broker, 8)
-    carried = broker.written(_carrying_call(broker))
-    assert carried, broker.writes  # at least one claim took acks along
-    assert sorted(carried + broker.written("ack_many_quiet")) == sorted(ids)  # each written once
+    taken = broker.written("claim")
+    assert taken, broker.writes  # at least one claim took acks along
+    assert set(broker.carrying) == {_carrying(broker)}
+    assert sorted(taken + broker.written("settle")) == sorted(ids)  # each written once
     assert sorted(ran) == sorted(ids)
 
 
@@ -208,16 +169,18 @@ async def test_acks_ride_on_claims_within_a_quota_which_counts_each_start_once(s
         with anyio.fail_after(GUARD):
             for task_id in ids:
                 await gate.wait(task_id)
-    carried = broker.written("claim_within_quota_after_acks")
-    assert carried and sorted(carried + broker.written("ack_many_quiet")) == sorted(ids)
-    assert sqlite_broker.reserve_quota("q", 100, timedelta(hours=1), 100).granted == 92
+    taken = broker.written("claim")
+    assert taken and sorted(taken + broker.written("settle")) == sorted(ids)
+    assert set(broker.carrying) == {frozenset({"acks", "quota"})}
+    assert units_left(sqlite_broker, "q", 100, timedelta(hours=1)) == 92
 
 
 async def test_acks_do_not_ride_when_a_hook_reads_their_snapshots(carrying_broker):
     broker = Riding(carrying_broker)
     seen: list[Task] = []
     ids, _ = await _run_all(broker, 6, on_state_change=seen.append)
-    assert broker.written(_carrying_call(broker)) == [] and broker.written("ack_many_quiet") == []
+    assert broker.written("claim") == [] and broker.written("settle") == []
+    assert sorted(broker.written("settle.snapshots")) == sorted(ids)
     assert sorted(t.id for t in seen if t.status is Status.COMPLETED) == sorted(ids)
 
 
@@ -227,7 +190,7 @@ async def test_acks_a_claim_could_not_take_along_are_written_by_the_writer(carry
     broker.refuse = error
     ids, ran = await _run_all(broker, 8)
     assert broker.refuse is None  # the carrying call was tried, and refused
-    written = broker.written(_carrying_call(broker)) + broker.written("ack_many_quiet")
+    written = broker.written("claim") + broker.written("settle")
     assert sorted(written) == sorted(ids) and sorted(ran) == sorted(ids)  # no ack lost, none run twice
     for task_id in ids:
         assert (await anyio.to_thread.run_sync(carrying_broker.get, task_id)).status is Status.COMPLETED
@@ -238,7 +201,7 @@ async def test_acks_written_by_a_claim_that_then_failed_are_not_written_again(ca
     broker.claim_fails = True
     ids, ran = await _run_all(broker, 8)
     assert not broker.claim_fails  # a carrying call wrote its acks and answered no claim
-    written = broker.written(_carrying_call(broker)) + broker.written("ack_many_quiet")
+    written = broker.written("claim") + broker.written("settle")
     assert sorted(written) == sorted(ids) and sorted(ran) == sorted(ids)
 
 
@@ -269,8 +232,20 @@ async def test_a_carrying_claim_that_answers_after_its_deadline_puts_its_tasks_b
 
 
 async def _held(broker: Broker, n: int) -> list[Lease]:
-    await anyio.to_thread.run_sync(broker.enqueue, [new_task() for _ in range(n)])
-    return await anyio.to_thread.run_sync(broker.claim, "q", n, timedelta(seconds=30))
+    await anyio.to_thread.run_sync(steps.enqueue, broker, [new_task() for _ in range(n)])
+    return await anyio.to_thread.run_sync(steps.claim, broker, "q", n, timedelta(seconds=30))
+
+
+def _claiming(broker: Broker, took: list[int]) -> Any:
+    """A writer's claim of queue "other" on ``broker``, noting how many acks each took along."""
+
+    async def claim(acks: tuple[Complete, ...]) -> Claimed:
+        took.append(len(acks))
+        return await anyio.to_thread.run_sync(
+            broker.claim, Claim("other", 1, timedelta(seconds=30), acks=acks)
+        )
+
+    return claim
 
 
 async def test_up_to_ride_max_acks_ride_and_more_go_in_a_write_of_their_own(sqlite_broker):
@@ -285,28 +260,18 @@ async def test_up_to_ride_max_acks_ride_and_more_go_in_a_write_of_their_own(sqli
     assert writer.rides_on_claims
     took: list[int] = []
 
-    async def alone() -> str:
-        return "alone"
-
-    async def after_acks(acks: list[AckItem]) -> tuple[list[Answer], str]:
-        took.append(len(acks))
-        answers, _ = await anyio.to_thread.run_sync(
-            _carrier(sqlite_broker).claim_after_acks, acks, "other", 1, timedelta(seconds=30)
-        )
-        return answers, "carried"
-
     few = await _held(sqlite_broker, RIDE_MAX)
     for lease in few:
         writer.put(lease.task.id, lease.token, None)
-    assert await writer.with_claim(alone, after_acks) == "carried"
+    await writer.with_claim(_claiming(sqlite_broker, took))
     assert took == [RIDE_MAX] and sorted(completed) == sorted(lease.task.id for lease in few)
     assert writer.backlog == 0
 
     many = await _held(sqlite_broker, RIDE_MAX + 1)
     for lease in many:
         writer.put(lease.task.id, lease.token, None)
-    assert await writer.with_claim(alone, after_acks) == "alone"
-    assert took == [RIDE_MAX] and writer.backlog == RIDE_MAX + 1  # left to the writer
+    await writer.with_claim(_claiming(sqlite_broker, took))
+    assert took == [RIDE_MAX, 0] and writer.backlog == RIDE_MAX + 1  # claimed alone, left to the writer
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
         writer.close()
@@ -321,14 +286,9 @@ async def test_a_writer_whose_acks_a_hook_reads_never_lets_them_ride(sqlite_brok
     assert not writer.rides_on_claims
     (lease,) = await _held(sqlite_broker, 1)
     writer.put(lease.task.id, lease.token, None)
-
-    async def alone() -> str:
-        return "alone"
-
-    async def after_acks(acks: list[AckItem]) -> tuple[list[Answer], str]:
-        raise AssertionError("acks a hook reads must not ride")
-
-    assert await writer.with_claim(alone, after_acks) == "alone" and writer.backlog == 1
+    took: list[int] = []
+    await writer.with_claim(_claiming(sqlite_broker, took))
+    assert took == [0] and writer.backlog == 1  # acks a hook reads do not ride
 
 
 async def test_acks_a_failed_claim_wrote_are_answered_and_not_queued_again(sqlite_broker):
@@ -354,13 +314,13 @@ async def test_acks_a_failed_claim_wrote_are_answered_and_not_queued_again(sqlit
     for lease in held:
         writer.put(lease.task.id, lease.token, None)
 
-    async def alone() -> str:
-        raise AssertionError("the acks were waiting: they ride")
-
-    async def after_acks(acks: list[AckItem]) -> tuple[list[Answer], None]:
-        return await anyio.to_thread.run_sync(_quiet(sqlite_broker).ack_many_quiet, acks), None
+    async def claim(acks: tuple[Complete, ...]) -> Claimed:
+        if not acks:
+            raise AssertionError("the acks were waiting: they ride")
+        acked = await anyio.to_thread.run_sync(sqlite_broker.settle, Settle(acks, snapshots=False))
+        return Claimed(leases=[], acked=acked, failed=BrokerError("the claim failed"))
 
     with pytest.raises(BrokerError, match=r"claim after 2 ack\(s\) failed \(the acks were written\)"):
-        await writer.with_claim(alone, after_acks)
+        await writer.with_claim(claim)
     assert sorted(completed) == sorted(lease.task.id for lease in held)  # waiters are told
     assert (writer.backlog, written) == (0, 1)

@@ -1,4 +1,4 @@
-"""Group commit of acks: one `ack_many` per batch of finished handlers, overlapping the next claim."""
+"""Group commit of acks: one `settle` per batch of finished handlers, overlapping the next claim."""
 
 from __future__ import annotations
 
@@ -6,42 +6,41 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
-from gate_helpers import GUARD, echo_gate, eventually, make_gate, until
+from gate_helpers import GUARD, echo_gate, eventually, is_ack_batch, make_gate, until
 
 from taskgate import Gate, QueueConfig, Status, Task, TaskExistsError
-from taskgate.brokers.base import AckItem, AckOutcome, Broker, Lease, QuietAcker, QuietAckOutcome
+from taskgate.brokers.base import Broker, Lease
+from taskgate.brokers.params import Claim, Claimed, Finish, ItemAnswer, Settle
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.scheduler import ACK_ALLOWANCE
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 pytestmark = pytest.mark.anyio
 
 
 class Recording:
-    """A broker wrapper recording ack batch sizes, and which of ``ack_many`` / ``ack_many_quiet``
-    wrote them; either can be held or made to fail."""
+    """A broker wrapper recording the ack writes (settles that only complete runs): each one's
+    size, and whether it asked for the snapshots ("snapshots") or not ("quiet"). Their writes
+    can be held, or made to fail (``failures``; `refused` then lists the failed writes' sizes)."""
 
-    def __init__(self, inner: Broker, *, quiet_acks: bool = True) -> None:
+    def __init__(self, inner: Broker) -> None:
         self._inner = inner
-        # ack_many may block its thread (``hold``): never run it on the event loop. These tests
+        # A write may block its thread (``hold``): never run it on the event loop. These tests
         # are about the writer's own writes: no ack rides on a claim (test_gate_acks_ride.py).
         self.capabilities = dataclasses.replace(
-            inner.capabilities,
-            nonblocking=False,
-            inline_attempts=False,
-            quiet_acks=quiet_acks,
-            acks_in_claims=False,
+            inner.capabilities, nonblocking=False, inline_attempts=False, acks_in_claims=False
         )
         self.batches: list[int] = []
         self.kinds: list[str] = []
-        self.single_acks = 0
+        self.refused: list[int] = []
         self.hold: threading.Event | None = None
         self.entered = threading.Event()
         self.failures: list[Exception] = []
@@ -49,24 +48,17 @@ class Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
-        self.single_acks += 1
-        return self._inner.ack(task_id, token, result)
+    def settle(self, settle: Settle) -> list[ItemAnswer]:
+        if is_ack_batch(settle):
+            self._enter("snapshots" if settle.snapshots else "quiet", settle.items)
+        return self._inner.settle(settle)
 
-    def ack_many(self, items: Sequence[AckItem]) -> list[AckOutcome]:
-        self._enter("ack_many", items)
-        return self._inner.ack_many(items)
-
-    def ack_many_quiet(self, items: Sequence[AckItem]) -> list[QuietAckOutcome]:
-        assert self.capabilities.quiet_acks, "ack_many_quiet called on a broker not declaring it"
-        self._enter("ack_many_quiet", items)
-        return cast(QuietAcker, self._inner).ack_many_quiet(items)
-
-    def _enter(self, kind: str, items: Sequence[AckItem]) -> None:
+    def _enter(self, kind: str, items: Sequence[Finish]) -> None:
         self.entered.set()
         if self.hold is not None:
-            assert self.hold.wait(GUARD), f"test never released {kind}"
+            assert self.hold.wait(GUARD), f"test never released a {kind} write"
         if self.failures:
+            self.refused.append(len(items))
             raise self.failures.pop(0)
         self.batches.append(len(items))
         self.kinds.append(kind)
@@ -96,7 +88,6 @@ async def test_handlers_finishing_together_are_acked_in_one_batch(gate_broker):
             done = await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
             assert done.result == f'"{task_id}"'.encode()
     assert sum(broker.batches) == 5 and len(broker.batches) <= 2, broker.batches
-    assert broker.single_acks == 0
 
 
 @pytest.mark.parametrize("hook", [False, True])
@@ -111,22 +102,10 @@ async def test_acks_are_quiet_unless_a_hook_reads_the_snapshots(gate_broker, hoo
             results = [await gate.wait(task_id) for task_id in ids]  # woken by the ack, quiet or not
     assert results == [f'"{task_id}"'.encode() for task_id in ids]
     assert sum(broker.batches) == 6
-    assert set(broker.kinds) == {"ack_many" if hook else "ack_many_quiet"}
+    assert set(broker.kinds) == {"snapshots" if hook else "quiet"}
     completed = [t for t in seen if t.status is Status.COMPLETED]
     assert sorted(t.id for t in completed) == (sorted(ids) if hook else [])
     assert all(t.result == f'"{t.id}"'.encode() for t in completed)
-
-
-async def test_a_broker_without_quiet_acks_is_acked_with_snapshots(gate_broker):
-    broker = Recording(gate_broker, quiet_acks=False)
-    gate = make_gate(broker, {"q": QueueConfig(workers=2)})
-    gate.handle("q", lambda task: None)
-    async with gate:
-        ids = await gate.submit_many("q", [None] * 3)
-        with anyio.fail_after(GUARD):
-            for task_id in ids:
-                await gate.wait(task_id)
-    assert set(broker.kinds) == {"ack_many"} and sum(broker.batches) == 3
 
 
 async def test_the_next_claim_overlaps_the_ack_write_without_exceeding_workers(gate_broker):
@@ -239,7 +218,7 @@ async def test_a_cancelled_runtime_still_finishes_the_ack_write_in_flight(gate_b
             await anyio.to_thread.run_sync(broker.entered.wait)
             threading.Timer(0.05, broker.hold.set).start()
             tg.cancel_scope.cancel()
-    assert broker.kinds == ["ack_many_quiet"]
+    assert broker.kinds == ["quiet"]
     assert gate_broker.get(task_id).status is Status.COMPLETED
 
 
@@ -305,12 +284,12 @@ async def test_a_batch_the_broker_refuses_is_acked_item_by_item(gate_broker):
         release.set()
         for task_id in ids:
             await eventually(gate, task_id, lambda t: t.status is Status.COMPLETED)
-    assert (broker.single_acks, broker.batches) == (3, [])
+    assert (broker.refused, broker.batches) == ([3], [1, 1, 1])  # refused together, then one by one
 
 
 async def _claimed(broker: Broker, n: int) -> list[Lease]:
-    await anyio.to_thread.run_sync(broker.enqueue, [new_task() for _ in range(n)])
-    return await anyio.to_thread.run_sync(broker.claim, "q", n, timedelta(seconds=30))
+    await anyio.to_thread.run_sync(steps.enqueue, broker, [new_task() for _ in range(n)])
+    return await anyio.to_thread.run_sync(steps.claim, broker, "q", n, timedelta(seconds=30))
 
 
 async def test_writer_drops_a_stale_token_alone_and_groups_acks_queued_during_a_write(gate_broker):
@@ -388,16 +367,16 @@ class _Threads:
     def __init__(self, inner: Broker, nonblocking: bool) -> None:
         self._inner = inner
         self.capabilities = dataclasses.replace(
-            inner.capabilities, nonblocking=nonblocking, inline_attempts=False, acks_in_claims=False
+            inner.capabilities, nonblocking=nonblocking, inline_attempts=False
         )
         self.claim_threads: set[int] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+    def claim(self, claim: Claim) -> Claimed:
         self.claim_threads.add(threading.get_ident())
-        return self._inner.claim(queue, limit, lease_ttl)
+        return self._inner.claim(claim)
 
 
 @pytest.mark.parametrize("nonblocking", [True, False])
@@ -419,8 +398,7 @@ class _ClaimOrder:
 
     def __init__(self, inner: Broker) -> None:
         self._inner = inner
-        # Every later claim must come through `claim` to be recorded: no ack rides on one.
-        self.capabilities = dataclasses.replace(inner.capabilities, acks_in_claims=False)
+        self.capabilities = inner.capabilities
         self.gate: Any = None
         self.started = 0
         self.found_work = False
@@ -429,14 +407,14 @@ class _ClaimOrder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+    def claim(self, claim: Claim) -> Claimed:
         if self.found_work:
             self.started_at_later_claims.append(self.started)
-        leases = self._inner.claim(queue, limit, lease_ttl)
-        if leases and not self.found_work:
+        claimed = self._inner.claim(claim)
+        if claimed.leases and not self.found_work:
             self.found_work = True
-            self.gate._runtime.wake_queue(queue)
-        return leases
+            self.gate._runtime.wake_queue(claim.queue)
+        return claimed
 
 
 async def test_claimed_tasks_start_before_the_queue_claims_again(gate_broker):

@@ -117,15 +117,9 @@ async def test_a_result_the_codec_refuses_fails_once_without_retrying(broker: Br
     assert_readable(failed.last_error, "could not be stored", "JSON-serialisable")
 
 
-# Every call that writes an ack: alone, in a batch, quietly, or carried on a claim.
-ACK_CALLS = (
-    "ack",
-    "ack_many",
-    "ack_many_quiet",
-    "claim_after_acks",
-    "claim_within_quota_after_acks",
-    "claim_with_limits_after_acks",
-)
+# Every call that writes an ack: a settle completing runs (alone or in a batch, with snapshots
+# or not), or a claim carrying acks; the failure of a refused result is a settle of its own.
+ACK_CALLS = ("settle.complete", "claim.acks")
 
 
 async def test_an_ack_the_broker_refuses_fails_its_task_once_with_the_reason(broker: Broker) -> None:

@@ -25,6 +25,7 @@ from taskgate import (
     TaskFailedError,
     renew_lease,
 )
+from taskgate.brokers.params import Heartbeat, Renewal, Requeue
 from taskgate.runtime import renew_lease_sync
 
 pytestmark = pytest.mark.anyio
@@ -254,10 +255,7 @@ class LateFirstClaim(Faulty):
 
     def __init__(self, inner: Any) -> None:
         super().__init__(
-            inner,
-            dataclasses.replace(
-                inner.capabilities, nonblocking=False, inline_attempts=False, acks_in_claims=False
-            ),
+            inner, dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
         )
         self.release, self.claimed_again = threading.Event(), threading.Event()
         self.claims = 0
@@ -289,7 +287,7 @@ async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(gate_
     finally:
         broker.release.set()
     task = await anyio.to_thread.run_sync(gate_broker.get, task_id)
-    put_back = broker.calls.get("requeue", 0)
+    put_back = len(broker.settled_as(Requeue))
     assert put_back >= 1 and task.lease_lost == 0 and task.claims == 1 + put_back
 
 
@@ -316,28 +314,33 @@ def redis_broker(redis_url: str, unique_prefix: str, client: Any) -> Iterator[An
 async def test_a_worker_that_cannot_renew_its_global_slot_fences_itself_before_the_slot_expires(
     redis_broker,
 ):
-    # Heartbeats get through, slot renewals do not: the slot expires one ttl after its last
-    # renewal, and another process may then take it, so the handler must be stopped by then.
+    # The heartbeats that renew the lease's slot with it do not get through: the slot expires
+    # one ttl after its last renewal, and another process may then take it, so the handler
+    # must be stopped by then.
     broker = Faulty(redis_broker)
-    broker.failing["renew_slots"] = BrokerError("the slot renewal failed")
+    broker.failing["heartbeat.slot"] = BrokerError("the slot renewal failed")
     ttl = FENCED_TTL
     await _stopped_before_the_lease_ends(make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)}), ttl)
-    assert broker.calls["heartbeat"] >= 1 and broker.calls["renew_slots"] >= 1
+    assert broker.calls["heartbeat.slot"] >= 1
 
 
 class LostSlots(Faulty):
-    """Heartbeats renew the lease; every slot renewal answers the slots lost (they expired)."""
+    """Heartbeats renew the lease, and each that renews its slot too answers the slot lost
+    (it expired)."""
 
-    def renew_slots(self, queue: str, tokens: Any, ttl: Any) -> list[str]:
-        self.calls["renew_slots"] = self.calls.get("renew_slots", 0) + 1
-        return list(tokens)
+    def heartbeat(self, heartbeat: Heartbeat) -> Renewal:
+        renewal = self._inner.heartbeat(heartbeat)
+        if heartbeat.slot_queue is None:
+            return renewal
+        self.calls["heartbeat.slot"] = self.calls.get("heartbeat.slot", 0) + 1
+        return dataclasses.replace(renewal, slot_lost=True)
 
 
 async def test_a_handler_whose_global_slot_was_lost_is_stopped(redis_broker):
     broker = LostSlots(redis_broker)
     ttl = FENCED_TTL
     await _stopped_before_the_lease_ends(make_gate(broker, {"q": QueueConfig(workers=1, lease_ttl=ttl)}), ttl)
-    assert broker.calls["renew_slots"] == 1  # stopped at its first renewal
+    assert broker.calls["heartbeat.slot"] == 1  # stopped at its first renewal
 
 
 async def test_cancel_of_a_running_task_stops_its_handler_at_once_and_cancels_its_chain(gate_broker):

@@ -8,8 +8,8 @@ keeps its unit (SPEC Part 1, shutdown).
 On all five backends, each with the test's `ManualClock`: no lease expires and no quota
 window ends meanwhile, so a lease that was not put back stays `running` for good (the test
 fails), and the units left in the window count the handlers that started. `Late` wraps the
-broker: the first call of the chosen claim method that leases something (once armed) answers
-only when the test lets it -- after the runtime gave up on it.
+broker: the first claim carrying the chosen things (acks, a quota, shared limits) that leases
+something (once armed) answers only when the test lets it -- after the runtime gave up on it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import Any
 
 import anyio
 import pytest
-from gate_helpers import GUARD, eventually, make_gate
+from gate_helpers import GUARD, carried, eventually, free_slots, make_gate, units_left
 
 from taskgate import QueueConfig, Status, Task
-from taskgate.brokers.base import Broker, DistributedLimiter, Lease
+from taskgate.brokers.base import Broker
+from taskgate.brokers.params import Claim, Claimed, ItemAnswer, Requeue, Settle
 
 pytestmark = pytest.mark.anyio
 
@@ -32,39 +33,28 @@ LIMIT = 50  # quota units per (never ending) window
 PERIOD = timedelta(hours=1)
 # A worker-path deadline of 0.15 s (lease_ttl / 4): a held call misses it soon.
 SHORT_LEASE = 0.6
-# Every broker method that claims, in any of its variants.
-CLAIMS = frozenset(
-    {
-        "claim",
-        "claim_after_acks",
-        "claim_within_quota",
-        "claim_within_quota_after_acks",
-        "claim_with_limits",
-        "claim_with_limits_after_acks",
-    }
-)
 
 
 class Late:
-    """A broker wrapper: once `armed`, the first call of ``method`` that leases a task answers
-    only when `answer` is set (in its own thread, after the real call); `held` is set then.
+    """A broker wrapper: once `armed`, the first claim carrying exactly ``carrying`` (see
+    `carried`) that leases a task answers only when `answer` is set (in its own thread, after
+    the real call); `held` is set then.
 
     Its calls always go to a thread. ``acks_ride`` decides whether acks may ride on claims
-    (the SQL servers implement `AckCarrier` without declaring it). `put_back` counts the
+    (declared ``acks_in_claims`` or not, every broker takes them). `put_back` counts the
     requeues (what the runtime does with a lease nobody will start) per task.
     """
 
-    def __init__(self, inner: Broker, method: str, *, acks_ride: bool) -> None:
+    def __init__(self, inner: Broker, carrying: frozenset[str], *, acks_ride: bool) -> None:
         self._inner = inner
-        caps = inner.capabilities
         self.capabilities = dataclasses.replace(
-            caps,
+            inner.capabilities,
             nonblocking=False,
             inline_attempts=False,
             split_calls=False,
             acks_in_claims=acks_ride,
         )
-        self.method = method
+        self.carrying = carrying
         self.armed = True
         self.held, self.answer = threading.Event(), threading.Event()
         self.late_leased: list[str] = []
@@ -74,58 +64,41 @@ class Late:
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
-        target = getattr(self._inner, name)
-        if name not in CLAIMS:
-            return target
+        return getattr(self._inner, name)
 
-        def claim(*args: Any, **kwargs: Any) -> Any:
-            if self.held.is_set() and not self.answer.is_set():
-                self.claimed_meanwhile.set()
-            answer = target(*args, **kwargs)
-            leased = _leased(answer)
-            if not leased:
-                self.empty_claim.set()
-            with self._lock:
-                hold = name == self.method and self.armed and bool(leased) and not self.late_leased
-                if hold:
-                    self.late_leased = leased
-            if hold:
-                self.held.set()
-                self.answer.wait(GUARD)  # (a test that never answers fails on its own)
-            return answer
-
-        return claim
-
-    def requeue(self, task_id: str, token: str) -> Task:
-        task = self._inner.requeue(task_id, token)
+    def claim(self, claim: Claim) -> Claimed:
+        if self.held.is_set() and not self.answer.is_set():
+            self.claimed_meanwhile.set()
+        claimed = self._inner.claim(claim)
+        leased = [lease.task.id for lease in claimed.leases]
+        if not leased:
+            self.empty_claim.set()
         with self._lock:
-            self.put_back[task_id] = self.put_back.get(task_id, 0) + 1
-        return task
+            hold = carried(claim) == self.carrying and self.armed and bool(leased) and not self.late_leased
+            if hold:
+                self.late_leased = leased
+        if hold:
+            self.held.set()
+            self.answer.wait(GUARD)  # (a test that never answers fails on its own)
+        return claimed
 
-
-def _leased(answer: Any) -> list[str]:
-    """Ids of the tasks any claim method's ``answer`` leased."""
-    if isinstance(answer, tuple):  # (acks' answers or the stored task, the claim)
-        answer = answer[1]
-    if answer is None:
-        return []
-    if isinstance(answer, Lease):
-        return [answer.task.id]
-    leases = answer if isinstance(answer, list) else answer.leases
-    return [lease.task.id for lease in leases]
+    def settle(self, settle: Settle) -> list[ItemAnswer]:
+        answers = self._inner.settle(settle)
+        with self._lock:
+            for item in settle.items:
+                if isinstance(item, Requeue):
+                    self.put_back[item.task_id] = self.put_back.get(item.task_id, 0) + 1
+        return answers
 
 
 async def _units_left(broker: Broker) -> int:
     """Units left in queue "q"'s quota window (taking them: call it last)."""
-    grant = await anyio.to_thread.run_sync(lambda: broker.reserve_quota("q", LIMIT, PERIOD, LIMIT))
-    return grant.granted
+    return await anyio.to_thread.run_sync(units_left, broker, "q", LIMIT, PERIOD)
 
 
 async def _free_slots(broker: Broker, workers: int) -> int:
-    """Redis: how many of queue "q"'s ``workers`` global slots are free (taking them)."""
-    limiter: DistributedLimiter = broker  # type: ignore[assignment]
-    ttl = timedelta(seconds=30)
-    return len(await anyio.to_thread.run_sync(lambda: limiter.acquire_slots("q", workers, workers, ttl)))
+    """Redis: how many of queue "q"'s ``workers`` shared slots are free (taking them)."""
+    return await anyio.to_thread.run_sync(free_slots, broker, "q", workers)
 
 
 def _quota(workers: int, *, lease_ttl: float | str = "1h") -> QueueConfig:
@@ -134,36 +107,35 @@ def _quota(workers: int, *, lease_ttl: float | str = "1h") -> QueueConfig:
 
 # -- a claim of the scheduler that answers after its deadline --------------------------------
 
-# (backend, the claim method to hold, with a quota): every scheduler claim path each backend has.
+# (backend, what the held claim carries): every scheduler claim path -- with shared limits on
+# Redis, where every claim counts the queue's workers across processes. Acks ride on claims
+# only where the broker declares ``acks_in_claims``, but every broker's claim takes them.
+_EXTRAS = ((), ("acks",), ("quota",), ("quota", "acks"))
 SCHEDULER_PATHS = [
     *[
-        (backend, method, "quota" in method)
+        (backend, frozenset(extras))
         for backend in ("memory", "sqlite", "postgresql", "mysql")
-        for method in ("claim", "claim_after_acks", "claim_within_quota", "claim_within_quota_after_acks")
-        if backend != "memory" or "after_acks" not in method  # memory carries no acks
+        for extras in _EXTRAS
     ],
-    *[
-        ("redis", method, quota)
-        for method in ("claim_with_limits", "claim_with_limits_after_acks")
-        for quota in (False, True)
-    ],
+    *[("redis", frozenset({"shared", *extras})) for extras in _EXTRAS],
 ]
 
 
 @pytest.mark.parametrize(
-    ("backend", "method", "with_quota"),
+    ("backend", "carrying"),
     SCHEDULER_PATHS,
-    ids=[f"{b}-{m}{'+quota' if q and 'quota' not in m else ''}" for b, m, q in SCHEDULER_PATHS],
+    ids=[f"{b}-{'+'.join(sorted(c)) or 'plain'}" for b, c in SCHEDULER_PATHS],
     indirect=["backend"],
 )
 async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(
-    broker: Broker, backend: str, method: str, with_quota: bool
+    broker: Broker, backend: str, carrying: frozenset[str]
 ) -> None:
     # The scheduler gives up on the held claim (its deadline passes) and claims on; the held
     # call then answers, and its lease must go back with its unit and slot: no lease expires
     # here, so only putting it back runs that task. On a slow machine other claims may miss
     # their deadline too: each put-back costs its task one more claim and nothing else.
-    late = Late(broker, method, acks_ride=method.endswith("_after_acks"))
+    late = Late(broker, carrying, acks_ride="acks" in carrying)
+    with_quota = "quota" in carrying
     conf = _quota(1, lease_ttl=SHORT_LEASE) if with_quota else QueueConfig(workers=1, lease_ttl=SHORT_LEASE)
     gate = make_gate(late, {"q": conf})
     ran: list[str] = []
@@ -189,13 +161,14 @@ async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(
 
 # -- shutdown, cancellation and the quota ----------------------------------------------------
 
-QUOTA_CLAIM = {"redis": "claim_with_limits"}
+# What a claim within the quota carries on each backend.
+QUOTA_CLAIM = {"redis": frozenset({"quota", "shared"})}
 
 
 async def test_a_run_cancelled_during_a_claim_within_a_quota_gives_the_units_back(
     broker: Broker, backend: str
 ) -> None:
-    late = Late(broker, QUOTA_CLAIM.get(backend, "claim_within_quota"), acks_ride=False)
+    late = Late(broker, QUOTA_CLAIM.get(backend, frozenset({"quota"})), acks_ride=False)
     gate = make_gate(late, {"q": _quota(2)})
     gate.handle("q", lambda task: "ran")
     ids = await gate.submit_many("q", [None, None])
@@ -215,7 +188,7 @@ async def test_a_run_cancelled_during_a_claim_within_a_quota_gives_the_units_bac
 async def test_after_the_shutdown_grace_a_task_that_never_started_gives_its_unit_back(
     broker: Broker, backend: str
 ) -> None:
-    late = Late(broker, QUOTA_CLAIM.get(backend, "claim_within_quota"), acks_ride=False)
+    late = Late(broker, QUOTA_CLAIM.get(backend, frozenset({"quota"})), acks_ride=False)
     late.armed = False
     gate = make_gate(late, {"q": _quota(2)})
     started = anyio.Event()

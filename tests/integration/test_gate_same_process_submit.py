@@ -7,7 +7,6 @@ and a caller giving up on its submit does not lose the task.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import replace
 
 import anyio
@@ -17,7 +16,8 @@ import pytest
 from gate_helpers import GUARD, Faulty, make_gate, until
 
 from taskgate import BrokerError, QueueConfig, Status, Task
-from taskgate.brokers.base import Broker, NewTask
+from taskgate.brokers.base import Broker
+from taskgate.brokers.params import Submit, Submitted
 
 pytestmark = pytest.mark.anyio
 
@@ -36,22 +36,12 @@ class Held(Faulty):
         self.entered, self.release, self.stored = threading.Event(), threading.Event(), threading.Event()
         self.ids: list[str] = []
 
-    def _hold(self, tasks: Sequence[NewTask]) -> None:
-        self.ids.extend(task.id for task in tasks)
+    def submit(self, submit: Submit) -> Submitted:
+        self.ids.extend(task.id for task in submit.tasks)
         self.entered.set()
         assert self.release.wait(GUARD), "the test never released the submit"
-
-    def enqueue(self, tasks: Sequence[NewTask]) -> object:
-        self._hold(tasks)
         try:
-            return self._inner.enqueue(tasks)
-        finally:
-            self.stored.set()
-
-    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> object:
-        self._hold(tasks)
-        try:
-            return self._inner.enqueue_quiet(tasks)  # type: ignore[attr-defined]
+            return self._inner.submit(submit)
         finally:
             self.stored.set()
 

@@ -107,19 +107,17 @@ class _ClaimHeldOpen:
     def __init__(self, inner):
         self._inner = inner
         # `claim` blocks its thread, so this wrapper is not nonblocking whatever it wraps.
-        self.capabilities = dataclasses.replace(
-            inner.capabilities, nonblocking=False, inline_attempts=False, acks_in_claims=False
-        )
+        self.capabilities = dataclasses.replace(inner.capabilities, nonblocking=False, inline_attempts=False)
         self.entered, self.proceed, self.done = threading.Event(), threading.Event(), threading.Event()
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def claim(self, queue, limit, lease_ttl):
+    def claim(self, claim):
         self.entered.set()
         self.proceed.wait(GUARD)
         try:
-            return self._inner.claim(queue, limit, lease_ttl)
+            return self._inner.claim(claim)
         finally:
             self.done.set()
 

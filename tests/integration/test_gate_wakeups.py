@@ -14,6 +14,7 @@ from gate_helpers import GUARD, eventually, make_gate, until
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers.sql import SQLBroker
 from taskgate.runtime import wakeups
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 pytestmark = pytest.mark.anyio
@@ -61,7 +62,7 @@ async def test_a_queue_idle_again_after_a_full_claim_hears_of_another_processes_
             await release.wait()
 
     gate.handle("t", handler)
-    busy = mine.enqueue([new_task(), new_task()])  # the first claim takes both: a full claim
+    busy = steps.enqueue(mine, [new_task(), new_task()])  # the first claim takes both: a full claim
     try:
         with anyio.fail_after(GUARD):
             async with gate:
@@ -77,7 +78,7 @@ async def test_a_queue_idle_again_after_a_full_claim_hears_of_another_processes_
                 release.set()
                 for task in busy:
                     await eventually(gate, task.id, lambda t: t.status is Status.COMPLETED)
-                (later,) = other_process.enqueue([new_task()])
+                (later,) = steps.enqueue(other_process, [new_task()])
                 await eventually(gate, later.id, lambda t: t.status is Status.COMPLETED)
         assert sorted(ran) == sorted([*(task.id for task in busy), later.id])
     finally:

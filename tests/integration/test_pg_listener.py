@@ -10,6 +10,7 @@ from sql_sessions import postgresql_server
 from sqlalchemy import text
 
 from taskgate.brokers.sql import SQLBroker, wakeups
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 
@@ -47,7 +48,7 @@ def test_a_listener_whose_session_the_server_ends_listens_again(postgresql_url, 
             assert time.monotonic() < deadline, "the listener never came back"
             time.sleep(0.005)  # another thread's flag: nothing to wait on
         seen = broker._signals.seen(["q"])
-        submitter.enqueue([new_task()])
+        steps.enqueue(submitter, [new_task()])
         assert broker._signals.wait(["q"], seen, GUARD)
     finally:
         submitter.close()

@@ -15,9 +15,11 @@ from datetime import timedelta
 import pytest
 from helpers.pg_servers import PostgresServer, postgres_binaries
 
+from taskgate.brokers.params import Claim, Complete
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.task import Status
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 pytestmark = pytest.mark.slow
@@ -44,13 +46,13 @@ def server() -> Iterator[PostgresServer]:
 def test_acks_carried_on_a_claim_survive_a_server_crash(server: PostgresServer) -> None:
     broker = SQLBroker(server.url, clock=ManualClock())
     try:
-        broker.enqueue([new_task() for _ in range(4)])
-        held = broker.claim("q", 3, TTL)
+        steps.enqueue(broker, [new_task() for _ in range(4)])
+        held = steps.claim(broker, "q", 3, TTL)
         for lease in held:  # a write that waits for the disk: the claim before it is durable too
-            broker.heartbeat(lease.task.id, lease.token, TTL)
-        acks = [(lease.task.id, lease.token, b"done") for lease in held]
-        answers, leases = broker.claim_after_acks(acks, "q", 1, TTL)
-        assert answers == [None] * 3 and leases is not None and len(leases) == 1
+            steps.heartbeat(broker, lease.task.id, lease.token, TTL)
+        acks = tuple(Complete(lease.task.id, lease.token, b"done") for lease in held)
+        claimed = broker.claim(Claim("q", 1, TTL, acks=acks))
+        assert claimed.acked == [None] * 3 and claimed.failed is None and len(claimed.leases) == 1
     finally:
         broker.close()
     server.crash()  # at once: the WAL writer has not woken since

@@ -25,7 +25,8 @@ from sqlalchemy import create_engine, event, text
 
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers import nowait
-from taskgate.brokers.base import Lease
+from taskgate.brokers.base import Lease, NewTask, QuotaSpec
+from taskgate.brokers.params import Claim, Claimed, Complete, SharedLimits, Submit
 from taskgate.brokers.split import MAX_SPLIT_REQUEST
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
@@ -34,6 +35,7 @@ from taskgate.brokers.sql.held import HeldConnection
 from taskgate.brokers.sql.serverclock import RESYNC_SECONDS
 from taskgate.errors import BrokerError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, new_task
 
 
@@ -57,13 +59,22 @@ def _ready(broker: SQLBroker) -> None:
     """A call in a thread opens the held connection and reads the server's clock, which a split
     call can do neither of (it sends nothing until both are there)."""
     assert broker.split(broker.get, "warm-up") is None
-    broker.claim("warm-up", 1, TTL)
+    steps.claim(broker, "warm-up", 1, TTL)
 
 
 def _split(broker: SQLBroker, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     call = broker.split(method, *args, **kwargs)
     assert call is not None, "the call was not split"
     return drive(call)
+
+
+def _quiet(*tasks: NewTask) -> Submit:
+    """A submit as the runtime sends it: statuses only."""
+    return Submit(tasks, snapshots=False)
+
+
+def _claim(queue: str, limit: int, quota: QuotaSpec | None = None) -> Claim:
+    return Claim(queue, limit, TTL, quota=quota)
 
 
 def _session(broker: SQLBroker) -> int:
@@ -77,51 +88,73 @@ def _session(broker: SQLBroker) -> int:
 def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     _ready(broker)
     task = new_task(payload=b"\x00\xffpayload")
-    assert _split(broker, broker.enqueue_quiet, [task]) == [Status.PENDING]
+    quiet = _split(broker, broker.submit, _quiet(task))
+    assert (quiet.statuses, quiet.tasks) == ([Status.PENDING], [])
     assert broker.get(task.id).payload == b"\x00\xffpayload"
 
-    (stored,) = _split(broker, broker.enqueue, [new_task(business_key="order-7", delay=timedelta(hours=1))])
-    assert stored == broker.get(stored.id)
+    keyed = new_task(business_key="order-7", delay=timedelta(hours=1))
+    submitted = _split(broker, broker.submit, Submit((keyed,)))
+    (stored,) = submitted.tasks
+    assert submitted.statuses == [Status.PENDING] and stored == broker.get(stored.id)
     assert stored.business_key == "order-7" and stored.run_at > stored.created_at
 
-    (child,) = _split(broker, broker.enqueue, [new_task(depends_on=(task.id,))])
+    (child,) = _split(broker, broker.submit, Submit((new_task(depends_on=(task.id,)),))).tasks
     assert child.status is Status.BLOCKED and child == broker.get(child.id)
 
-    (lease,) = _split(broker, broker.claim, "q", 5, TTL)
+    claimed = _split(broker, broker.claim, _claim("q", 5))
+    assert isinstance(claimed, Claimed) and (claimed.acked, claimed.quota) == ([], None)
+    (lease,) = claimed.leases
     assert isinstance(lease, Lease)
     assert lease.task.id == task.id and lease.task.status is Status.RUNNING
     assert lease.task == broker.get(task.id)
-    broker.ack(task.id, lease.token, b"done")  # the token the split claim answered holds the lease
+    steps.ack(broker, task.id, lease.token, b"done")  # the token the split claim answered holds the lease
     assert broker.get(child.id).status is Status.PENDING
-    assert broker.split_names == ["enqueue_quiet", "enqueue", "enqueue", "claim"]
+    assert broker.split_names == ["submit", "submit", "submit", "claim"]
+
+
+def test_a_claim_carrying_acks_is_not_split_and_one_with_shared_limits_is_refused(
+    broker: CountingSplits,
+) -> None:
+    _ready(broker)
+    steps.enqueue(broker, [new_task(), new_task()])
+    (lease,) = steps.claim(broker, "q", 1, TTL)
+    carrying = Claim("q", 1, TTL, acks=(Complete(lease.task.id, lease.token),))
+    assert broker.split(broker.claim, carrying) is None  # acks and claim are one transaction
+    with pytest.raises(ValueError, match=r"Claim\.shared.*capabilities\.shared_limits"):
+        broker.split(broker.claim, Claim("q", 1, TTL, shared=SharedLimits(workers=2)))
+    assert broker.counts() == {"t": {Status.RUNNING: 1, Status.PENDING: 1}}  # nothing sent
+    assert len(_split(broker, broker.claim, _claim("q", 1)).leases) == 1  # the connection went back
+    assert broker.split_names == ["claim"]
 
 
 def test_a_split_claim_within_quota_never_over_issues_its_window(broker: CountingSplits) -> None:
     _ready(broker)
-    broker.enqueue([new_task() for _ in range(4)])
-    quota = {"key": "ocr", "quota_limit": 3, "period": timedelta(hours=1)}
-    unopened = broker.split(broker.claim_within_quota, "q", 1, TTL, **quota)
+    steps.enqueue(broker, [new_task() for _ in range(4)])
+    quota = QuotaSpec("ocr", 3, timedelta(hours=1))
+    unopened = broker.split(broker.claim, _claim("q", 1, quota))
     assert unopened is not None
     with pytest.raises(nowait.WouldBlock):  # no window row yet: the thread path opens it
         drive(unopened)
     assert broker.counts() == {"t": {Status.PENDING: 4}}  # the statement changed nothing
-    assert len(broker.claim_within_quota("q", 1, TTL, **quota).leases) == 1
+    assert len(broker.claim(_claim("q", 1, quota)).leases) == 1
 
-    call = broker.split(broker.claim_within_quota, "q", 4, TTL, **quota)
+    call = broker.split(broker.claim, _claim("q", 4, quota))
     assert call is not None
     taken = drive(call)
     assert len(taken.leases) == 2 and not taken.exhausted  # (units were left when it claimed)
-    assert (taken.grant.key, taken.grant.granted, taken.grant.limit) == ("ocr", 2, 3)
+    assert taken.quota is not None
+    assert (taken.quota.key, taken.quota.granted, taken.quota.limit) == ("ocr", 2, 3)
     assert broker.counts() == {"t": {Status.RUNNING: 3, Status.PENDING: 1}}
-    assert broker.ack(taken.leases[0].task.id, taken.leases[0].token, None).status is Status.COMPLETED
-    spent = _split(broker, broker.claim_within_quota, "q", 1, TTL, **quota)
+    assert steps.ack(broker, taken.leases[0].task.id, taken.leases[0].token, None).status is Status.COMPLETED
+    spent = _split(broker, broker.claim, _claim("q", 1, quota))
     assert spent.leases == [] and spent.exhausted
 
 
 def test_a_split_get_answers_every_field_as_the_thread_path_reads_it(broker: CountingSplits) -> None:
     _ready(broker)
-    (parent,) = broker.enqueue([new_task()])
-    (task,) = broker.enqueue(
+    (parent,) = steps.enqueue(broker, [new_task()])
+    (task,) = steps.enqueue(
+        broker,
         [
             new_task(
                 payload=bytes(range(256)),
@@ -130,7 +163,7 @@ def test_a_split_get_answers_every_field_as_the_thread_path_reads_it(broker: Cou
                 ignore_parent_failure=True,
                 max_retry=3,
             )
-        ]
+        ],
     )
     for task_id in (parent.id, task.id):
         assert _split(broker, broker.get, task_id) == broker.get(task_id)
@@ -143,14 +176,14 @@ def test_a_split_get_answers_every_field_as_the_thread_path_reads_it(broker: Cou
 def test_a_taken_id_sends_the_call_to_the_thread_path_having_changed_nothing(broker: CountingSplits) -> None:
     _ready(broker)
     task = new_task()
-    broker.enqueue([task])
-    call = broker.split(broker.enqueue_quiet, [new_task(id=task.id, queue="other")])
+    steps.enqueue(broker, [task])
+    call = broker.split(broker.submit, _quiet(new_task(id=task.id, queue="other")))
     assert call is not None
     with pytest.raises(nowait.WouldBlock):
         drive(call)
     assert broker.counts() == {"t": {Status.PENDING: 1}}
     with pytest.raises(ValueError, match="already in use"):
-        broker.enqueue_quiet([new_task(id=task.id, queue="other")])  # the thread path names it
+        broker.submit(_quiet(new_task(id=task.id, queue="other")))  # the thread path names it
     assert _split(broker, broker.get, task.id).queue == "q"  # the connection went back
 
 
@@ -158,9 +191,9 @@ def test_bad_arguments_raise_before_anything_is_sent(broker: CountingSplits) -> 
     _ready(broker)
     with pytest.raises(ValueError, match="task id"):
         broker.split(broker.get, "")
-    with pytest.raises(ValueError):
-        broker.split(broker.claim, "q", 0, TTL)
-    assert _split(broker, broker.claim, "q", 1, TTL) == []  # the held connection was given back
+    with pytest.raises(ValueError, match=r"Claim\.shared"):
+        broker.split(broker.claim, Claim("q", 1, TTL, shared=SharedLimits(workers=1)))
+    assert _split(broker, broker.claim, _claim("q", 1)).leases == []  # the held connection was given back
 
 
 class OverridesGet(SQLBroker):
@@ -170,12 +203,12 @@ class OverridesGet(SQLBroker):
 
 def test_what_is_not_split_sends_nothing(broker: CountingSplits, postgresql_url: str) -> None:
     _ready(broker)
-    assert broker.split(broker.enqueue_quiet, [new_task(), new_task()]) is None  # a batch
+    assert broker.split(broker.submit, _quiet(new_task(), new_task())) is None  # a batch
     big = new_task(payload=b"x" * (MAX_SPLIT_REQUEST + 1))  # could fill the socket's buffer
-    assert broker.split(broker.enqueue_quiet, [big]) is None
+    assert broker.split(broker.submit, _quiet(big)) is None
     with pytest.raises(TaskNotFoundError):
         broker.get(big.id)
-    assert len(_split(broker, broker.enqueue_quiet, [new_task(payload=b"x" * 1000)])) == 1
+    assert len(_split(broker, broker.submit, _quiet(new_task(payload=b"x" * 1000))).statuses) == 1
     assert broker.split(broker.list, None) is None  # not a method split
     assert broker.split(len, "x") is None
     other = SQLBroker(postgresql_url)
@@ -189,7 +222,7 @@ def test_what_is_not_split_sends_nothing(broker: CountingSplits, postgresql_url:
         assert overriding.split(overriding.get, "x") is None
     finally:
         overriding.close()
-    assert broker.split_names == ["enqueue_quiet"]
+    assert broker.split_names == ["submit"]
 
 
 def test_a_traced_engine_sees_every_statement_because_nothing_is_split(broker: CountingSplits) -> None:
@@ -201,12 +234,12 @@ def test_a_traced_engine_sees_every_statement_because_nothing_is_split(broker: C
 
     event.listen(broker._engine, "before_cursor_execute", trace)
     try:
-        assert broker.split(broker.claim, "q", 1, TTL) is None
-        broker.claim("q", 1, TTL)
+        assert broker.split(broker.claim, _claim("q", 1)) is None
+        steps.claim(broker, "q", 1, TTL)
         assert any("SKIP LOCKED" in statement for statement in seen)
     finally:
         event.remove(broker._engine, "before_cursor_execute", trace)
-    assert _split(broker, broker.claim, "q", 1, TTL) == []
+    assert _split(broker, broker.claim, _claim("q", 1)).leases == []
 
 
 def test_connections_told_to_prepare_nothing_split_nothing(postgresql_url: str) -> None:
@@ -216,7 +249,7 @@ def test_connections_told_to_prepare_nothing_split_nothing(postgresql_url: str) 
     unprepared = SQLBroker(engine)
     try:
         _ready(unprepared)
-        (task,) = unprepared.enqueue([new_task()])
+        (task,) = steps.enqueue(unprepared, [new_task()])
         assert unprepared.split(unprepared.get, task.id) is None
         taken = _held(unprepared).take()  # given back: free for the next call
         assert taken is not None
@@ -229,7 +262,7 @@ def test_connections_told_to_prepare_nothing_split_nothing(postgresql_url: str) 
 
 def test_a_busy_held_connection_leaves_the_call_to_a_thread(broker: CountingSplits) -> None:
     _ready(broker)
-    (task,) = broker.enqueue([new_task()])
+    (task,) = steps.enqueue(broker, [new_task()])
     with _held(broker).use():
         assert broker.split(broker.get, task.id) is None
     call = broker.split(broker.get, task.id)
@@ -244,9 +277,9 @@ def test_a_server_clock_due_for_a_reading_sends_nothing(broker: CountingSplits) 
     server_time, read_at = broker._server_clock._base or (None, 0.0)
     assert server_time is not None
     broker._server_clock._base = (server_time, read_at - RESYNC_SECONDS)  # an old reading
-    assert broker.split(broker.claim, "q", 1, TTL) is None
-    broker.claim("q", 1, TTL)  # a thread call reads the clock
-    assert _split(broker, broker.claim, "q", 1, TTL) == []
+    assert broker.split(broker.claim, _claim("q", 1)) is None
+    steps.claim(broker, "q", 1, TTL)  # a thread call reads the clock
+    assert _split(broker, broker.claim, _claim("q", 1)).leases == []
 
 
 def test_an_idle_held_connection_is_pinged_in_a_thread_first(broker: CountingSplits, monkeypatch) -> None:
@@ -254,7 +287,7 @@ def test_an_idle_held_connection_is_pinged_in_a_thread_first(broker: CountingSpl
     monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)
     assert broker.split(broker.get, "x") is None
     monkeypatch.undo()
-    assert _split(broker, broker.claim, "q", 1, TTL) == []
+    assert _split(broker, broker.claim, _claim("q", 1)).leases == []
 
 
 def test_a_connection_killed_under_a_split_call_fails_it_and_is_replaced(
@@ -263,10 +296,10 @@ def test_a_connection_killed_under_a_split_call_fails_it_and_is_replaced(
     """The session ends while the statement waits on the server (a lock): the call fails with
     `BrokerError`, as the same call in a thread fails, and the next call opens another session."""
     _ready(broker)
-    (task,) = broker.enqueue([new_task()])
+    (task,) = steps.enqueue(broker, [new_task()])
     dead = _session(broker)
     with _LockedTasks(postgresql_url) as locked:
-        call = broker.split(broker.claim, "q", 1, TTL)
+        call = broker.split(broker.claim, _claim("q", 1))
         assert call is not None
         locked.wait_for_waiter()
         admin = create_engine(normalize_url(postgresql_url))
@@ -281,7 +314,7 @@ def test_a_connection_killed_under_a_split_call_fails_it_and_is_replaced(
     assert broker.get(task.id).status is Status.PENDING  # the claim changed nothing
     assert _session(broker) != dead
     assert broker._engine.pool.checkedout() == 0
-    (lease,) = _split(broker, broker.claim, "q", 1, TTL)  # prepared again on the new session
+    (lease,) = _split(broker, broker.claim, _claim("q", 1)).leases  # prepared again on the new session
     assert lease.task.id == task.id
 
 
@@ -291,7 +324,7 @@ def test_a_connection_left_mid_request_sends_the_call_to_a_thread_closed(broker:
     call leaves the method to a thread, the connection closed (not dropped open), and the
     thread opens another."""
     _ready(broker)
-    (task,) = broker.enqueue([new_task()])
+    (task,) = steps.enqueue(broker, [new_task()])
     with _held(broker).use() as conn:
         stuck = conn.connection.dbapi_connection
     stuck.pgconn.send_query(b"SELECT 1")  # its reply never read
@@ -302,7 +335,7 @@ def test_a_connection_left_mid_request_sends_the_call_to_a_thread_closed(broker:
 
 def test_a_statement_the_server_forgot_is_prepared_again(broker: CountingSplits) -> None:
     _ready(broker)
-    (task,) = broker.enqueue([new_task()])
+    (task,) = steps.enqueue(broker, [new_task()])
     assert _split(broker, broker.get, task.id).id == task.id  # PREPARE, then EXECUTE
     with _held(broker).use() as conn:
         conn.exec_driver_sql("DEALLOCATE ALL")
@@ -317,7 +350,7 @@ def test_a_failed_prepare_sends_the_call_to_a_thread_and_the_next_split_prepares
     broker: CountingSplits,
 ) -> None:
     _ready(broker)
-    (task,) = broker.enqueue([new_task()])
+    (task,) = steps.enqueue(broker, [new_task()])
     with _held(broker).use() as conn:
         conn.exec_driver_sql("SET search_path TO pg_catalog")  # the tables out of sight
     refused = broker.split(broker.get, task.id)
@@ -348,9 +381,9 @@ def test_a_reply_that_cannot_be_read_fails_the_call_without_running_it_again(pos
     broker = CountingSplits(engine)
     try:
         _ready(broker)
-        broker.enqueue([new_task(type="boom"), new_task(type="fine")])
+        steps.enqueue(broker, [new_task(type="boom"), new_task(type="fine")])
         session = _session(broker)
-        call = broker.split(broker.claim, "q", 1, TTL)
+        call = broker.split(broker.claim, _claim("q", 1))
         assert call is not None
         with pytest.raises(BrokerError, match="could not be read"):
             drive(call)
@@ -360,7 +393,7 @@ def test_a_reply_that_cannot_be_read_fails_the_call_without_running_it_again(pos
         finally:
             reader.close()
         assert _session(broker) == session  # the session answered whole: kept
-        (lease,) = _split(broker, broker.claim, "q", 1, TTL)
+        (lease,) = _split(broker, broker.claim, _claim("q", 1)).leases
         assert lease.task.type == "fine"
     finally:
         broker.close()
@@ -380,7 +413,7 @@ def test_a_forked_child_never_splits_on_its_parent_s_connection(broker: Counting
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert _split(broker, broker.claim, "q", 1, TTL) == []
+    assert _split(broker, broker.claim, _claim("q", 1)).leases == []
 
 
 def test_a_broker_on_another_database_needs_no_psycopg(tmp_path: Path) -> None:
@@ -392,7 +425,8 @@ def test_a_broker_on_another_database_needs_no_psycopg(tmp_path: Path) -> None:
         "from taskgate.brokers.sql import SQLBroker\n"
         f"broker = SQLBroker({url!r})\n"
         "from taskgate.testing.contract._support import new_task\n"
-        "(task,) = broker.enqueue([new_task()])\n"
+        "from taskgate.testing import steps\n"
+        "(task,) = steps.enqueue(broker, [new_task()])\n"
         "assert not broker.capabilities.split_calls and broker.get(task.id).id == task.id\n"
         "broker.close()\n"
     )
@@ -436,11 +470,11 @@ async def test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned(
     broker: CountingSplits, postgresql_url: str
 ) -> None:
     _ready(broker)
-    broker.enqueue([new_task(), new_task()])
+    steps.enqueue(broker, [new_task(), new_task()])
     calls = BrokerCalls(4, split=broker.split)
     late = LateLeases()
     with _LockedTasks(postgresql_url), pytest.raises(BrokerError, match="did not answer within"):
-        await calls(broker.claim, "q", 2, TTL, deadline=0.05, on_abandoned=late)
+        await calls(broker.claim, _claim("q", 2), deadline=0.05, on_abandoned=late)
     assert broker.split_names == ["claim"]  # it was split, not run in a thread
     leases = late.wait()
     assert [lease.task.status for lease in leases] == [Status.RUNNING] * 2
@@ -454,12 +488,12 @@ async def test_a_cancelled_wait_leaves_the_reply_to_a_thread(
 ) -> None:
     _ready(broker)
     task = new_task()
-    broker.enqueue([task])
+    steps.enqueue(broker, [task])
     calls = BrokerCalls(4, split=broker.split)
     late = LateLeases()
     with _LockedTasks(postgresql_url):
         async with anyio.create_task_group() as group:
-            group.start_soon(lambda: calls(broker.claim, "q", 1, TTL, on_abandoned=late))
+            group.start_soon(lambda: calls(broker.claim, _claim("q", 1), on_abandoned=late))
             with anyio.fail_after(GUARD):
                 while not broker.split_names:  # the statement is out; the lock holds it
                     await anyio.lowlevel.checkpoint()
@@ -493,7 +527,7 @@ async def test_a_gate_submits_claims_and_reads_through_split_calls(broker: Count
     # held connection runs in a thread, which on a loaded host can be every claim of the run
     # (seen in CI); `test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned` shows a
     # claim split.
-    assert "enqueue_quiet" in set(broker.split_names)
+    assert "submit" in set(broker.split_names)
 
 
 @pytest.mark.anyio
@@ -504,4 +538,4 @@ async def test_a_gate_submits_and_reads_a_task_through_split_calls(broker: Count
     task_id = await gate.submit("q", b"payload")
     got = await gate.get(task_id)
     assert (got.id, got.status, got.payload) == (task_id, Status.PENDING, b"payload")
-    assert broker.split_names == ["enqueue_quiet", "get"]
+    assert broker.split_names == ["submit", "get"]

@@ -18,11 +18,13 @@ import pytest
 from helpers.redis_servers import RedisClusterNodes, have_redis_server, purge_keys
 from redis.cluster import RedisCluster
 
-from taskgate.brokers.base import NewTask
+from taskgate.brokers.base import NewTask, QuotaSpec
+from taskgate.brokers.params import Claim, SharedLimits, Submit
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.clock import ManualClock
 from taskgate.ids import new_id
+from taskgate.testing import steps
 from taskgate.testing.contract import BrokerFactory
 from taskgate.testing.contract._fixtures import ContractFixtures
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
@@ -87,9 +89,11 @@ def test_a_cluster_client_s_calls_are_never_split(cluster: RedisClusterNodes) ->
     try:
         for _ in range(2):  # the first would ask for a connection; none is ever made
             task = NewTask(id=new_id(), type="t", queue="q")
-            assert broker.split(broker.enqueue_quiet, [task]) is None
-            broker.enqueue_quiet([task])
-            assert [lease.task.id for lease in broker.claim("q", 1, timedelta(seconds=30))] == [task.id]
+            submit = Submit((task,), snapshots=False)
+            assert broker.split(broker.submit, submit) is None
+            broker.submit(submit)
+            (lease,) = steps.claim(broker, "q", 1, timedelta(seconds=30))
+            assert lease.task.id == task.id
     finally:
         broker.close()
         purge_keys(client, keys.pattern())
@@ -101,17 +105,20 @@ def test_every_key_of_a_broker_lives_in_one_cluster_slot(cluster: RedisClusterNo
     keys = KeySpace(f"c{secrets.token_hex(4)}:")
     broker = RedisBroker(client, key_prefix=keys.prefix)
     try:
-        parent, _child = broker.enqueue(
+        parent, _child = steps.enqueue(
+            broker,
             [
                 NewTask(id="p", type="t", queue="q", business_key="k"),
                 NewTask(id="c", type="t", queue="q", depends_on=("p",)),
-            ]
+            ],
         )
-        (lease,) = broker.claim("q", 1, timedelta(seconds=30))
-        broker.ack(parent.id, lease.token, b"done")
-        broker.reserve_quota("budget", 10, timedelta(hours=1))
-        broker.acquire_slots("q", 2, 1, timedelta(seconds=30))
-        broker.take_rate("q", 5, 1, 1)
+        (lease,) = steps.claim(broker, "q", 1, timedelta(seconds=30))
+        steps.ack(broker, parent.id, lease.token, b"done")
+        # The child the ack made ready, under a quota, a shared slot and the shared rate.
+        quota = QuotaSpec("budget", 10, timedelta(hours=1))
+        limits = SharedLimits(workers=2, rps=5, burst=1)
+        (child,) = broker.claim(Claim("q", 1, timedelta(seconds=30), quota=quota, shared=limits)).leases
+        assert child.task.id == "c"
         stored = [k.decode() for k in client.scan_iter(match=keys.pattern())]
         assert len(stored) >= 10, stored
         assert all(k.startswith(keys.base) for k in stored)

@@ -22,13 +22,15 @@ from helpers.redis_servers import RedisServer, have_redis_server
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from taskgate.brokers.base import NewTask
+from taskgate.brokers.base import NewTask, QuotaSpec
+from taskgate.brokers.params import Claim, Heartbeat, Requeue, Settle, SharedLimits, Submit, Submitted
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.split import LOOP_CLIENT_NAME
 from taskgate.errors import BrokerError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.task import Filter, Status
+from taskgate.testing import steps
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +38,7 @@ SOCKET_TIMEOUT = 0.5
 # Slack for process scheduling on a busy CI machine, on top of the socket timeout.
 SLACK = 1.0
 TTL = timedelta(seconds=30)
+QUOTA = QuotaSpec("budget", 10, timedelta(hours=1))
 
 
 @pytest.fixture
@@ -63,15 +66,16 @@ def broker(server: RedisServer) -> Iterator[RedisBroker]:
 def _outage_calls(broker: RedisBroker) -> dict[str, Callable[[], object]]:
     return {
         "get": lambda: broker.get("before"),
-        "enqueue": lambda: broker.enqueue([NewTask(id="during", type="t", queue="q")]),
-        "claim": lambda: broker.claim("q", 1, TTL),
+        "enqueue": lambda: steps.enqueue(broker, [NewTask(id="during", type="t", queue="q")]),
+        "claim": lambda: steps.claim(broker, "q", 1, TTL),
         "list": lambda: broker.list(Filter()),
         "counts": broker.counts,
         "queue_length": lambda: broker.queue_length("q"),
         "reap": lambda: broker.reap(lease_lost_max=3),
-        "reserve_quota": lambda: broker.reserve_quota("budget", 10, timedelta(hours=1)),
-        "acquire_slots": lambda: broker.acquire_slots("q", 2, 1, TTL),
-        "take_rate": lambda: broker.take_rate("q", 5, 1, 1),
+        "claim_quota": lambda: broker.claim(Claim("q", 1, TTL, quota=QUOTA)),
+        "claim_shared": lambda: broker.claim(Claim("q", 1, TTL, shared=SharedLimits(workers=2, rps=5))),
+        "settle": lambda: broker.settle(Settle((Requeue("before", "token"),))),
+        "heartbeat": lambda: broker.heartbeat(Heartbeat("before", "token", TTL, slot_queue="q")),
         "wait_for_work": lambda: broker.wait_for_work(["q"], 5.0),
     }
 
@@ -88,32 +92,32 @@ def _assert_every_call_fails_fast(broker: RedisBroker) -> None:
 def test_a_dead_server_raises_broker_error_and_a_restarted_one_serves_again(
     server: RedisServer, broker: RedisBroker
 ) -> None:
-    (before,) = broker.enqueue([NewTask(id="before", type="t", queue="q")])
+    (before,) = steps.enqueue(broker, [NewTask(id="before", type="t", queue="q")])
     server.kill()
 
     _assert_every_call_fails_fast(broker)
 
     server.start()  # same port and directory: the AOF brings the task back
     assert broker.get("before") == before
-    (lease,) = broker.claim("q", 1, TTL)
-    assert broker.ack(lease.task.id, lease.token, b"ok").status is Status.COMPLETED
+    (lease,) = steps.claim(broker, "q", 1, TTL)
+    assert steps.ack(broker, lease.task.id, lease.token, b"ok").status is Status.COMPLETED
 
 
 def test_a_stalled_server_times_out_within_the_socket_timeout(
     server: RedisServer, broker: RedisBroker
 ) -> None:
-    broker.enqueue([NewTask(id="before", type="t", queue="q")])
+    steps.enqueue(broker, [NewTask(id="before", type="t", queue="q")])
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
-        for name in ("get", "claim", "reserve_quota"):
+        for name in ("get", "claim", "claim_quota"):
             started = time.monotonic()
             with pytest.raises(BrokerError):
                 _outage_calls(broker)[name]()
             assert time.monotonic() - started < SOCKET_TIMEOUT + SLACK, name
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
-    assert broker.claim("q", 1, TTL)[0].task.id == "before"
+    assert steps.claim(broker, "q", 1, TTL)[0].task.id == "before"
 
 
 def _await_subscriber(server: RedisServer, channel: str) -> None:
@@ -147,16 +151,16 @@ def test_a_waiter_gets_broker_error_when_the_server_dies(server: RedisServer, br
 
 
 def test_a_full_server_still_answers_the_reading_scripts(server: RedisServer, broker: RedisBroker) -> None:
-    broker.enqueue([NewTask(id="a", type="t", queue="q", business_key="k")])
+    steps.enqueue(broker, [NewTask(id="a", type="t", queue="q", business_key="k")])
     admin = redis.Redis.from_url(server.url)
     admin.config_set("maxmemory-policy", "noeviction")
     admin.config_set("maxmemory", 1)  # used memory is above it now: Redis refuses writes
     try:
         # Reading scripts are registered 'no-writes', so Redis runs them as it ran such EVALs.
         assert [t.id for t in broker.list(Filter())] == ["a"]
-        assert [t.id for t in broker.history("k")] == ["a"]
+        assert [t.id for t in steps.history(broker, "k")] == ["a"]
         with pytest.raises(BrokerError, match="maxmemory"):
-            broker.enqueue([NewTask(id="b", type="t", queue="q")])
+            steps.enqueue(broker, [NewTask(id="b", type="t", queue="q")])
     finally:
         admin.config_set("maxmemory", 0)
         admin.close()
@@ -179,7 +183,7 @@ def test_waits_reuse_one_subscribed_connection_and_follow_a_change_of_queues(
         assert broker.wait_for_work(["q"], 0.01) is False
     assert int(client.info("stats")["total_connections_received"]) == connected
     assert _subscribers(client, keys.signal("q")) == 1  # still subscribed between waits
-    broker.enqueue([NewTask(id="other-work", type="t", queue="other")])
+    steps.enqueue(broker, [NewTask(id="other-work", type="t", queue="other")])
     assert broker.wait_for_work(["other"], 0.01) is True  # the due check of the new queue
     assert (_subscribers(client, keys.signal("q")), _subscribers(client, keys.signal("other"))) == (0, 1)
     broker.close()
@@ -205,7 +209,7 @@ def test_zero_timeout_waits_answer_due_work_without_opening_a_connection_each(
         for _ in range(20):
             assert broker.wait_for_work(["q"], 0) is False
         assert int(client.info("stats")["total_connections_received"]) == connected
-        broker.enqueue([NewTask(id="due", type="t", queue="q")])
+        steps.enqueue(broker, [NewTask(id="due", type="t", queue="q")])
         for _ in range(20):
             assert broker.wait_for_work(["q"], 0) is True
         assert int(client.info("stats")["total_connections_received"]) == connected
@@ -227,17 +231,21 @@ def test_waits_too_short_for_the_subscription_to_be_confirmed_keep_their_connect
             assert broker.wait_for_work(["q"], 1e-9) is False
         # One Pub/Sub connection for them all.
         assert int(client.info("stats")["total_connections_received"]) <= connected + 1
-        broker.enqueue([NewTask(id="due", type="t", queue="q")])
+        steps.enqueue(broker, [NewTask(id="due", type="t", queue="q")])
         assert broker.wait_for_work(["q"], 1e-9) is True
     finally:
         client.close()
 
 
+def _quiet_submit(task_id: str) -> Submit:
+    return Submit((NewTask(id=task_id, type="t", queue="q"),), snapshots=False)
+
+
 def _split_calls(broker: RedisBroker) -> BrokerCalls:
     """The runtime's broker door with the broker's split calls, one event-loop connection open."""
     assert broker.split(broker.queue_length, "q") is None  # not split: nothing asked
-    assert broker.split(broker.claim, "warm-up", 1, TTL) is None  # asks for a connection
-    broker.claim("warm-up", 1, TTL)  # a thread's script run opens it
+    assert broker.split(broker.claim, Claim("warm-up", 1, TTL)) is None  # asks for a connection
+    steps.claim(broker, "warm-up", 1, TTL)  # a thread's script run opens it
     return BrokerCalls(2, split=broker.split)
 
 
@@ -245,7 +253,7 @@ def _split_calls(broker: RedisBroker) -> BrokerCalls:
 def test_split_calls_fail_within_the_socket_timeout_and_serve_again_after(
     server: RedisServer, broker: RedisBroker, outage: str
 ) -> None:
-    broker.enqueue([NewTask(id="before", type="t", queue="q")])
+    steps.enqueue(broker, [NewTask(id="before", type="t", queue="q")])
     calls = _split_calls(broker)
     assert server.process is not None
 
@@ -253,7 +261,7 @@ def test_split_calls_fail_within_the_socket_timeout_and_serve_again_after(
         for _ in range(3):  # the split call, then the thread path it falls back to
             started = time.monotonic()
             with pytest.raises(BrokerError):
-                await calls(broker.enqueue_quiet, [NewTask(id="during", type="t", queue="q")])
+                await calls(broker.submit, _quiet_submit("during"))
             assert time.monotonic() - started < SOCKET_TIMEOUT + SLACK
 
     if outage == "dead":
@@ -269,7 +277,8 @@ def test_split_calls_fail_within_the_socket_timeout_and_serve_again_after(
 
     async def serves_again() -> list[Status]:
         await calls(broker.queue_length, "q")  # a thread call reconnects the pool
-        return await calls(broker.enqueue_quiet, [NewTask(id="after", type="t", queue="q")])
+        submitted: Submitted = await calls(broker.submit, _quiet_submit("after"))
+        return submitted.statuses
 
     assert anyio.run(serves_again) == [Status.PENDING]
     assert broker.get("after").status is Status.PENDING
@@ -298,19 +307,19 @@ def test_a_call_that_failed_opens_no_event_loop_connection(server: RedisServer) 
     broker = RedisBroker(client, socket_timeout=SOCKET_TIMEOUT)
     _CountingConnection.loop_connects = 0
     try:
-        broker.enqueue([NewTask(id="before", type="t", queue="q")])
-        assert broker.split(broker.claim, "q", 1, TTL) is None  # asks for a loop connection
+        steps.enqueue(broker, [NewTask(id="before", type="t", queue="q")])
+        assert broker.split(broker.claim, Claim("q", 1, TTL)) is None  # asks for a loop connection
         assert server.process is not None
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             with pytest.raises(BrokerError):
-                broker.claim("q", 1, TTL)
+                steps.claim(broker, "q", 1, TTL)
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
         assert _CountingConnection.loop_connects == 0
         broker.queue_length("q")  # a plain command: the pool reconnects, no script ran
-        after = [NewTask(id="after", type="t", queue="q")]
-        assert broker.enqueue_quiet(after) == [Status.PENDING]  # a script answered: now it opens
+        # A script answered: now it opens.
+        assert broker.submit(_quiet_submit("after")).statuses == [Status.PENDING]
         assert _CountingConnection.loop_connects == 1
     finally:
         broker.close()

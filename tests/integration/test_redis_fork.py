@@ -19,6 +19,7 @@ from taskgate.brokers.base import NewTask
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.ids import new_id
+from taskgate.testing import steps
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork"),
@@ -54,7 +55,7 @@ def _signalling(broker: RedisBroker, queue: str) -> Iterator[None]:
 
     def submit() -> None:
         while not stop.is_set():
-            broker.enqueue([NewTask(id=new_id(), type="t", queue=queue, delay=timedelta(hours=1))])
+            steps.enqueue(broker, [NewTask(id=new_id(), type="t", queue=queue, delay=timedelta(hours=1))])
             stop.wait(SIGNAL_EVERY)
 
     submitting = threading.Thread(target=submit)

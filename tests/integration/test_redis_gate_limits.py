@@ -28,10 +28,12 @@ from redis_gate_worker import QUEUE, TYPE, CountingRedisBroker, Probe, WorkerSpe
 
 from taskgate import Config, Gate, QueueConfig, Status
 from taskgate.brokers.base import NewTask
+from taskgate.brokers.params import Claim, SharedLimits
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.ids import new_id
 from taskgate.task import Filter
+from taskgate.testing import steps
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +65,7 @@ def _enqueue(url: str, prefix: str, count: int) -> list[str]:
     broker = RedisBroker(url, key_prefix=prefix)
     tasks = [NewTask(id=new_id(), type=TYPE, queue=QUEUE) for _ in range(count)]
     try:
-        return [t.id for t in broker.enqueue(tasks)]
+        return [t.id for t in steps.enqueue(broker, tasks)]
     finally:
         broker.close()
 
@@ -254,12 +256,14 @@ async def test_slots_of_a_queue_short_of_slots_go_back_with_its_next_claim(share
     url, prefix = shared
     other = RedisBroker(url, key_prefix=prefix)
     broker = CountingRedisBroker(url, key_prefix=prefix)
+    (held,) = _enqueue(url, prefix, 1)
     ids = _enqueue(url, prefix, 20)
     config = Config(broker=broker, queues={QUEUE: QueueConfig(workers=2)}, routes={TYPE: QUEUE})
     gate = Gate(config, poll_interval=0.05)
     gate.handle(TYPE, lambda task: None)
     try:
-        assert len(other.acquire_slots(QUEUE, 2, 1, timedelta(seconds=60))) == 1
+        hold = Claim(QUEUE, 1, timedelta(seconds=60), shared=SharedLimits(workers=2))
+        assert [lease.task.id for lease in other.claim(hold).leases] == [held]
         async with gate:
             with anyio.fail_after(CHILD_TIMEOUT):
                 for task_id in ids:

@@ -20,10 +20,12 @@ import pytest
 import redis
 from helpers.redis_servers import purge_keys
 
-from taskgate.brokers.base import NewTask
+from taskgate.brokers.base import Lease, NewTask
+from taskgate.brokers.params import Claim, Claimed, GiveBack, Requeue, Settle, SharedLimits
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.task import Filter, Status
+from taskgate.testing import steps
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +48,14 @@ def shared(redis_url: str, unique_prefix: str) -> Iterator[tuple[str, str]]:
         purge_keys(client, KeySpace(unique_prefix).pattern())
     finally:
         client.close()
+
+
+def _enqueue_tasks(url: str, prefix: str, n: int) -> None:
+    broker = RedisBroker(url, key_prefix=prefix)
+    try:
+        steps.enqueue(broker, [NewTask(id=f"task-{i}", type="t", queue="q") for i in range(n)])
+    finally:
+        broker.close()
 
 
 def _run_children(target: Any, args_per_child: list[tuple[Any, ...]]) -> list[Any]:
@@ -71,9 +81,9 @@ def _claimer(url: str, prefix: str, barrier: Any, results: Any) -> None:
     broker = RedisBroker(url, key_prefix=prefix)
     mine: list[str] = []
     barrier.wait()
-    while leases := broker.claim("q", 10, timedelta(minutes=5)):
+    while leases := steps.claim(broker, "q", 10, timedelta(minutes=5)):
         for lease in leases:
-            broker.ack(lease.task.id, lease.token, None)
+            steps.ack(broker, lease.task.id, lease.token, None)
             mine.append(lease.task.id)
     broker.close()
     results.put(mine)
@@ -83,7 +93,7 @@ def test_four_processes_claim_two_thousand_tasks_exactly_once(shared: tuple[str,
     url, prefix = shared
     broker = RedisBroker(url, key_prefix=prefix)
     ids = [f"task-{i:04d}" for i in range(2000)]
-    broker.enqueue([NewTask(id=i, type="t", queue="q") for i in ids])
+    steps.enqueue(broker, [NewTask(id=i, type="t", queue="q") for i in ids])
 
     reports = _run_children(_claimer, [(url, prefix)] * 4)
 
@@ -98,6 +108,19 @@ def test_four_processes_claim_two_thousand_tasks_exactly_once(shared: tuple[str,
 # -- slots: capacity 2 is global across two processes ------------------------------------------
 
 SLOT_ROUNDS = 300
+SLOT_TASKS = 4  # more than the capacity: a refused claim is for want of a slot, never of a task
+
+
+def _claim_shared(broker: RedisBroker, limit: int, ttl: timedelta, **limits: Any) -> Claimed:
+    """A claim of queue ``q`` under its shared limits (``limits``: `SharedLimits` fields)."""
+    return broker.claim(Claim("q", limit, ttl, shared=SharedLimits(**limits)))
+
+
+def _put_back(broker: RedisBroker, leases: list[Lease]) -> None:
+    """Requeue ``leases`` and give their slots back, in one settle: the tasks are due again."""
+    items = tuple(Requeue(lease.task.id, lease.token) for lease in leases)
+    slots = tuple(lease.token for lease in leases)
+    broker.settle(Settle(items, snapshots=False, give_back=GiveBack(queue="q", slots=slots)))
 
 
 def _slot_holder(url: str, prefix: str, want: int, barrier: Any, results: Any) -> None:
@@ -107,15 +130,16 @@ def _slot_holder(url: str, prefix: str, want: int, barrier: Any, results: Any) -
     denied = 0
     barrier.wait()
     for _ in range(SLOT_ROUNDS):
-        tokens = broker.acquire_slots("q", 2, want, timedelta(seconds=30))
-        if not tokens:
+        leases = _claim_shared(broker, want, timedelta(seconds=30), workers=2).leases
+        if not leases:
             denied += 1
             continue
-        # [start, end] lies inside the true holding interval: read after acquire, before release.
+        # [start, end] lies inside the true holding interval: read after the claim, before the
+        # slots go back.
         start = _server_us(clock)
         end = _server_us(clock)
-        broker.release_slots("q", tokens)
-        held.append((start, end, len(tokens)))
+        _put_back(broker, leases)
+        held.append((start, end, len(leases)))
     broker.close()
     clock.close()
     results.put((held, denied))
@@ -133,6 +157,7 @@ def _max_overlap(intervals: list[tuple[int, int, int]]) -> int:
 
 def test_two_processes_never_hold_more_than_the_global_capacity(shared: tuple[str, str]) -> None:
     url, prefix = shared
+    _enqueue_tasks(url, prefix, SLOT_TASKS)
     reports = _run_children(_slot_holder, [(url, prefix, 1), (url, prefix, 2)])
 
     intervals = [interval for held, _ in reports for interval in held]
@@ -146,6 +171,7 @@ def test_two_processes_never_hold_more_than_the_global_capacity(shared: tuple[st
 RPS = 5.0
 BURST = 3
 RATE_SECONDS = 1.5
+RATE_TASKS = 4  # each start is put back at once: a claim never finds the queue empty
 
 
 def _rate_taker(url: str, prefix: str, barrier: Any, results: Any) -> None:
@@ -155,13 +181,15 @@ def _rate_taker(url: str, prefix: str, barrier: Any, results: Any) -> None:
     barrier.wait()
     stop = _server_us(clock) + int(RATE_SECONDS * 1_000_000)
     while (before := _server_us(clock)) < stop:
-        granted, retry_after = broker.take_rate("q", RPS, BURST, 1)
+        # Slots to spare: only the rate holds a start back.
+        taken = _claim_shared(broker, 1, timedelta(seconds=30), workers=100, rps=RPS, burst=BURST)
         after = _server_us(clock)
-        if granted:
+        if taken.leases:
             grants.append((before, after))
+            _put_back(broker, taken.leases)
         else:
             # What a rate-limited caller does: wait as told (capped, to keep contending).
-            time.sleep(min(retry_after, 0.05))
+            time.sleep(min(taken.retry_after, 0.05))
     broker.close()
     clock.close()
     results.put(grants)
@@ -185,6 +213,7 @@ def _worst_excess(grants: list[tuple[int, int]]) -> float:
 
 def test_two_processes_share_one_gcra_rate(shared: tuple[str, str]) -> None:
     url, prefix = shared
+    _enqueue_tasks(url, prefix, RATE_TASKS)
     reports = _run_children(_rate_taker, [(url, prefix), (url, prefix)])
 
     grants = sorted(g for report in reports for g in report)
@@ -193,7 +222,7 @@ def test_two_processes_share_one_gcra_rate(shared: tuple[str, str]) -> None:
     assert len(grants) >= BURST + int(RPS * (RATE_SECONDS - 0.5))
 
 
-# -- crash: a SIGKILLed holder's slots and lease come back -------------------------------------
+# -- crash: a SIGKILLed holder's slots and leases come back -------------------------------------
 
 TTL = timedelta(seconds=1)
 TTL_US = 1_000_000
@@ -203,9 +232,8 @@ def _crashing_holder(url: str, prefix: str, barrier: Any, results: Any) -> None:
     broker = RedisBroker(url, key_prefix=prefix)
     clock = redis.Redis.from_url(url)
     barrier.wait()
-    tokens = broker.acquire_slots("q", 2, 2, TTL)
-    (lease,) = broker.claim("q", 1, TTL)
-    results.put((tokens, lease.task.id, _server_us(clock)))
+    leases = _claim_shared(broker, 2, TTL, workers=2).leases
+    results.put(([lease.task.id for lease in leases], _server_us(clock)))
     threading.Event().wait()  # hold everything until SIGKILLed
 
 
@@ -218,33 +246,42 @@ def _poll(action: Any, deadline_us: int, clock: redis.Redis) -> tuple[Any, int]:
     raise AssertionError("not recovered before the deadline")
 
 
-def test_a_killed_process_frees_its_slots_and_its_task_within_two_ttls(shared: tuple[str, str]) -> None:
+def test_a_killed_process_frees_its_slots_and_its_tasks_within_two_ttls(shared: tuple[str, str]) -> None:
     url, prefix = shared
     broker = RedisBroker(url, key_prefix=prefix)
     clock = redis.Redis.from_url(url)
-    (task,) = broker.enqueue([NewTask(id="crash-me", type="t", queue="q")])
+    steps.enqueue(broker, [NewTask(id=task_id, type="t", queue="q") for task_id in ("crash-a", "crash-b")])
     barrier, results = SPAWN.Barrier(1), SPAWN.Queue()
     child = SPAWN.Process(target=_crashing_holder, args=(url, prefix, barrier, results))
     child.start()
-    tokens, claimed_id, held_at = results.get(timeout=CHILD_TIMEOUT)
+    claimed_ids, held_at = results.get(timeout=CHILD_TIMEOUT)
     os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
     child.join(CHILD_TIMEOUT)
-    assert (len(tokens), claimed_id, child.exitcode) == (2, task.id, -signal.SIGKILL)
+    assert (claimed_ids, child.exitcode) == (["crash-a", "crash-b"], -signal.SIGKILL)
+    # Two tasks due now: a claim gets both only once the dead process's slots are back.
+    steps.enqueue(broker, [NewTask(id=task_id, type="t", queue="q") for task_id in ("later-a", "later-b")])
     if _server_us(clock) < held_at + TTL_US // 2:
-        assert broker.acquire_slots("q", 2, 1, TTL) == []  # still held by the dead process
+        assert _claim_shared(broker, 2, TTL, workers=2).leases == []  # still held by the dead process
 
-    def take_both() -> list[str]:
-        got = broker.acquire_slots("q", 2, 2, TTL)
-        if len(got) < 2:
-            broker.release_slots("q", got)
+    def take_both() -> list[Lease]:
+        leases = _claim_shared(broker, 2, TTL, workers=2).leases
+        if len(leases) < 2:
+            _put_back(broker, leases)
             return []
-        return got
+        return leases
 
-    _, freed_at = _poll(take_both, held_at + 2 * TTL_US, clock)
-    (reaped,), _ = _poll(lambda: broker.reap(lease_lost_max=3), held_at + 2 * TTL_US, clock)
-    assert (reaped.id, reaped.status, reaped.lease_lost) == (task.id, Status.PENDING, 1)
-    (again,) = broker.claim("q", 1, TTL)
-    assert (again.task.id, again.task.claims) == (task.id, 2)
+    taken, freed_at = _poll(take_both, held_at + 2 * TTL_US, clock)
+    assert sorted(lease.task.id for lease in taken) == ["later-a", "later-b"]
+    reaped, _ = _poll(lambda: broker.reap(lease_lost_max=3), held_at + 2 * TTL_US, clock)
+    if len(reaped) < 2:  # the two leases ended together, but a pass may fall between them
+        more, _ = _poll(lambda: broker.reap(lease_lost_max=3), held_at + 3 * TTL_US, clock)
+        reaped += more
+    assert sorted((t.id, t.status, t.lease_lost) for t in reaped) == [
+        ("crash-a", Status.PENDING, 1),
+        ("crash-b", Status.PENDING, 1),
+    ]
+    again = steps.claim(broker, "q", 2, TTL)
+    assert sorted((lease.task.id, lease.task.claims) for lease in again) == [("crash-a", 2), ("crash-b", 2)]
     assert freed_at - held_at <= 2 * TTL_US
     broker.close()
     clock.close()

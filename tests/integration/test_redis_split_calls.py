@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import select
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -18,13 +17,24 @@ from helpers.redis_servers import purge_keys
 from helpers.split_calls import CountsSplits, LateLeases, drive
 
 from taskgate import QueueConfig, Status, Task
-from taskgate.brokers.base import Lease
+from taskgate.brokers.base import Lease, NewTask
+from taskgate.brokers.params import (
+    Claim,
+    Claimed,
+    Complete,
+    Heartbeat,
+    Requeue,
+    Settle,
+    Submit,
+    Submitted,
+)
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import function_library
 from taskgate.brokers.redis.split import LOOP_CLIENT_NAME, MAX_SPLIT_REQUEST, pack_request
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, new_task
 
 
@@ -40,11 +50,15 @@ def broker(redis_url: str, unique_prefix: str, client: redis.Redis) -> Iterator[
     purge_keys(client, KeySpace(unique_prefix).pattern())
 
 
+def _quiet(tasks: list[NewTask]) -> Submit:
+    return Submit(tuple(tasks), snapshots=False)
+
+
 def _ready(broker: RedisBroker) -> None:
     """Make sure an event-loop connection is open: a split call that finds none asks for one
     (sending nothing), and the next script run in a thread opens it."""
-    assert broker.split(broker.enqueue_quiet, [new_task(queue="warm-up")]) is None
-    broker.claim("warm-up", 1, TTL)
+    assert broker.split(broker.submit, _quiet([new_task(queue="warm-up")])) is None
+    steps.claim(broker, "warm-up", 1, TTL)
 
 
 # -- the broker's side -----------------------------------------------------------------------
@@ -53,23 +67,27 @@ def _ready(broker: RedisBroker) -> None:
 def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     _ready(broker)
     task = new_task()
-    submitted = broker.split(broker.enqueue_quiet, [task])
+    submitted = broker.split(broker.submit, _quiet([task]))
     assert submitted is not None
-    assert drive(submitted) == [Status.PENDING]
+    assert drive(submitted) == Submitted(statuses=[Status.PENDING])
     assert broker.get(task.id).status is Status.PENDING
 
-    claimed = broker.split(broker.claim, "q", 5, TTL)
+    claimed = broker.split(broker.claim, Claim("q", 5, TTL))
     assert claimed is not None
-    (lease,) = drive(claimed)
+    (lease,) = drive(claimed).leases
     assert isinstance(lease, Lease)
     assert lease.task.id == task.id and lease.task.status is Status.RUNNING
 
-    # A stale token raises from the answer, as `ack` raises it.
-    stale = broker.split(broker.ack, task.id, "not-the-token", None)
+    renewed = broker.split(broker.heartbeat, Heartbeat(task.id, lease.token, TTL, slot_queue="q"))
+    assert renewed is not None
+    assert drive(renewed).slot_lost is True  # a plain claim holds no slot
+
+    # A stale token answers its own item, as `settle` answers it.
+    stale = broker.split(broker.settle, Settle((Requeue(task.id, "not-the-token"),)))
     assert stale is not None
-    with pytest.raises(LeaseLostError):
-        drive(stale)
-    acked = broker.split(broker.ack_many_quiet, [(task.id, lease.token, b"done")])
+    (lost,) = drive(stale)
+    assert isinstance(lost, LeaseLostError)
+    acked = broker.split(broker.settle, Settle((Complete(task.id, lease.token, b"done"),), snapshots=False))
     assert acked is not None
     assert drive(acked) == [None]
     assert broker.get(task.id).status is Status.COMPLETED
@@ -77,7 +95,7 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
 
     # A cancel answers the snapshot, or raises as `cancel` raises for a final task.
     other = new_task()
-    broker.enqueue([other])
+    steps.enqueue(broker, [other])
     canceled = broker.split(broker.cancel, other.id)
     assert canceled is not None
     assert drive(canceled).status is Status.CANCELED
@@ -90,7 +108,7 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
 def test_a_split_get_answers_the_snapshot_or_raises_as_get_does(broker: CountingSplits) -> None:
     """`get` is a plain ``HMGET``, not a script: split, it answers what `get` answers."""
     _ready(broker)
-    (task,) = broker.enqueue([new_task(payload=b"p")])
+    (task,) = steps.enqueue(broker, [new_task(payload=b"p")])
     call = broker.split(broker.get, task.id)
     assert call is not None
     assert drive(call) == broker.get(task.id)
@@ -117,8 +135,8 @@ async def test_a_gate_reads_a_task_through_a_split_get(broker: CountingSplits) -
 def test_a_reply_bigger_than_one_read_is_read_whole(broker: CountingSplits) -> None:
     _ready(broker)
     payload = bytes(range(256)) * 64  # 16 KiB per task: the claim's reply is ~800 KiB
-    ids = [task.id for task in broker.enqueue([new_task(payload=payload) for _ in range(50)])]
-    call = broker.split(broker.claim, "q", 50, TTL)
+    ids = [task.id for task in steps.enqueue(broker, [new_task(payload=payload) for _ in range(50)])]
+    call = broker.split(broker.claim, Claim("q", 50, TTL))
     assert call is not None
     reads = 0
     while True:
@@ -127,7 +145,7 @@ def test_a_reply_bigger_than_one_read_is_read_whole(broker: CountingSplits) -> N
         reads += 1
         if call.receive():
             break
-    leases = call.result()
+    leases = call.result().leases
     assert reads > 1
     assert sorted(lease.task.id for lease in leases) == sorted(ids)
     assert all(lease.task.payload == payload for lease in leases)
@@ -135,33 +153,33 @@ def test_a_reply_bigger_than_one_read_is_read_whole(broker: CountingSplits) -> N
 
 def test_bad_arguments_raise_before_anything_is_sent(broker: CountingSplits) -> None:
     _ready(broker)
-    with pytest.raises(ValueError, match="limit"):
-        broker.split(broker.claim, "q", 0, TTL)
+    with pytest.raises(ValueError, match="task id"):
+        broker.split(broker.get, "x" * 256)
     # The connection went back unused: the next call has it.
-    assert broker.split(broker.enqueue_quiet, [new_task()]) is not None
+    assert broker.split(broker.submit, _quiet([new_task()])) is not None
 
 
 class OverridesClaim(RedisBroker):
-    def claim(self, queue: str, limit: int, lease_ttl: Any) -> list[Lease]:
-        return super().claim(queue, limit, lease_ttl)
+    def claim(self, claim: Claim) -> Claimed:
+        return super().claim(claim)
 
 
 def test_what_is_not_split_sends_nothing(broker: CountingSplits, redis_url: str) -> None:
     _ready(broker)
     big = new_task(payload=b"x" * (MAX_SPLIT_REQUEST + 1))
-    assert broker.split(broker.enqueue_quiet, [big]) is None
+    assert broker.split(broker.submit, _quiet([big])) is None
     with pytest.raises(TaskNotFoundError):
         broker.get(big.id)
-    assert broker.split(broker.enqueue_quiet, []) is None  # nothing to send at all
+    assert broker.split(broker.submit, _quiet([])) is None  # nothing to send at all
     assert broker.split(broker.list, None) is None  # a method it does not split
     assert broker.split(lambda *a: None, "q") is None  # not a broker method at all
     other = OverridesClaim(redis_url, key_prefix=broker.key_prefix)
     try:
         _ready(other)
-        assert broker.split(other.claim, "q", 1, TTL) is None  # another broker's method
+        assert broker.split(other.claim, Claim("q", 1, TTL)) is None  # another broker's method
         # A subclass's override is the subclass's to run: whole, in a thread.
-        assert other.split(other.claim, "q", 1, TTL) is None
-        assert other.split(other.enqueue_quiet, [new_task()]) is not None
+        assert other.split(other.claim, Claim("q", 1, TTL)) is None
+        assert other.split(other.submit, _quiet([new_task()])) is not None
     finally:
         other.close()
 
@@ -173,13 +191,13 @@ def test_an_idle_connection_the_server_closed_is_dropped_before_it_takes_a_reque
     client.client_kill_filter(_type="normal", skipme=True)
     task = new_task()
     # The dead connection is noticed before any request goes into it: nothing is sent.
-    assert broker.split(broker.enqueue_quiet, [task]) is None
+    assert broker.split(broker.submit, _quiet([task])) is None
     with pytest.raises(TaskNotFoundError):
         broker.get(task.id)
-    broker.enqueue_quiet([task])  # the thread path reconnects, and opens a new loop connection
-    again = broker.split(broker.claim, "q", 1, TTL)
+    broker.submit(_quiet([task]))  # the thread path reconnects, and opens a new loop connection
+    again = broker.split(broker.claim, Claim("q", 1, TTL))
     assert again is not None
-    assert [lease.task.id for lease in drive(again)] == [task.id]
+    assert [lease.task.id for lease in drive(again).leases] == [task.id]
 
 
 def _loop_clients(client: redis.Redis) -> int:
@@ -197,7 +215,7 @@ def test_closing_the_broker_closes_its_event_loop_connections(
         broker.close()
         assert _loop_clients(client) == before
         with pytest.raises(BrokerError, match="closed"):
-            broker.split(broker.claim, "q", 1, TTL)
+            broker.split(broker.claim, Claim("q", 1, TTL))
     finally:
         broker.close()
         purge_keys(client, KeySpace(unique_prefix).pattern())
@@ -209,15 +227,15 @@ def test_a_forked_child_never_uses_its_parent_s_event_loop_connections(broker: C
     _ready(broker)
     pid = os.fork()
     if pid == 0:  # the child: the parent's idle connection must not be taken
-        code = 0 if broker.split(broker.enqueue_quiet, [new_task()]) is None else 1
+        code = 0 if broker.split(broker.submit, _quiet([new_task()])) is None else 1
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     # The parent's connection carried no request of the child's: its next call answers its own.
     task = new_task()
-    call = broker.split(broker.enqueue_quiet, [task])
+    call = broker.split(broker.submit, _quiet([task]))
     assert call is not None
-    assert drive(call) == [Status.PENDING]
+    assert drive(call).statuses == [Status.PENDING]
     assert broker.get(task.id).status is Status.PENDING
 
 
@@ -229,13 +247,13 @@ def test_a_server_without_the_function_library_answers_would_block_having_run_no
     _ready(broker)
     client.function_delete(function_library().name)
     task = new_task()
-    call = broker.split(broker.enqueue_quiet, [task])
+    call = broker.split(broker.submit, _quiet([task]))
     assert call is not None
     with pytest.raises(WouldBlock):
         drive(call)
     with pytest.raises(TaskNotFoundError):
         broker.get(task.id)
-    assert broker.enqueue_quiet([task]) == [Status.PENDING]  # the thread path loads it again
+    assert broker.submit(_quiet([task])).statuses == [Status.PENDING]  # the thread path loads it again
 
 
 # -- the runtime's side ----------------------------------------------------------------------
@@ -260,11 +278,11 @@ async def test_a_claim_past_its_deadline_hands_its_leases_to_on_abandoned(
     broker: CountingSplits, client: redis.Redis
 ) -> None:
     _ready(broker)
-    broker.enqueue([new_task(), new_task()])
+    steps.enqueue(broker, [new_task(), new_task()])
     calls = BrokerCalls(4, split=broker.split)
     late = LateLeases()
     with _Paused(client), pytest.raises(BrokerError, match="did not answer within"):
-        await calls(broker.claim, "q", 2, TTL, deadline=0.05, on_abandoned=late)
+        await calls(broker.claim, Claim("q", 2, TTL), deadline=0.05, on_abandoned=late)
     assert broker.split_names == ["claim"]  # it was split, not run in a thread
     leases = late.wait()
     assert [lease.task.status for lease in leases] == [Status.RUNNING] * 2
@@ -277,12 +295,12 @@ async def test_a_cancelled_wait_leaves_the_reply_to_a_thread(
 ) -> None:
     _ready(broker)
     task = new_task()
-    broker.enqueue([task])
+    steps.enqueue(broker, [task])
     calls = BrokerCalls(4, split=broker.split)
     late = LateLeases()
     with _Paused(client):
         async with anyio.create_task_group() as group:
-            group.start_soon(lambda: calls(broker.claim, "q", 1, TTL, on_abandoned=late))
+            group.start_soon(lambda: calls(broker.claim, Claim("q", 1, TTL), on_abandoned=late))
             with anyio.fail_after(GUARD):
                 while not broker.split_names:  # the request is out; the paused server holds it
                     await anyio.lowlevel.checkpoint()
@@ -290,7 +308,7 @@ async def test_a_cancelled_wait_leaves_the_reply_to_a_thread(
     assert [lease.task.id for lease in late.wait()] == [task.id]
     # The connection went back once the thread read the reply: the next split call has one.
     assert await calls(broker.queue_length, "q") == 0
-    assert broker.split(broker.enqueue_quiet, [new_task()]) is not None
+    assert broker.split(broker.submit, _quiet([new_task()])) is not None
 
 
 @pytest.mark.anyio
@@ -313,8 +331,7 @@ async def test_a_gate_submits_claims_and_acks_through_split_calls(broker: Counti
     assert sorted(seen) == sorted(ids)
     assert broker.counts()["q"] == {Status.COMPLETED: 40}
     names = set(broker.split_names)
-    assert "enqueue_quiet" in names
-    assert names & {"claim_with_limits", "claim_with_limits_after_acks", "ack_many_quiet"}
+    assert {"submit", "claim"} <= names
     # Only the first calls, before a loop connection was open, went to a thread.
     assert broker.unsplit <= len(broker.split_names) // 4
 

@@ -21,7 +21,8 @@ from taskgate.brokers.sql.pg_copy import _binary_types, copy_rows
 from taskgate.brokers.sql.retry import ATTEMPTS, run_with_retries
 from taskgate.clock import ManualClock
 from taskgate.errors import BrokerError
-from taskgate.task import Status
+from taskgate.task import Status, Task
+from taskgate.testing import steps
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql"])
@@ -74,10 +75,12 @@ def test_without_a_clock_times_come_from_the_database_server(url: str) -> None:
     broker = SQLBroker(url)
     try:
         before = datetime.now(UTC)
-        (task,) = broker.enqueue([NewTask(id="a", type="t", queue="q")])
-        grant = broker.reserve_quota("k", 10, timedelta(hours=1))
+        (task,) = steps.enqueue(broker, [NewTask(id="a", type="t", queue="q")])
+        hour = timedelta(hours=1)
+        grant = steps.claim_within_quota(broker, "q", 1, hour, key="k", quota_limit=10, period=hour).quota
         assert task.created_at.tzinfo is UTC
         assert abs(task.created_at - before) < timedelta(seconds=5)  # same host in tests
+        assert grant is not None
         assert grant.window_start == task.created_at.replace(minute=0, second=0, microsecond=0)
     finally:
         broker.close()
@@ -87,7 +90,7 @@ def test_times_keep_microseconds(url: str) -> None:
     run_at = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
     broker = SQLBroker(url)
     try:
-        broker.enqueue([NewTask(id="a", type="t", queue="q", run_at=run_at)])
+        steps.enqueue(broker, [NewTask(id="a", type="t", queue="q", run_at=run_at)])
         assert broker.get("a").run_at == run_at
     finally:
         broker.close()
@@ -105,7 +108,7 @@ def test_an_in_memory_sqlite_broker_serves_many_threads() -> None:
     broker = SQLBroker("sqlite://")
     try:
         threads = [
-            threading.Thread(target=broker.enqueue, args=([NewTask(id=f"t{n}", type="t", queue="q")],))
+            threading.Thread(target=steps.enqueue, args=(broker, [NewTask(id=f"t{n}", type="t", queue="q")]))
             for n in range(8)
         ]
         for thread in threads:
@@ -143,7 +146,7 @@ def test_postgresql_wakes_a_waiter_by_notify_long_before_its_poll(postgresql_url
         started = time.monotonic()
         thread.start()
         time.sleep(0.2)  # let the waiter block (ordering, not timing: any delay works)
-        submitter.enqueue([NewTask(id="a", type="t", queue="q")])
+        steps.enqueue(submitter, [NewTask(id="a", type="t", queue="q")])
         thread.join(20)
         assert result == [True]
         assert time.monotonic() - started < 10  # woken by NOTIFY, not by the 30 s poll
@@ -160,7 +163,7 @@ def test_mysql_refuses_a_payload_larger_than_max_allowed_packet(mysql_url: str) 
             packet = int(conn.execute(text("SELECT @@max_allowed_packet")).scalar_one())
         engine.dispose()
         with pytest.raises(ValueError, match="max_allowed_packet"):
-            broker.enqueue([NewTask(id="big", type="t", queue="q", payload=b"x" * packet)])
+            steps.enqueue(broker, [NewTask(id="big", type="t", queue="q", payload=b"x" * packet)])
         assert broker.counts() == {}
     finally:
         broker.close()
@@ -169,7 +172,7 @@ def test_mysql_refuses_a_payload_larger_than_max_allowed_packet(mysql_url: str) 
 def test_mysql_ids_are_case_sensitive(mysql_url: str) -> None:
     broker = SQLBroker(mysql_url)
     try:
-        broker.enqueue([NewTask(id="a", type="t", queue="q"), NewTask(id="A", type="t", queue="q")])
+        steps.enqueue(broker, [NewTask(id="a", type="t", queue="q"), NewTask(id="A", type="t", queue="q")])
         assert broker.counts() == {"t": {Status.PENDING: 2}}
     finally:
         broker.close()
@@ -233,22 +236,24 @@ def test_ack_batches_of_any_size_send_the_same_statements(
     broker = SQLBroker(url)
     sent: list[str] = []
     try:
-        broker.enqueue([NewTask(id="parent", type="t", queue="q")])
-        (parent,) = broker.claim("q", 1, timedelta(seconds=30))
-        broker.enqueue([NewTask(id="child", type="t", queue="q", depends_on=("parent",))])
+        steps.enqueue(broker, [NewTask(id="parent", type="t", queue="q")])
+        (parent,) = steps.claim(broker, "q", 1, timedelta(seconds=30))
+        steps.enqueue(broker, [NewTask(id="child", type="t", queue="q", depends_on=("parent",))])
         event.listen(broker._engine, "before_cursor_execute", lambda _c, _cur, sql, *_: sent.append(sql))
         by_size: dict[int, set[str]] = {}
         for size in (2, 7):
-            broker.enqueue([NewTask(id=f"t{size}-{n}", type="t", queue="q") for n in range(size)])
+            steps.enqueue(broker, [NewTask(id=f"t{size}-{n}", type="t", queue="q") for n in range(size)])
             items = [
-                (lease.task.id, lease.token, None) for lease in broker.claim("q", size, timedelta(seconds=30))
+                (lease.task.id, lease.token, None)
+                for lease in steps.claim(broker, "q", size, timedelta(seconds=30))
             ]
             if size == 7:
                 items.append((parent.task.id, parent.token, None))  # and settle a child too
             sent.clear()
-            answers = broker.ack_many(items)
+            answers = steps.ack_many(broker, items)
             by_size[size] = set(sent)
-            assert [answer.status for answer in answers] == [Status.COMPLETED] * len(items)
+            statuses = [answer.status if isinstance(answer, Task) else answer for answer in answers]
+            assert statuses == [Status.COMPLETED] * len(items)
         assert by_size[2] <= by_size[7]
         assert broker.get("child").status is Status.PENDING  # found through the list of parents
     finally:
@@ -285,11 +290,11 @@ def _varied_tasks(prefix: str) -> list[NewTask]:
 def test_a_postgresql_batch_copied_in_binary_is_stored_as_inserted_rows_are(postgresql_url: str) -> None:
     broker = SQLBroker(postgresql_url, clock=ManualClock(datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)))
     try:
-        broker.enqueue([NewTask(id="parent", type="t", queue="q")])
+        steps.enqueue(broker, [NewTask(id="parent", type="t", queue="q")])
         copied, inserted = _varied_tasks("c"), _varied_tasks("i")
-        snapshots = broker.enqueue(copied)  # 20 rows: COPY
+        snapshots = steps.enqueue(broker, copied)  # 20 rows: COPY
         for task in inserted:
-            broker.enqueue([task])  # one row: INSERT
+            steps.enqueue(broker, [task])  # one row: INSERT
         table = broker._models.task.__table__
         assert _binary_types(table, tuple(table.c.keys())) is not None  # the batch went in binary
         keys = list(table.c.keys()).index("business_key") - 1  # without id
@@ -302,7 +307,7 @@ def test_a_postgresql_batch_copied_in_binary_is_stored_as_inserted_rows_are(post
             assert mine[:keys] + mine[keys + 1 :] == theirs[:keys] + theirs[keys + 1 :]
         assert [broker.get(t.id) for t in copied] == snapshots
         assert [t.payload for t in snapshots] == [t.payload for t in copied]
-        assert [t.id for t in broker.history("c-clé-1")] == ["c1"]  # the key rows were copied too
+        assert [t.id for t in steps.history(broker, "c-clé-1")] == ["c1"]  # the key rows were copied too
         assert broker.get("c1").status is Status.BLOCKED  # and the edges
     finally:
         broker.close()

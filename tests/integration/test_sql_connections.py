@@ -20,6 +20,7 @@ from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.errors import TaskExistsError
 from taskgate.task import Filter, Status
+from taskgate.testing import steps
 from taskgate.testing.contract._support import claim_one, new_task
 
 
@@ -42,7 +43,7 @@ def _kill_other_sessions(url: str) -> int:
 def test_a_connection_killed_while_idle_is_replaced_before_use(postgresql_url, monkeypatch):
     broker = SQLBroker(postgresql_url)
     try:
-        (task,) = broker.enqueue([new_task()])
+        (task,) = steps.enqueue(broker, [new_task()])
         assert _kill_other_sessions(postgresql_url) >= 1
         monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)  # every pooled one is "idle"
         assert broker.get(task.id).id == task.id
@@ -57,9 +58,9 @@ def test_a_connection_back_in_use_at_once_is_not_pinged(postgresql_url):
     real_ping = dialect.do_ping
     dialect.do_ping = lambda conn: pings.append(conn) or real_ping(conn)  # type: ignore[method-assign]
     try:
-        broker.enqueue([new_task()])
+        steps.enqueue(broker, [new_task()])
         lease = claim_one(broker)
-        broker.ack(lease.task.id, lease.token, None)
+        steps.ack(broker, lease.task.id, lease.token, None)
         assert pings == []
     finally:
         broker.close()
@@ -77,11 +78,11 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_the_connection_keeps_w
 
     event.listen(engine, "before_cursor_execute", record)
     try:
-        broker.enqueue([new_task(), new_task()])
+        steps.enqueue(broker, [new_task(), new_task()])
         lease = claim_one(broker)
         with engine.connect() as conn:  # the one pooled connection the claim just used
             assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
-        broker.ack(lease.task.id, lease.token, None)
+        steps.ack(broker, lease.task.id, lease.token, None)
         claim_one(broker)
         assert len(settings) == 2  # each claim switches its own commit, and only claims do
         with engine.begin() as conn:
@@ -142,11 +143,11 @@ def test_reads_on_postgresql_are_one_round_trip_each(postgresql_url):
     engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
     broker = SQLBroker(engine)
     try:
-        (task,) = broker.enqueue([new_task(business_key="k")])
+        (task,) = steps.enqueue(broker, [new_task(business_key="k")])
         reads: dict[str, Callable[[], object]] = {
             "get": lambda: broker.get(task.id),
             "list": lambda: broker.list(Filter(queue="q", limit=5)),
-            "history": lambda: broker.history("k"),
+            "history": lambda: steps.history(broker, "k"),
             "counts": broker.counts,
             "queue_length": lambda: broker.queue_length("q"),
         }
@@ -168,15 +169,15 @@ def test_a_submit_with_a_business_key_on_postgresql_is_one_round_trip(postgresql
     engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
     broker = SQLBroker(engine)
     try:
-        broker.enqueue_quiet([new_task()])  # the first call samples the server's clock
+        steps.enqueue_statuses(broker, [new_task()])  # the first call samples the server's clock
         first = new_task(business_key="order-1")
-        flights = _flights(broker, lambda: broker.enqueue_quiet([first]))
+        flights = _flights(broker, lambda: steps.enqueue_statuses(broker, [first]))
         assert len(flights) == 1
         assert "INSERT INTO taskgate_business_keys" in flights[0][0]
-        assert [task.id for task in broker.history("order-1")] == [first.id]
+        assert [task.id for task in steps.history(broker, "order-1")] == [first.id]
 
         with pytest.raises(TaskExistsError) as caught:
-            broker.enqueue_quiet([new_task(business_key="order-1")])
+            steps.enqueue_statuses(broker, [new_task(business_key="order-1")])
         assert caught.value.execution_id == first.id
         assert broker.counts()["t"][Status.PENDING] == 2
     finally:
@@ -188,14 +189,14 @@ def test_a_child_of_waiting_parents_on_postgresql_is_one_round_trip(postgresql_u
     engine = create_engine(normalize_url(postgresql_url), pool_size=1, max_overflow=0)
     broker = SQLBroker(engine)
     try:
-        first, second = broker.enqueue([new_task(), new_task()])
+        first, second = steps.enqueue(broker, [new_task(), new_task()])
         child = new_task(depends_on=(second.id, first.id, second.id))  # a parent named twice
-        flights = _flights(broker, lambda: broker.enqueue_quiet([child]))
+        flights = _flights(broker, lambda: steps.enqueue_statuses(broker, [child]))
         assert len(flights) == 1
         assert broker.get(child.id).status is Status.BLOCKED
         assert broker.get(child.id).depends_on == (second.id, first.id, second.id)
-        for lease in broker.claim("q", 2, timedelta(seconds=30)):
-            broker.ack(lease.task.id, lease.token, None)
+        for lease in steps.claim(broker, "q", 2, timedelta(seconds=30)):
+            steps.ack(broker, lease.task.id, lease.token, None)
         assert broker.get(child.id).status is Status.PENDING  # its edges went in with it
     finally:
         broker.close()
@@ -209,7 +210,7 @@ def test_a_child_submitted_while_its_parent_is_being_finished_waits_and_arrives_
     broker = SQLBroker(postgresql_url)
     holder = create_engine(normalize_url(postgresql_url))
     try:
-        (parent,) = broker.enqueue([new_task()])
+        (parent,) = steps.enqueue(broker, [new_task()])
         child = new_task(depends_on=(parent.id,))
         outcome: list[object] = []
         with holder.connect() as other:
@@ -217,7 +218,9 @@ def test_a_child_submitted_while_its_parent_is_being_finished_waits_and_arrives_
                 text("UPDATE taskgate_tasks SET status = 'completed', ready = false WHERE id = :id"),
                 {"id": parent.id},
             )
-            submitter = threading.Thread(target=lambda: outcome.append(broker.enqueue_quiet([child])))
+            submitter = threading.Thread(
+                target=lambda: outcome.append(steps.enqueue_statuses(broker, [child]))
+            )
             submitter.start()
             _wait_for_a_lock_wait(other)
             other.commit()

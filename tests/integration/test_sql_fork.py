@@ -18,6 +18,7 @@ from sql_sessions import held_session, hot
 
 from taskgate import Task
 from taskgate.brokers.sql import SQLBroker
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -45,7 +46,7 @@ def _in_child(body: Callable[[], bool]) -> int:
 def test_a_forked_child_neither_uses_nor_ends_its_parents_sessions(sql_server):
     broker = SQLBroker(sql_server.url)
     try:
-        broker.enqueue([new_task()])
+        steps.enqueue(broker, [new_task()])
         with broker._engine.connect() as conn:
             parent_pooled = sql_server.session_of(conn)
         parent_held = held_session(broker, sql_server)
@@ -53,7 +54,7 @@ def test_a_forked_child_neither_uses_nor_ends_its_parents_sessions(sql_server):
         def child() -> bool:
             with broker._engine.connect() as conn:
                 pooled = sql_server.session_of(conn)
-            broker.enqueue([new_task()])
+            steps.enqueue(broker, [new_task()])
             held = held_session(broker, sql_server)
             broker.close()  # must not end the parent's sessions through the inherited sockets
             return {pooled, held}.isdisjoint({parent_pooled, parent_held})
@@ -62,8 +63,8 @@ def test_a_forked_child_neither_uses_nor_ends_its_parents_sessions(sql_server):
         with broker._engine.connect() as conn:
             assert sql_server.session_of(conn) == parent_pooled  # open, and back in the pool
         assert held_session(broker, sql_server) == parent_held
-        broker.enqueue([new_task()])
-        assert len(broker.claim("q", 5, LEASE)) == 3
+        steps.enqueue(broker, [new_task()])
+        assert len(steps.claim(broker, "q", 5, LEASE)) == 3
     finally:
         broker.close()
 
@@ -105,16 +106,16 @@ def test_a_child_forked_during_a_call_on_the_held_connection_holds_one_of_its_ow
     (Not SQLite: the parent's call would hold the file's write lock the child waits for.)"""
     broker = SQLBroker(networked_sql.url)
     try:
-        broker.enqueue([new_task()])
+        steps.enqueue(broker, [new_task()])
 
         def child() -> bool:
-            broker.enqueue([new_task()])
+            steps.enqueue(broker, [new_task()])
             with hot(broker).use():
                 return broker._engine.pool.checkedout() == 0  # held, not lent by the pool
 
         with hot(broker).use():
             assert _in_child(child) == 0
-        assert len(broker.claim("q", 5, LEASE)) == 2
+        assert len(steps.claim(broker, "q", 5, LEASE)) == 2
     finally:
         broker.close()
 
@@ -142,8 +143,8 @@ def test_a_child_forked_while_a_parent_thread_holds_the_brokers_locks_is_not_stu
 
         def child() -> bool:
             # Each would wait forever on a lock the parent's thread held at the fork.
-            broker.enqueue([new_task()])
-            return broker.wait_for_work(["q"], 0.0) and len(broker.claim("q", 5, LEASE)) == 1
+            steps.enqueue(broker, [new_task()])
+            return broker.wait_for_work(["q"], 0.0) and len(steps.claim(broker, "q", 5, LEASE)) == 1
 
         assert _in_child(child) == 0
     finally:
@@ -161,7 +162,7 @@ def test_a_forked_child_listens_for_other_processes_wakeups_on_its_own_connectio
 
     def submit_when_listening() -> None:
         if os.read(ready_read, 1):
-            submitter.enqueue([new_task()])  # NOTIFY from another connection
+            steps.enqueue(submitter, [new_task()])  # NOTIFY from another connection
 
     def child() -> bool:
         broker.wait_for_work(["elsewhere"], 0.0)  # starts the child's listener

@@ -20,6 +20,7 @@ from taskgate.brokers.sql.engine import driver_connection, normalize_url
 from taskgate.brokers.sql.prepared import traced
 from taskgate.errors import BrokerError
 from taskgate.task import Filter, Status, Task
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 LEASE = timedelta(seconds=30)
@@ -58,13 +59,13 @@ def test_sqlite_reads_run_on_a_held_connection_in_read_only_transactions(tmp_pat
     in-memory database (one shared connection) holds none."""
     broker = SQLBroker(f"sqlite:///{tmp_path / 'tasks.db'}")
     try:
-        (task,) = broker.enqueue([new_task(business_key="k")])
+        (task,) = steps.enqueue(broker, [new_task(business_key="k")])
         broker.get(task.id)  # opens it
         checkouts: list[None] = []
         event.listen(broker._engine.pool, "checkout", lambda *args: checkouts.append(None))
         assert broker.get(task.id) == task
         assert broker.list(Filter(queue="q")) == [task]
-        assert broker.history("k") == [task]
+        assert steps.history(broker, "k") == [task]
         assert broker.queue_length("q") == 1
         assert checkouts == []
         held = broker._held_reads
@@ -88,11 +89,11 @@ def test_mysql_overlapping_write_transactions_run_on_two_held_connections(mysql_
     cost a ROLLBACK round trip)."""
     broker = SQLBroker(mysql_url)
     try:
-        broker.enqueue([new_task() for _ in range(4)])
+        steps.enqueue(broker, [new_task() for _ in range(4)])
         claimed: list[int] = []
 
         def claim_in_a_thread() -> None:
-            worker = threading.Thread(target=lambda: claimed.append(len(broker.claim("q", 1, LEASE))))
+            worker = threading.Thread(target=lambda: claimed.append(len(steps.claim(broker, "q", 1, LEASE))))
             worker.start()
             worker.join(GUARD)
 
@@ -117,14 +118,14 @@ def test_mysql_stores_a_plain_single_task_by_its_insert_alone(mysql_url):
     (two rows) is still stored in a transaction."""
     broker = SQLBroker(mysql_url)
     try:
-        broker.enqueue([new_task()])  # opens the held connections
+        steps.enqueue(broker, [new_task()])  # opens the held connections
         commits = _commits(broker)
-        (plain,) = broker.enqueue([new_task()])
+        (plain,) = steps.enqueue(broker, [new_task()])
         assert commits == []
-        (keyed,) = broker.enqueue([new_task(business_key="k")])
+        (keyed,) = steps.enqueue(broker, [new_task(business_key="k")])
         assert len(commits) == 1
         assert broker.get(plain.id).status is Status.PENDING
-        assert broker.history("k") == [keyed]
+        assert steps.history(broker, "k") == [keyed]
     finally:
         broker.close()
 
@@ -133,12 +134,12 @@ def test_mysql_reads_of_one_statement_run_in_autocommit_on_the_held_connection(m
     """A read costs its statement alone: no COMMIT or ROLLBACK after it."""
     broker = SQLBroker(mysql_url)
     try:
-        (task,) = broker.enqueue([new_task(business_key="k")])
+        (task,) = steps.enqueue(broker, [new_task(business_key="k")])
         broker.get(task.id)
         commits, rollbacks = _commits(broker), _rollbacks(broker)
         assert broker.get(task.id) == task
         assert broker.list(Filter(queue="q")) == [task]
-        assert broker.history("k") == [task]
+        assert steps.history(broker, "k") == [task]
         assert broker.queue_length("q") == 1
         assert commits == [] and rollbacks == []
     finally:
@@ -148,7 +149,7 @@ def test_mysql_reads_of_one_statement_run_in_autocommit_on_the_held_connection(m
 def test_mysql_a_read_finding_the_held_connection_busy_runs_in_a_transaction(mysql_url):
     broker = SQLBroker(mysql_url)
     try:
-        (task,) = broker.enqueue([new_task()])
+        (task,) = steps.enqueue(broker, [new_task()])
         broker.get(task.id)
         commits = _commits(broker)
         held = broker._held_statements
@@ -169,7 +170,7 @@ def test_mysql_a_lone_insert_through_an_apps_option_view_is_committed(mysql_url)
     app_engine = create_engine(normalize_url(mysql_url)).execution_options(isolation_level="REPEATABLE READ")
     broker = SQLBroker(app_engine)
     try:
-        (task,) = broker.enqueue([new_task()])
+        (task,) = steps.enqueue(broker, [new_task()])
         with app_engine.connect() as other:
             seen = other.execute(text("SELECT status FROM taskgate_tasks WHERE id = :id"), {"id": task.id})
             assert seen.scalar_one() == Status.PENDING.value
@@ -182,13 +183,13 @@ def test_mysql_a_lone_insert_finding_the_held_connection_busy_runs_in_a_transact
     """Not on a pooled connection switched to autocommit and back (a round trip each way)."""
     broker = SQLBroker(mysql_url)
     try:
-        broker.enqueue([new_task()])
+        steps.enqueue(broker, [new_task()])
         commits = _commits(broker)
         held = broker._held_statements
         assert held is not None
         stored: list[Task] = []
         with held.use():  # busy, in another call
-            submitter = threading.Thread(target=lambda: stored.extend(broker.enqueue([new_task()])))
+            submitter = threading.Thread(target=lambda: stored.extend(steps.enqueue(broker, [new_task()])))
             submitter.start()
             submitter.join(GUARD)
         assert len(stored) == 1 and len(commits) == 1
@@ -206,14 +207,14 @@ def test_hot_calls_go_through_while_the_pool_is_lent_out(sql_server):
     try:
         # Each held connection is taken from the pool on first use: a single submit opens the
         # one for statements (PostgreSQL), a submit of two the one for write transactions.
-        broker.enqueue([new_task()])
-        broker.enqueue([new_task(), new_task()])
+        steps.enqueue(broker, [new_task()])
+        steps.enqueue(broker, [new_task(), new_task()])
         with engine.connect() as lent:  # the pool's only connection, in use elsewhere
             lent.execute(text("SELECT 1"))
-            broker.enqueue([new_task()])
-            leases = broker.claim("q", 4, LEASE)
+            steps.enqueue(broker, [new_task()])
+            leases = steps.claim(broker, "q", 4, LEASE)
             assert len(leases) == 4
-            assert broker.ack_many([(lease.task.id, lease.token, None) for lease in leases])
+            assert steps.ack_many(broker, [(lease.task.id, lease.token, None) for lease in leases])
     finally:
         broker.close()
         engine.dispose()
@@ -225,15 +226,15 @@ def test_calls_take_turns_on_one_session_and_a_busy_one_sends_the_call_to_the_po
     sql_server = networked_sql
     broker = SQLBroker(sql_server.url)
     try:
-        (task,) = broker.enqueue([new_task()])
+        (task,) = steps.enqueue(broker, [new_task()])
         held = held_session(broker, sql_server)
-        broker.enqueue([new_task()])
-        broker.claim("q", 1, LEASE)
+        steps.enqueue(broker, [new_task()])
+        steps.claim(broker, "q", 1, LEASE)
         assert held_session(broker, sql_server) == held  # the same session, call after call
 
         answers: list[object] = []
         with hot(broker).use():  # the held connection busy (in another call)
-            submitter = threading.Thread(target=lambda: answers.append(broker.enqueue([new_task()])))
+            submitter = threading.Thread(target=lambda: answers.append(steps.enqueue(broker, [new_task()])))
             submitter.start()
             submitter.join(GUARD)
             assert len(answers) == 1  # did not wait for the held connection: took a pooled one
@@ -248,15 +249,15 @@ def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(ne
     the call that finds it dead fails with `BrokerError`; the next one opens another."""
     broker = SQLBroker(networked_sql.url)
     try:
-        broker.enqueue([new_task()])
+        steps.enqueue(broker, [new_task()])
         dead = held_session(broker, networked_sql)
         networked_sql.terminate(dead)
         with pytest.raises(BrokerError):
-            broker.enqueue([new_task()])
-        broker.enqueue([new_task()])
+            steps.enqueue(broker, [new_task()])
+        steps.enqueue(broker, [new_task()])
         assert held_session(broker, networked_sql) != dead
         assert broker._engine.pool.checkedout() == 0  # the new one is held outside the pool too
-        assert len(broker.claim("q", 3, LEASE)) == 2
+        assert len(steps.claim(broker, "q", 3, LEASE)) == 2
     finally:
         broker.close()
 
@@ -281,7 +282,7 @@ def test_a_held_postgresql_connection_left_mid_request_fails_one_call_and_is_rep
     try:
         if call == "traced get":
             event.listen(broker._engine, "before_cursor_execute", lambda *args: None)
-        (task,) = broker.enqueue([new_task()])
+        (task,) = steps.enqueue(broker, [new_task()])
         held = broker._held_writes if call == "enqueue" else broker._held_statements
         assert held is not None
         with held.use() as conn:
@@ -291,7 +292,7 @@ def test_a_held_postgresql_connection_left_mid_request_fails_one_call_and_is_rep
 
         def run() -> object:
             if call == "enqueue":
-                return broker.enqueue([new_task(), new_task()])
+                return steps.enqueue(broker, [new_task(), new_task()])
             return broker.get(task.id)
 
         with pytest.raises(BrokerError):  # "another command is already in progress", or alike
@@ -308,11 +309,11 @@ def test_a_held_postgresql_connection_left_mid_request_fails_one_call_and_is_rep
 def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked_sql, monkeypatch):
     broker = SQLBroker(networked_sql.url)
     try:
-        broker.enqueue([new_task()])
+        steps.enqueue(broker, [new_task()])
         dead = held_session(broker, networked_sql)
         networked_sql.terminate(dead)
         monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)  # every connection is "idle"
-        broker.enqueue([new_task()])
+        steps.enqueue(broker, [new_task()])
         assert held_session(broker, networked_sql) != dead
     finally:
         broker.close()
@@ -320,7 +321,7 @@ def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked_sq
 
 def test_closing_the_broker_ends_theheld_session(networked_sql):
     broker = SQLBroker(networked_sql.url)
-    (task,) = broker.enqueue([new_task()])
+    (task,) = steps.enqueue(broker, [new_task()])
     helds = (broker._held_statements, broker._held_writes)
     held = {held_session(broker, networked_sql, h) for h in helds if h}
     assert held <= networked_sql.sessions()

@@ -14,6 +14,7 @@ import pytest
 from taskgate.brokers.base import NewTask
 from taskgate.brokers.sql import SQLBroker
 from taskgate.task import Filter, Status
+from taskgate.testing import steps
 
 TASKS = 2000
 WORKERS = 4
@@ -29,11 +30,11 @@ def claim_and_ack(url: str, start: Any, results: Any) -> None:
     try:
         start.wait(timeout=60)
         while True:
-            leases = broker.claim("q", BATCH, timedelta(minutes=5))
+            leases = steps.claim(broker, "q", BATCH, timedelta(minutes=5))
             if not leases and broker.queue_length("q") == 0:
                 break
             for lease in leases:
-                broker.ack(lease.task.id, lease.token, None)
+                steps.ack(broker, lease.task.id, lease.token, None)
                 claimed.append(lease.task.id)
     finally:
         broker.close()
@@ -65,7 +66,7 @@ def run_workers(url: str) -> list[list[str]]:
 def check_each_task_claimed_once(url: str) -> None:
     broker = SQLBroker(url)
     try:
-        broker.enqueue([NewTask(id=f"task-{n:05d}", type="t", queue="q") for n in range(TASKS)])
+        steps.enqueue(broker, [NewTask(id=f"task-{n:05d}", type="t", queue="q") for n in range(TASKS)])
 
         claimed = run_workers(url)
 

@@ -14,12 +14,14 @@ from sqlalchemy import create_engine, event, select
 from sqlalchemy.dialects import mysql
 
 from taskgate.brokers.base import FailureKind
+from taskgate.brokers.params import Claim, Complete, Submit
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.dialects import MySQLTraits
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.errors import BrokerError
 from taskgate.models import models_for
 from taskgate.task import Filter, Task
+from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 LEASE = timedelta(seconds=30)
@@ -30,20 +32,23 @@ def _store_every_kind_of_row(broker: SQLBroker) -> list[str]:
     """Tasks whose rows hold every kind of value a column can: NULLs, empty and binary bytes,
     odd text, whole-second and fractional datetimes, a lease marked for cancel."""
     every_byte = bytes(range(256)) * 40
-    parent, child, empty, _, due_later = broker.enqueue(
+    parent, child, empty, _, due_later = steps.enqueue(
+        broker,
         [
             new_task(payload=every_byte, business_key=ODD_TEXT[:60], max_retry=3),
             new_task(queue="q2", payload=None),
             new_task(payload=b""),
             new_task(payload=ODD_TEXT.encode()),
             new_task(queue="later", run_at=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)),
-        ]
+        ],
     )
-    (blocked,) = broker.enqueue([new_task(depends_on=(parent.id, child.id), ignore_parent_failure=True)])
-    running, done, failed = broker.claim("q", 3, LEASE)
+    (blocked,) = steps.enqueue(
+        broker, [new_task(depends_on=(parent.id, child.id), ignore_parent_failure=True)]
+    )
+    running, done, failed = steps.claim(broker, "q", 3, LEASE)
     broker.cancel(running.task.id)  # running: its lease is marked for cancel
-    broker.ack(done.task.id, done.token, b"\x00result\xff")
-    broker.fail(failed.task.id, failed.token, kind=FailureKind.BUSINESS, error=ODD_TEXT)
+    steps.ack(broker, done.task.id, done.token, b"\x00result\xff")
+    steps.fail(broker, failed.task.id, failed.token, kind=FailureKind.BUSINESS, error=ODD_TEXT)
     return [parent.id, child.id, empty.id, due_later.id, blocked.id]
 
 
@@ -68,7 +73,7 @@ def test_mysql_packed_rows_read_as_the_plain_ones(plain_and_packed):
     for task_id in ids:
         assert packed.get(task_id) == plain.get(task_id)
     key = ODD_TEXT[:60]
-    assert packed.history(key) == plain.history(key) != []
+    assert steps.history(packed, key) == steps.history(plain, key) != []
     assert {t.status for t in every} >= {"pending", "blocked", "running", "completed", "failed"}
     assert any(t.cancel_requested for t in every)
     assert {t.payload for t in every} >= {None, b"", bytes(range(256)) * 40}
@@ -77,8 +82,8 @@ def test_mysql_packed_rows_read_as_the_plain_ones(plain_and_packed):
 def test_mysql_a_packed_claim_leases_the_rows_the_plain_read_finds(plain_and_packed):
     plain, packed = plain_and_packed
     _store_every_kind_of_row(plain)
-    (task,) = plain.enqueue([new_task(queue="fresh", payload=bytes(range(256)), max_retry=2)])
-    (lease,) = packed.claim("fresh", 5, LEASE)
+    (task,) = steps.enqueue(plain, [new_task(queue="fresh", payload=bytes(range(256)), max_retry=2)])
+    (lease,) = steps.claim(packed, "fresh", 5, LEASE)
     assert lease.task == plain.get(task.id)
     assert lease.task.payload == bytes(range(256))
 
@@ -97,11 +102,11 @@ def traced(mysql_url):
 
 def test_mysql_wide_reads_pack_their_small_columns_and_narrow_ones_do_not(traced):
     broker, statements = traced
-    (task,) = broker.enqueue([new_task(payload=b"p")])
+    (task,) = steps.enqueue(broker, [new_task(payload=b"p")])
     statements.clear()
     broker.get(task.id)
     broker.list(Filter(queue="q"))
-    broker.claim("q", 1, LEASE)
+    steps.claim(broker, "q", 1, LEASE)
     broker.counts()
     reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
     wide = [s for s in reads if "JSON_ARRAY(" in s.upper()]
@@ -134,7 +139,7 @@ def _ids_matching(url: str, driver_quotes_lists: bool, ids: list[str]) -> list[s
 def test_mysql_id_lists_match_as_an_in_list_does_whatever_they_hold(mysql_url):
     broker = SQLBroker(mysql_url)
     try:
-        stored = [t.id for t in broker.enqueue([new_task(), new_task(), new_task()])]
+        stored = [t.id for t in steps.enqueue(broker, [new_task(), new_task(), new_task()])]
     finally:
         broker.close()
     odd = "x') OR ('1'='1"  # quoted by the driver, never read as SQL
@@ -148,10 +153,10 @@ def test_mysql_id_lists_match_as_an_in_list_does_whatever_they_hold(mysql_url):
 
 def test_mysql_id_lists_keep_one_statement_text_so_their_statements_run_prepared(traced):
     broker, statements = traced
-    broker.enqueue([new_task() for _ in range(5)])
+    steps.enqueue(broker, [new_task() for _ in range(5)])
     for size in (2, 3):
-        leases = broker.claim("q", size, LEASE)
-        broker.ack_many([(lease.task.id, lease.token, None) for lease in leases])
+        leases = steps.claim(broker, "q", size, LEASE)
+        steps.ack_many(broker, [(lease.task.id, lease.token, None) for lease in leases])
     marks = {s for s in statements if s.lstrip().upper().startswith("UPDATE") and "claims" in s}
     assert len(marks) == 1  # the claims of 2 and of 3 tasks sent the same text
     assert "IN %(p_ids)s" in marks.pop()
@@ -173,12 +178,12 @@ def test_mysql_leases_of_tasks_with_odd_ids_are_stored_under_those_ids(mysql_url
     odd_ids = ['quote\'d "id"', "back\\slash", "ü 中文 🙂", "per%cent %(x)s", "x" * 255]
     broker = SQLBroker(mysql_url)
     try:
-        broker.enqueue([new_task(id=task_id) for task_id in odd_ids])
-        leases = broker.claim("q", len(odd_ids), LEASE)
+        steps.enqueue(broker, [new_task(id=task_id) for task_id in odd_ids])
+        leases = steps.claim(broker, "q", len(odd_ids), LEASE)
         assert sorted(lease.task.id for lease in leases) == sorted(odd_ids)
         assert {broker.get(task_id).status for task_id in odd_ids} == {"running"}
         for lease in leases:  # each lease row holds its task's id and token: the ack finds it
-            assert broker.ack(lease.task.id, lease.token, None).status == "completed"
+            assert steps.ack(broker, lease.task.id, lease.token, None).status == "completed"
         assert {t.status for t in broker.list(Filter())} == {"completed"}
     finally:
         broker.close()
@@ -223,15 +228,15 @@ def test_mysql_a_payload_of_60_percent_of_max_allowed_packet_is_refused_clearly_
     broker, onlooker = small_packet
     size = SMALL_PACKET * 6 // 10  # fits the packet raw, but not once sent as hex
     clear = rf"payload of task big is {size} bytes.*max_allowed_packet is {SMALL_PACKET} bytes"
-    for submit in (broker.enqueue, broker.enqueue_quiet):
+    for snapshots in (True, False):
         with pytest.raises(ValueError, match=clear) as caught:
-            submit([new_task(id="big", payload=b"x" * size)])
+            broker.submit(Submit((new_task(id="big", payload=b"x" * size),), snapshots=snapshots))
         assert not isinstance(caught.value, BrokerError)  # bad input, not a store to retry
     assert onlooker.counts() == {}
 
-    (after,) = broker.enqueue([new_task(payload=b"fits")])
+    (after,) = steps.enqueue(broker, [new_task(payload=b"fits")])
     assert onlooker.get(after.id) == after  # committed, on a sound connection
-    largest = broker.enqueue([new_task(payload=b"y" * (SMALL_PACKET // 2 - 64 * 1024))])
+    largest = steps.enqueue(broker, [new_task(payload=b"y" * (SMALL_PACKET // 2 - 64 * 1024))])
     assert onlooker.get(largest[0].id).payload == largest[0].payload
 
 
@@ -239,20 +244,22 @@ def test_mysql_an_ack_of_a_result_too_large_for_the_server_is_refused_and_change
     small_packet: tuple[SQLBroker, SQLBroker],
 ) -> None:
     broker, onlooker = small_packet
-    (task,) = broker.enqueue([new_task()])
-    (lease,) = broker.claim("q", 1, LEASE)
+    (task,) = steps.enqueue(broker, [new_task()])
+    (lease,) = steps.claim(broker, "q", 1, LEASE)
     too_large = b"r" * (SMALL_PACKET * 6 // 10)
     clear = rf"result of task {task.id} is {len(too_large)} bytes.*max_allowed_packet is {SMALL_PACKET}"
     with pytest.raises(ValueError, match=clear) as caught:
-        broker.ack(task.id, lease.token, too_large)
+        steps.ack(broker, task.id, lease.token, too_large)
     assert not isinstance(caught.value, BrokerError)
     with pytest.raises(ValueError, match=clear):
-        broker.ack_many([(task.id, lease.token, too_large)])
+        steps.ack_many(broker, [(task.id, lease.token, too_large)])
+    with pytest.raises(ValueError, match=clear):  # before the claim it carries
+        broker.claim(Claim("q", 1, LEASE, acks=(Complete(task.id, lease.token, too_large),)))
 
     running = onlooker.get(task.id)
     assert (running.status, running.result) == ("running", None)
-    assert broker.heartbeat(task.id, lease.token, LEASE).cancel_requested is False  # still its lease
-    assert broker.ack(task.id, lease.token, b"small").result == b"small"
+    assert steps.heartbeat(broker, task.id, lease.token, LEASE).cancel_requested is False  # still its lease
+    assert steps.ack(broker, task.id, lease.token, b"small").result == b"small"
 
 
 def test_mysql_a_statement_over_max_allowed_packet_fails_clearly_and_breaks_no_connection(
@@ -265,11 +272,11 @@ def test_mysql_a_statement_over_max_allowed_packet_fails_clearly_and_breaks_no_c
     many = [new_task(payload=b"x" * 60_000) for _ in range(3)]  # one multi-row INSERT of ~360 KB
     for _ in range(2):
         with pytest.raises(ValueError, match=r"larger than this MySQL server's max_allowed_packet"):
-            broker.enqueue(many)
+            steps.enqueue(broker, many)
         assert {t.id for t in onlooker.list(Filter())}.isdisjoint(t.id for t in many)  # none stored
-        (alone,) = broker.enqueue([new_task(payload=b"after")])
+        (alone,) = steps.enqueue(broker, [new_task(payload=b"after")])
         assert onlooker.get(alone.id) == alone
-        two = broker.enqueue([new_task(), new_task()])
+        two = steps.enqueue(broker, [new_task(), new_task()])
         assert [onlooker.get(t.id) for t in two] == two
-        (lease,) = broker.claim("q", 1, LEASE)
-        assert broker.ack(lease.task.id, lease.token, None).status == "completed"
+        (lease,) = steps.claim(broker, "q", 1, LEASE)
+        assert steps.ack(broker, lease.task.id, lease.token, None).status == "completed"

@@ -16,9 +16,11 @@ import pytest
 from sqlalchemy import Connection, create_engine, text
 
 from taskgate.brokers.base import NewTask
+from taskgate.brokers.params import Complete, Settle
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.task import Status
+from taskgate.testing import steps
 
 TTL = timedelta(seconds=30)
 GUARD = 20.0
@@ -63,13 +65,24 @@ def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return thread, outcome
 
 
-@pytest.mark.parametrize("quiet", [False, True], ids=["ack_many", "ack_many_quiet"])
+# The three ways an ack is written: alone with its snapshot (one task at a time), in a batch
+# with snapshots, in a batch without (the group commit's): each must wait and see the child.
+@pytest.mark.parametrize(
+    ("quiet", "batch"),
+    [(False, False), (False, True), (True, False)],
+    ids=["ack", "ack_many", "ack_many_quiet"],
+)
 def test_an_ack_that_waited_for_a_childs_enqueue_wakes_that_child(
-    postgresql_broker: tuple[SQLBroker, str], quiet: bool
+    postgresql_broker: tuple[SQLBroker, str], quiet: bool, batch: bool
 ) -> None:
     broker, url = postgresql_broker
-    broker.enqueue([NewTask(id="parent", type="t", queue="q")])
-    (lease,) = broker.claim("q", 1, TTL)
+    steps.enqueue(
+        broker, [NewTask(id="parent", type="t", queue="q"), NewTask(id="other", type="t", queue="q")]
+    )
+    leases = {lease.task.id: lease for lease in steps.claim(broker, "q", 2, TTL)}
+    acks = [Complete("parent", leases["parent"].token)]
+    if batch:
+        acks.append(Complete("other", leases["other"].token))
     engine = create_engine(normalize_url(url))
     try:
         with engine.connect() as blocker, engine.connect() as watcher:
@@ -79,10 +92,9 @@ def test_an_ack_that_waited_for_a_childs_enqueue_wakes_that_child(
                 text("INSERT INTO taskgate_business_keys (business_key, execution_id) VALUES ('k', 'parent')")
             )
             child = NewTask(id="child", type="t", queue="q", depends_on=("parent",), business_key="k")
-            enqueue, enqueued = _in_thread(lambda: broker.enqueue([child]))
+            enqueue, enqueued = _in_thread(lambda: steps.enqueue(broker, [child]))
             _until(lambda: _lock_waiters(watcher) == 1)
-            ack_many = broker.ack_many_quiet if quiet else broker.ack_many
-            ack, acked = _in_thread(lambda: ack_many([("parent", lease.token, None)]))
+            ack, acked = _in_thread(lambda: broker.settle(Settle(tuple(acks), snapshots=not quiet)))
             _until(lambda: _lock_waiters(watcher) == 2)  # the ack waits on the parent row
             blocker.rollback()  # the enqueue goes on and commits; then the ack goes on
             enqueue.join(GUARD)
@@ -91,5 +103,6 @@ def test_an_ack_that_waited_for_a_childs_enqueue_wakes_that_child(
         engine.dispose()
     assert not isinstance(enqueued[0], Exception), enqueued
     assert enqueued[0][0].status is Status.BLOCKED  # the parent was still running
-    assert acked[0] == [None] if quiet else acked[0][0].status is Status.COMPLETED
+    assert not isinstance(acked[0], Exception), acked
+    assert acked[0][0] is None if quiet else acked[0][0].status is Status.COMPLETED
     assert broker.get("child").status is Status.PENDING, "the ack must see the child it waited for"

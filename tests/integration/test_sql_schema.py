@@ -18,6 +18,7 @@ from taskgate.brokers.sql.engine import normalize_url
 from taskgate.clock import ManualClock
 from taskgate.errors import ConfigError
 from taskgate.models import SCHEMA_REVISION, TABLE_NAMES, build_models
+from taskgate.testing import steps
 
 CONSTRUCTORS = 6
 
@@ -152,9 +153,9 @@ def test_two_prefixes_keep_two_independent_stores(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'two.db'}"
     first, second = SQLBroker(url, table_prefix="a_"), SQLBroker(url, table_prefix="b_")
     try:
-        first.enqueue([NewTask(id="x", type="t", queue="q")])
+        steps.enqueue(first, [NewTask(id="x", type="t", queue="q")])
         assert second.queue_length("q") == 0
-        assert second.enqueue([NewTask(id="x", type="t", queue="q")])[0].id == "x"
+        assert steps.enqueue(second, [NewTask(id="x", type="t", queue="q")])[0].id == "x"
     finally:
         first.close()
         second.close()
@@ -183,19 +184,21 @@ def test_claim_reap_counts_and_history_use_indexes_on_postgresql(postgresql_url:
     engine = create_engine(normalize_url(postgresql_url))
     broker = SQLBroker(engine, clock=clock)
     try:
-        broker.enqueue([NewTask(id=f"t{n:04d}", type=f"type{n % 7}", queue=f"q{n % 5}") for n in range(500)])
+        steps.enqueue(
+            broker, [NewTask(id=f"t{n:04d}", type=f"type{n % 7}", queue=f"q{n % 5}") for n in range(500)]
+        )
         keyed = [NewTask(id=f"k{n}", type="keyed", queue="keyed", business_key=f"key-{n}") for n in range(5)]
-        broker.enqueue(keyed)
+        steps.enqueue(broker, keyed)
         for queue in ("q0", "q1", "q3", "q4"):
-            broker.claim(queue, 100, timedelta(seconds=30))
+            steps.claim(broker, queue, 100, timedelta(seconds=30))
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
         seen = _statements(engine)
-        broker.claim("q2", 5, timedelta(seconds=30))
+        steps.claim(broker, "q2", 5, timedelta(seconds=30))
         clock.advance(60)
         broker.reap(lease_lost_max=3, limit=10)
         broker.counts()
-        broker.history("key-3")
+        steps.history(broker, "key-3")
 
         def plan_of(fragment: str) -> str:
             statement, parameters = next((s, p) for s, p in seen if fragment in s)

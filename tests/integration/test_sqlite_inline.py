@@ -13,12 +13,13 @@ import anyio
 import pytest
 from gate_helpers import GUARD, eventually, make_gate
 
-from taskgate import Status
+from taskgate import Status, Task
 from taskgate.brokers import nowait
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.broker import INLINE_MAX_ROWS
 from taskgate.brokers.sql.engine import SQLITE_BUSY_TIMEOUT
 from taskgate.task import Filter
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, new_task
 
 
@@ -89,19 +90,19 @@ def _busy_timeouts(broker: SQLBroker) -> set[int]:
 
 def test_small_transitions_run_under_no_wait(broker):
     with nowait.no_wait():
-        (stored,) = broker.enqueue([new_task(queue="q")])
-        (lease,) = broker.claim("q", INLINE_MAX_ROWS, TTL)
-        (done,) = broker.ack_many([(lease.task.id, lease.token, b"ok")])
+        (stored,) = steps.enqueue(broker, [new_task(queue="q")])
+        (lease,) = steps.claim(broker, "q", INLINE_MAX_ROWS, TTL)
+        (done,) = steps.ack_many(broker, [(lease.task.id, lease.token, b"ok")])
         again = broker.get(stored.id)
     assert lease.task.id == stored.id
-    assert done.status is Status.COMPLETED and again.result == b"ok"
+    assert isinstance(done, Task) and done.status is Status.COMPLETED and again.result == b"ok"
 
 
 def test_a_write_while_another_process_holds_the_file_answers_would_block_and_changes_nothing(broker, path):
-    (pending,) = broker.enqueue([new_task(queue="q")])
+    (pending,) = steps.enqueue(broker, [new_task(queue="q")])
     with OtherProcessWriting(path):
-        assert isinstance(_attempt(lambda: broker.claim("q", 1, TTL)), nowait.WouldBlock)
-        assert isinstance(_attempt(lambda: broker.enqueue([new_task(queue="q")])), nowait.WouldBlock)
+        assert isinstance(_attempt(lambda: steps.claim(broker, "q", 1, TTL)), nowait.WouldBlock)
+        assert isinstance(_attempt(lambda: steps.enqueue(broker, [new_task(queue="q")])), nowait.WouldBlock)
     assert broker.get(pending.id).status is Status.PENDING
     assert broker.queue_length("q") == 1
     # The attempt's busy_timeout of 0 was the connection's only for that BEGIN.
@@ -109,21 +110,21 @@ def test_a_write_while_another_process_holds_the_file_answers_would_block_and_ch
 
 
 def test_a_write_of_another_thread_of_this_process_answers_would_block(broker):
-    (pending,) = broker.enqueue([new_task(queue="q")])
+    (pending,) = steps.enqueue(broker, [new_task(queue="q")])
     assert broker._writers is not None
     with broker._writers:  # a worker thread's transition holding this process's writer turn
-        assert isinstance(_attempt(lambda: broker.claim("q", 1, TTL)), nowait.WouldBlock)
+        assert isinstance(_attempt(lambda: steps.claim(broker, "q", 1, TTL)), nowait.WouldBlock)
         assert _attempt(lambda: broker.get(pending.id)) is None  # reads take no turn
-    assert broker.claim("q", 1, TTL)[0].task.id == pending.id
+    assert steps.claim(broker, "q", 1, TTL)[0].task.id == pending.id
 
 
 def test_transitions_that_may_take_long_are_never_attempted(broker):
     too_many = [new_task(queue="q") for _ in range(INLINE_MAX_ROWS + 1)]
     refused = {
-        "enqueue of a big batch": lambda: broker.enqueue(too_many),
-        "claim of a big batch": lambda: broker.claim("q", INLINE_MAX_ROWS + 1, TTL),
-        "quota claim of a big batch": lambda: broker.claim_within_quota(
-            "q", INLINE_MAX_ROWS + 1, TTL, key="k", quota_limit=5, period=timedelta(hours=1)
+        "enqueue of a big batch": lambda: steps.enqueue(broker, too_many),
+        "claim of a big batch": lambda: steps.claim(broker, "q", INLINE_MAX_ROWS + 1, TTL),
+        "quota claim of a big batch": lambda: steps.claim_within_quota(
+            broker, "q", INLINE_MAX_ROWS + 1, TTL, key="k", quota_limit=5, period=timedelta(hours=1)
         ),
         "list": lambda: broker.list(Filter()),
         "counts": broker.counts,
@@ -136,7 +137,9 @@ def test_transitions_that_may_take_long_are_never_attempted(broker):
             call()
             pytest.fail(f"{what} ran under no_wait")
     assert broker.counts() == {}
-    assert broker.reserve_quota("k", 5, timedelta(hours=1), 5).granted == 5  # no unit was taken
+    steps.enqueue(broker, [new_task(queue="q") for _ in range(5)])
+    whole = steps.claim_within_quota(broker, "q", 5, TTL, key="k", quota_limit=5, period=timedelta(hours=1))
+    assert len(whole.leases) == 5  # no unit was taken
 
 
 @pytest.mark.anyio

@@ -18,11 +18,13 @@ from sqlalchemy.schema import CreateTable
 
 from taskgate.alembic import SCRIPT_LOCATION
 from taskgate.brokers.base import NewTask
+from taskgate.brokers.params import Claimed
 from taskgate.brokers.sql import SchemaError, SQLBroker
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.migrate import downgrade, main, upgrade
 from taskgate.models import NAMING_CONVENTION, SCHEMA_REVISION, Models, models_for, mount
 from taskgate.task import Filter, Status
+from taskgate.testing import steps
 
 # A fresh, uniquely named PostgreSQL database per test (overlapping test runs cannot collide).
 
@@ -77,7 +79,7 @@ def test_a_migrated_database_serves_a_broker_that_does_not_create_tables(databas
     upgrade(database_url)
     broker = SQLBroker(database_url, create_tables=False)
     try:
-        (task,) = broker.enqueue([NewTask(id="a", type="t", queue="q")])
+        (task,) = steps.enqueue(broker, [NewTask(id="a", type="t", queue="q")])
         assert broker.get("a") == task
     finally:
         broker.close()
@@ -177,16 +179,23 @@ def test_mysql_8_gets_its_own_no_pad_collation_and_mariadb_its_own() -> None:
         assert f"COLLATE {collation}" in ddl and other not in ddl
 
 
+def _claim_metered(broker: SQLBroker, limit: int) -> Claimed:
+    """A claim of queue ``metered`` within the quota ``api`` (10 units an hour)."""
+    hour = timedelta(hours=1)
+    return steps.claim_within_quota(broker, "metered", limit, hour, key="api", quota_limit=10, period=hour)
+
+
 def test_mysql_0002_to_0003_keeps_the_rows_and_tells_trailing_spaces_apart(mysql_url: str) -> None:
     """Rows stored, the schema taken down to 0002 (utf8mb4_bin, which pads) and refused there
     with the command that upgrades it; upgraded, the rows are all there and 'k' and 'k ',
     'jobs' and 'jobs ' are told apart."""
     broker = SQLBroker(mysql_url)
     try:
-        broker.enqueue([NewTask(id="p", type="t", queue="jobs", business_key="k")])
-        (child,) = broker.enqueue([NewTask(id="c", type="t", queue="jobs", depends_on=("p",))])
-        (lease,) = broker.claim("jobs", 5, timedelta(seconds=300))
-        grant = broker.reserve_quota("api", 10, timedelta(hours=1), 3)
+        steps.enqueue(broker, [NewTask(id="p", type="t", queue="jobs", business_key="k")])
+        (child,) = steps.enqueue(broker, [NewTask(id="c", type="t", queue="jobs", depends_on=("p",))])
+        (lease,) = steps.claim(broker, "jobs", 5, timedelta(seconds=300))
+        steps.enqueue(broker, [NewTask(id=f"m{n}", type="t", queue="metered") for n in range(3)])
+        grant = _claim_metered(broker, 3).quota
     finally:
         broker.close()
     downgrade(mysql_url, "0002")
@@ -205,15 +214,19 @@ def test_mysql_0002_to_0003_keeps_the_rows_and_tells_trailing_spaces_apart(mysql
     try:
         assert lease.task.id == "p"
         assert broker.get("c") == child
-        assert broker.history("k") == [broker.get("p")]
-        (padded,) = broker.enqueue([NewTask(id="p ", type="t", queue="jobs ", business_key="k ")])
-        assert broker.history("k ") == [padded]
-        assert [t.id for t in broker.history("k")] == ["p"]
-        assert [held.task.id for held in broker.claim("jobs ", 5, timedelta(seconds=30))] == ["p "]
-        assert broker.ack("p", lease.token, b"done").status is Status.COMPLETED  # the lease row survived
+        assert steps.history(broker, "k") == [broker.get("p")]
+        (padded,) = steps.enqueue(broker, [NewTask(id="p ", type="t", queue="jobs ", business_key="k ")])
+        assert steps.history(broker, "k ") == [padded]
+        assert [t.id for t in steps.history(broker, "k")] == ["p"]
+        assert [held.task.id for held in steps.claim(broker, "jobs ", 5, timedelta(seconds=30))] == ["p "]
+        assert (
+            steps.ack(broker, "p", lease.token, b"done").status is Status.COMPLETED
+        )  # the lease row survived
         assert broker.get("c").status is Status.PENDING  # and the edge: the child woke
-        assert broker.reserve_quota("api", 10, timedelta(hours=1), 10).granted == 10 - grant.granted
-        assert len(broker.list(Filter())) == 3
+        steps.enqueue(broker, [NewTask(id=f"n{n}", type="t", queue="metered") for n in range(10)])
+        assert grant is not None and grant.granted == 3
+        assert len(_claim_metered(broker, 10).leases) == 10 - grant.granted  # the window row survived
+        assert len(broker.list(Filter())) == 16
     finally:
         broker.close()
 
@@ -272,8 +285,8 @@ def test_tables_mount_into_an_application_metadata_next_to_its_own(tmp_path: Pat
 
     broker = SQLBroker(engine, table_prefix="app_tg_", create_tables=False)
     try:
-        broker.enqueue([NewTask(id="a", type="t", queue="q")])
-        assert [lease.task.id for lease in broker.claim("q", 5, timedelta(seconds=30))] == ["a"]
+        steps.enqueue(broker, [NewTask(id="a", type="t", queue="q")])
+        assert [lease.task.id for lease in steps.claim(broker, "q", 5, timedelta(seconds=30))] == ["a"]
     finally:
         broker.close()
     assert set(inspect(engine).get_table_names()) == {"app_users", *(t.name for t in mounted.tables)}

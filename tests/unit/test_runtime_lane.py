@@ -14,6 +14,7 @@ from taskgate.brokers.memory import MemoryBroker
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext
 from taskgate.runtime.outcome import StopReason
+from taskgate.testing import steps
 
 pytestmark = pytest.mark.anyio
 
@@ -22,8 +23,8 @@ TTL = timedelta(seconds=30)
 
 def _contexts(n: int, *, kept: bool = True) -> list[RunContext]:
     broker = MemoryBroker()
-    broker.enqueue([NewTask(id=f"t{i}", type="t", queue="q") for i in range(n)])
-    leases: list[Lease] = broker.claim("q", n, TTL)
+    steps.enqueue(broker, [NewTask(id=f"t{i}", type="t", queue="q") for i in range(n)])
+    leases: list[Lease] = steps.claim(broker, "q", n, TTL)
     calls = BrokerCalls(1)
     return [
         RunContext(lease=lease, broker=broker, calls=calls, ttl=TTL, deadline=5.0, kept=kept)

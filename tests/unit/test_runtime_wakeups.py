@@ -12,6 +12,7 @@ from taskgate.brokers.base import NewTask
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.runtime.signals import Signal
 from taskgate.runtime.wakeups import wait_for_work_forever
+from taskgate.testing import steps
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +61,7 @@ async def test_busy_queues_are_not_asked_about_until_one_goes_idle() -> None:
             runtime.queue_idle.fire()
             await anyio.to_thread.run_sync(runtime.asking.wait, GUARD)
             assert runtime.asked == [["later"]]  # the busy queue is still left out
-            memory.enqueue([NewTask(id="t1", type="t", queue="later")])
+            steps.enqueue(memory, [NewTask(id="t1", type="t", queue="later")])
             await runtime.woken.wait()  # work for the idle queue wakes the schedulers
             tg.cancel_scope.cancel()
     memory.close()

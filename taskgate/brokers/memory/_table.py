@@ -152,13 +152,18 @@ class TaskTable:
         return self._queue_len.get(queue, 0)
 
     def select(self, flt: Filter) -> list[Task]:
-        """Snapshots matching ``flt``, sorted by ``(created_at, id)``, then offset and limit."""
+        """Snapshots matching ``flt``, sorted by ``(created_at, id)``, then offset and limit.
+
+        A business key's executions come from its index in the order they were created,
+        oldest first: that order is the replay chain's, which creation times may tie on (a
+        coarse or manual clock) and ids need not follow.
+        """
         if flt.business_key is not None:
-            candidates = [self.records[i] for i in self.by_key.get(flt.business_key, [])]
+            executions = (self.records[i] for i in self.by_key.get(flt.business_key, ()))
+            matching = [r for r in executions if _matches(r, flt)]
         else:
-            candidates = list(self.records.values())
-        matching = [r for r in candidates if _matches(r, flt)]
-        matching.sort(key=lambda r: (r.created_at, r.id))
+            matching = [r for r in self.records.values() if _matches(r, flt)]
+            matching.sort(key=lambda r: (r.created_at, r.id))
         end = None if flt.limit == 0 else flt.offset + flt.limit
         return [r.snapshot() for r in matching[flt.offset : end]]
 

@@ -3,51 +3,47 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import secrets
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TypeVar
 
 from taskgate.brokers.base import (
-    UNSET,
-    AckItem,
-    AckOutcome,
     Capabilities,
     FailureKind,
     Lease,
     NewTask,
-    QuietAckOutcome,
-    QuotaClaim,
-    QuotaGrant,
-    Renewal,
     SettledSink,
     Unset,
     check_identifier,
 )
-from taskgate.brokers.checks import (
-    check_ack_items,
-    check_bytes,
-    check_claim,
-    check_count,
-    check_duration,
-    check_failure,
-    check_new_tasks,
-    check_queues,
-    check_quota_claim,
-    check_quota_release,
-    check_quota_request,
-    check_retry_delay,
-    check_timeout,
-)
+from taskgate.brokers.checks import check_count, check_queues, check_timeout
 from taskgate.brokers.memory._dependencies import arrival_status, settle_children
 from taskgate.brokers.memory._quota import QuotaBook
 from taskgate.brokers.memory._record import Record
 from taskgate.brokers.memory._table import READY_STATUSES, TaskTable
-from taskgate.brokers.within_quota import claim_within_grant
+from taskgate.brokers.params import (
+    Canceled,
+    Claim,
+    Claimed,
+    Complete,
+    Fail,
+    Finish,
+    GiveBack,
+    Heartbeat,
+    ItemAnswer,
+    Renewal,
+    Replay,
+    Requeue,
+    Retry,
+    Settle,
+    Submit,
+    Submitted,
+)
 from taskgate.clock import Clock, SystemClock, utc
 from taskgate.errors import (
     AlreadyFinalError,
@@ -64,9 +60,11 @@ from taskgate.task import Filter, Status, Task
 
 __all__ = ["MemoryBroker"]
 
-_A = TypeVar("_A")
-
 _CANCELED_ERROR = "canceled"
+
+# All of a memory broker's users share its one process, so there is nothing to share limits
+# across: `Gate` counts workers and rate in the process (``shared_limits`` is False).
+_NO_SHARED_LIMITS = "MemoryBroker has no shared limits (capabilities.shared_limits is False)"
 
 
 class MemoryBroker:
@@ -80,7 +78,7 @@ class MemoryBroker:
     in-memory work, so the runtime calls them on its event loop (``nonblocking=True``).
     """
 
-    capabilities = Capabilities(shared_quota=True, nonblocking=True, quiet_acks=True, quiet_enqueue=True)
+    capabilities = Capabilities(shared_quota=True, nonblocking=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -102,25 +100,22 @@ class MemoryBroker:
 
     # -- tasks: create ---------------------------------------------------------------------
 
-    def enqueue(self, tasks: Sequence[NewTask]) -> builtins.list[Task]:
-        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+    def submit(self, submit: Submit) -> Submitted:
+        """Store ``submit.tasks`` all-or-nothing; their statuses on arrival and, unless
+        ``snapshots`` is False, their snapshots, in the same order.
 
         Besides the protocol's errors: an id already in use, or two tasks of the batch with
         one id or one business key, raise `ValueError`.
         """
-        items = check_new_tasks(tasks)
         with self._cond:
-            return [r.snapshot() for r in self._store_new(items)]
+            records = self._store_new(submit.tasks)
+            statuses = [r.status for r in records]
+            if not submit.snapshots:
+                return Submitted(statuses)  # no snapshot built: a third of a batch's cost
+            return Submitted(statuses, [r.snapshot() for r in records])
 
-    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
-        """`enqueue`, answering each task's status on arrival instead of its snapshot."""
-        items = check_new_tasks(tasks)
-        with self._cond:
-            return [r.status for r in self._store_new(items)]
-
-    def _store_new(self, items: builtins.list[NewTask]) -> builtins.list[Record]:
-        """`enqueue`'s writes of checked ``items``; the caller holds the lock and reads the
-        records in it."""
+    def _store_new(self, items: Sequence[NewTask]) -> builtins.list[Record]:
+        """`submit`'s writes of ``items``; the caller holds the lock and reads the records in it."""
         now = self._now()
         records = self._build_batch(items, now)
         for record in records:
@@ -128,7 +123,7 @@ class MemoryBroker:
         self._signal(r.queue for r in records if r.status in READY_STATUSES)
         return records
 
-    def _build_batch(self, items: builtins.list[NewTask], now: datetime) -> builtins.list[Record]:
+    def _build_batch(self, items: Sequence[NewTask], now: datetime) -> builtins.list[Record]:
         """Records for ``items``, checked against the store and each other; changes nothing."""
         batch: dict[str, Record] = {}
         keys: set[str] = set()
@@ -152,7 +147,7 @@ class MemoryBroker:
             newest = self._table.records[executions[-1]]
             raise TaskExistsError(key, newest.id, newest.status)
         if key in batch_keys:
-            raise ValueError(f"business_key {key!r} appears twice in one enqueue batch")
+            raise ValueError(f"business_key {key!r} appears twice in one submit")
         batch_keys.add(key)
 
     def _parent(self, parent_id: str, batch: dict[str, Record]) -> Record:
@@ -161,30 +156,21 @@ class MemoryBroker:
             raise TaskNotFoundError(f"parent task {parent_id!r} does not exist")
         return found
 
-    def replay(
-        self,
-        execution_id: str,
-        *,
-        new_id: str,
-        allow_completed: bool = False,
-        payload: bytes | Unset | None = UNSET,
-    ) -> Task:
-        """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
+    def replay(self, replay: Replay) -> Task:
+        """Create execution ``replay.new_id`` re-running ``replay.execution_id``, atomically
+        with the checks.
 
         Checks in this order: `TaskNotFoundError`, `ReplayNotFinalError`,
         `AlreadyReplayedError`, `CompletedNotAllowedError`; ``new_id`` in use: `ValueError`.
         """
-        check_identifier(execution_id, what="execution_id")
-        check_identifier(new_id, what="new_id")
-        check_bytes(payload, what="payload", allow_unset=True)
         with self._cond:
             now = self._now()
-            old = self._table.find(execution_id)
-            self._check_replayable(old, allow_completed)
-            self._check_new_id(new_id)
-            record = _replay_record(old, new_id, now, payload, self._table)
+            old = self._table.find(replay.execution_id)
+            self._check_replayable(old, replay.allow_completed)
+            self._check_new_id(replay.new_id)
+            record = _replay_record(old, replay.new_id, now, replay.payload, self._table)
             self._table.add(record)
-            self._table.replayed_by[old.id] = new_id
+            self._table.replayed_by[old.id] = record.id
             if record.status in READY_STATUSES:
                 self._signal([record.queue])
             return record.snapshot()
@@ -208,20 +194,19 @@ class MemoryBroker:
             return self._table.find(task_id).snapshot()
 
     def list(self, filter: Filter) -> builtins.list[Task]:
-        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit.
+
+        With a ``business_key``, only that key's executions are read (an index), oldest first
+        in the order they were created -- ``[]`` for an unknown key.
+        """
         if not isinstance(filter, Filter):
             raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
+        if filter.business_key is not None:
+            # `Filter` leaves its strings unchecked; a key no broker can store is a caller's bug.
+            check_identifier(filter.business_key, what="business_key")
         with self._cond:
             self._check_open()
             return self._table.select(filter)
-
-    def history(self, business_key: str) -> builtins.list[Task]:
-        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
-        check_identifier(business_key, what="business_key")
-        with self._cond:
-            self._check_open()
-            ids = self._table.by_key.get(business_key, [])
-            return [self._table.records[i].snapshot() for i in ids]
 
     def counts(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status, from maintained counters; zero counts are absent."""
@@ -238,31 +223,45 @@ class MemoryBroker:
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
-        """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
-        check_claim(queue, limit, lease_ttl)
-        with self._cond:
+    def claim(self, claim: Claim) -> Claimed:
+        """Complete ``claim.acks`` (answered quietly), then lease up to ``claim.limit`` due
+        tasks of ``claim.queue``, oldest due first (``run_at``, then id) -- one lock hold.
+
+        With ``claim.quota``, each task leased takes one unit of the window, and the units no
+        task took go back before the lock is released. ``claim.shared`` raises `ValueError`
+        (``capabilities.shared_limits`` is False), changing nothing.
+        """
+        if claim.shared is not None:
+            raise ValueError(f"Claim.shared: {_NO_SHARED_LIMITS}")
+        if not claim.acks:
+            with self._cond:  # nothing to settle: the plain lock, the claim's hot path
+                return self._claim_due(claim, self._now(), [])
+        with self._transition:
             now = self._now()
-            return self._lease_all(self._table.start_due(queue, now, limit), now, lease_ttl)
+            acked: builtins.list[ItemAnswer] = []
+            for ack in claim.acks:
+                done = self._settle_item(ack, now)
+                acked.append(done if isinstance(done, Exception) else None)
+            return self._claim_due(claim, now, acked)
 
-    def claim_within_quota(
-        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
-    ) -> QuotaClaim:
-        """`claim` and `reserve_quota` under one lock: a unit of ``key`` per task claimed."""
-        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-        with self._cond:
-            now = self._now()
-            grant = self._quota.reserve(key, quota_limit, period, limit, now)
+    def _claim_due(self, claim: Claim, now: datetime, acked: builtins.list[ItemAnswer]) -> Claimed:
+        """The leasing half of `claim` (under the lock), within its quota when it has one."""
+        quota = claim.quota
+        if quota is None:
+            return Claimed(self._lease_due(claim.queue, claim.limit, claim.lease_ttl, now), acked)
+        grant = self._quota.reserve(quota.key, quota.limit, quota.period, claim.limit, now)
+        if grant.granted <= 0:
+            return Claimed([], acked, quota=grant, exhausted=True)
+        leases = self._lease_due(claim.queue, grant.granted, claim.lease_ttl, now)
+        if len(leases) < grant.granted:
+            # Units are spent only for tasks leased: the rest go back within the same hold.
+            self._quota.release(grant, grant.granted - len(leases))
+            grant = dataclasses.replace(grant, granted=len(leases))
+        return Claimed(leases, acked, quota=grant)
 
-            def claim(n: int) -> builtins.list[Lease]:
-                return self._lease_all(self._table.start_due(queue, now, n), now, lease_ttl)
-
-            return claim_within_grant(grant, claim, self._quota.release)
-
-    def _lease_all(
-        self, records: builtins.list[Record], now: datetime, lease_ttl: timedelta
-    ) -> builtins.list[Lease]:
-        """Lease ``records`` (`TaskTable.start_due` moved them to running): a token each."""
+    def _lease_due(self, queue: str, limit: int, lease_ttl: timedelta, now: datetime) -> builtins.list[Lease]:
+        """Lease up to ``limit`` due tasks of ``queue`` (`TaskTable.start_due`): a token each."""
+        records = self._table.start_due(queue, now, limit)
         expires_at = now + lease_ttl
         leases = []
         for record, token in zip(records, new_tokens(len(records)), strict=True):
@@ -273,126 +272,83 @@ class MemoryBroker:
             leases.append(Lease(task=record.snapshot(), token=token, expires_at=expires_at))
         return leases
 
-    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
+    def heartbeat(self, heartbeat: Heartbeat) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
 
         An expired lease that no reaper took back yet is still held and can be renewed.
+        ``slot_queue`` raises `ValueError`: there are no shared slots to renew.
         """
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
+        if heartbeat.slot_queue is not None:
+            raise ValueError(f"Heartbeat.slot_queue: {_NO_SHARED_LIMITS}")
         with self._cond:
             now = self._now()
-            record = self._held(task_id, token)
-            record.lease_expires_at = now + lease_ttl
+            record = self._holding(heartbeat.task_id, heartbeat.token)
+            record.lease_expires_at = now + heartbeat.lease_ttl
             return Renewal(expires_at=record.lease_expires_at, cancel_requested=record.cancel_requested)
 
-    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
-        """Complete the task with ``result`` and, in the same unit, wake children now ready.
+    def settle(self, settle: Settle) -> builtins.list[ItemAnswer]:
+        """End the runs of ``settle.items`` in ONE lock hold, then give back its quota units;
+        one answer per item, in order.
 
-        A cancel mark does not stop an ack: the work is done, so the task completes.
+        Items are independent: an unknown id or a stale token answers its own item with
+        `TaskNotFoundError`/`LeaseLostError` and changes nothing for it. An item that took
+        effect answers its snapshot, or None when ``snapshots`` is False (none is built).
+        ``give_back.slots`` raises `ValueError` before anything changes: there are no shared
+        slots.
         """
-        check_bytes(result, what="result")
+        give_back = settle.give_back
+        if give_back is not None and give_back.slots:
+            raise ValueError(f"GiveBack.slots: {_NO_SHARED_LIMITS}")
         with self._transition:
             now = self._now()
-            record = self._held(task_id, token)
-            record.result = result
-            self._finish(record, Status.COMPLETED, now)
-            return record.snapshot()
-
-    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
-        """`ack` every ``(task_id, token, result)`` in one lock hold; one answer per item, in order.
-
-        A stale token or unknown id answers its own item with the error `ack` would raise.
-        """
-        return self._ack_each(items, Record.snapshot)
-
-    def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
-        """`ack_many`, answering None instead of the snapshot for each task it completed."""
-        return self._ack_each(items, lambda record: None)
-
-    def _ack_each(
-        self, items: Sequence[AckItem], answer: Callable[[Record], _A]
-    ) -> builtins.list[_A | LeaseLostError | TaskNotFoundError]:
-        """Ack the items in one lock hold: ``answer(record)`` for each task completed (taken
-        inside the lock, before anything else can change the record), the error otherwise."""
-        checked = check_ack_items(items)
-        with self._transition:
-            now = self._now()
-            answers: builtins.list[_A | LeaseLostError | TaskNotFoundError] = []
-            for task_id, token, result in checked:
-                record = self._ack_one(task_id, token, result, now)
-                answers.append(record if isinstance(record, Exception) else answer(record))
+            answers: builtins.list[ItemAnswer] = []
+            for item in settle.items:
+                done = self._settle_item(item, now)
+                if isinstance(done, Exception):
+                    answers.append(done)
+                else:  # the snapshot inside the lock, before anything else can change the record
+                    answers.append(done.snapshot() if settle.snapshots else None)
+            if give_back is not None:
+                self._give_back_quota(give_back)
             return answers
 
-    def _ack_one(
-        self, task_id: str, token: str, result: bytes | None, now: datetime
-    ) -> Record | LeaseLostError | TaskNotFoundError:
+    def _settle_item(self, item: Finish, now: datetime) -> Record | LeaseLostError | TaskNotFoundError:
+        """Apply one settle item (under the lock): its record, or the error it alone met."""
         try:
-            record = self._holding(task_id, token)  # the items were checked by the caller
+            record = self._holding(item.task_id, item.token)
         except (LeaseLostError, TaskNotFoundError) as exc:
             return exc
-        record.result = result
-        self._finish(record, Status.COMPLETED, now)
-        return record
-
-    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
-        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
-
-        If a cancel was requested meanwhile, the failure is still counted and recorded, and
-        the task is canceled (with cascade) instead of retried.
-        """
-        kind, error = check_failure(kind, error)
-        delay = check_retry_delay(delay)
-        with self._transition:
-            now = self._now()
-            record = self._held(task_id, token)
-            _count_failure(record, kind, error)
+        if type(item) is Complete:  # the hot path first: most runs end in a completion
+            # A cancel mark does not stop a completion: the work is done, so the task completes.
+            record.result = item.result
+            self._finish(record, Status.COMPLETED, now)
+        elif isinstance(item, Retry):
+            # Cancel requested meanwhile: the failure still counts, and the task is canceled.
+            _count_failure(record, item.kind, item.error)
             if record.cancel_requested:
                 self._finish(record, Status.CANCELED, now)
             else:
-                record.run_at = now + delay
+                record.run_at = now + item.delay
                 self._table.set_status(record, Status.RETRYING)
                 self._signal([record.queue])
-            return record.snapshot()
-
-    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
-        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
-        kind, error = check_failure(kind, error)
-        with self._transition:
-            now = self._now()
-            record = self._held(task_id, token)
-            _count_failure(record, kind, error)
+        elif isinstance(item, Fail):
+            _count_failure(record, item.kind, item.error)
             self._finish(record, Status.FAILED, now)
-            return record.snapshot()
-
-    def requeue(self, task_id: str, token: str) -> Task:
-        """Put a running task back to ``pending``, due now, touching no counter.
-
-        If a cancel was requested meanwhile, cancels instead (with cascade).
-        """
-        with self._transition:
-            now = self._now()
-            record = self._held(task_id, token)
+        elif isinstance(item, Requeue):
             self._back_to_pending_or_cancel(record, now)
-            return record.snapshot()
-
-    def finish_canceled(self, task_id: str, token: str) -> Task:
-        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
-        with self._transition:
-            now = self._now()
-            record = self._held(task_id, token)
+        else:
+            assert isinstance(item, Canceled)
             record.last_error = _CANCELED_ERROR
             self._finish(record, Status.CANCELED, now)
-            return record.snapshot()
+        return record
 
-    def _held(self, task_id: str, token: str) -> Record:
-        """The record of ``task_id`` if ``token`` is its current lease, else `LeaseLostError`."""
-        check_identifier(task_id, what="task id")
-        if not isinstance(token, str):
-            raise TypeError(f"lease token must be a str, got {type(token).__name__}")
-        return self._holding(task_id, token)
+    def _give_back_quota(self, give_back: GiveBack) -> None:
+        """Return each grant's units to the window it came from (never below 0; under the lock)."""
+        for grant, n in give_back.quota:
+            self._quota.release(grant, n)
 
     def _holding(self, task_id: str, token: str) -> Record:
-        """`_held` of a ``task_id`` and ``token`` already checked."""
+        """The record of ``task_id`` if ``token`` is its current lease, else `LeaseLostError`."""
         record = self._table.find(task_id)
         if record.status is not Status.RUNNING or record.token is None:
             raise LeaseLostError(f"task {task_id} is {record.status.value}; the lease is gone")
@@ -475,31 +431,13 @@ class MemoryBroker:
         with self._cond:
             self._sink = sink
 
-    # -- quota -----------------------------------------------------------------------------
-
-    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
-        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
-
-        ``limit`` must be >= 1, ``n`` >= 0 and ``period`` > 0.
-        """
-        check_quota_request(key, limit, period, n)
-        with self._cond:
-            return self._quota.reserve(key, limit, period, n, self._now())
-
-    def release_quota(self, grant: QuotaGrant, n: int) -> None:
-        """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
-        check_quota_release(grant, n)
-        with self._cond:
-            self._check_open()
-            self._quota.release(grant, n)
-
     # -- wake-ups and lifecycle -------------------------------------------------------------
 
     def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
         """Block up to ``timeout`` seconds until work may be due in ``queues``.
 
-        True at once when a task of ``queues`` is due already (so work enqueued between a
-        claim and this wait is never missed); else True when an enqueue/requeue/retry/wake-up
+        True at once when a task of ``queues`` is due already (so work submitted between a
+        claim and this wait is never missed); else True when a submit/requeue/retry/wake-up
         touches one of ``queues`` or the earliest delayed task falls due (by the broker's
         clock, measured when the wait began). False on timeout, and at once or on wake-up
         once the broker is closed.

@@ -4,45 +4,25 @@ from __future__ import annotations
 
 import builtins
 import functools
-import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-from taskgate.brokers.base import (
-    UNSET,
-    AckItem,
-    AckOutcome,
-    Capabilities,
-    FailureKind,
-    Lease,
-    LimitedClaim,
-    NewTask,
-    QuietAckOutcome,
-    QuotaClaim,
-    QuotaGrant,
-    QuotaSpec,
+from taskgate.brokers.base import Capabilities, SettledSink, Unset, check_identifier
+from taskgate.brokers.checks import check_count, check_queues, check_timeout
+from taskgate.brokers.params import (
+    Claim,
+    Claimed,
+    Heartbeat,
+    ItemAnswer,
     Renewal,
-    SettledSink,
-    Unset,
-    check_identifier,
+    Replay,
+    Settle,
+    Submit,
+    Submitted,
 )
-from taskgate.brokers.checks import (
-    check_ack_items,
-    check_bytes,
-    check_claim,
-    check_count,
-    check_duration,
-    check_failure,
-    check_new_tasks,
-    check_queues,
-    check_quota_claim,
-    check_quota_request,
-    check_retry_delay,
-    check_timeout,
-)
+from taskgate.brokers.redis.claims import claim_call
 from taskgate.brokers.redis.codec import (
     SNAPSHOT_FIELDS,
     arrival_statuses,
@@ -51,7 +31,6 @@ from taskgate.brokers.redis.codec import (
     enqueued,
     enqueued_arrivals,
     from_us,
-    lease_from_values,
     task_from_values,
     to_us,
     ttl_us,
@@ -59,19 +38,16 @@ from taskgate.brokers.redis.codec import (
 from taskgate.brokers.redis.connection import check_timeout as check_socket_timeout
 from taskgate.brokers.redis.connection import open_clients
 from taskgate.brokers.redis.keys import DEFAULT_PREFIX, KeySpace
-from taskgate.brokers.redis.limits import RedisLimits, check_rate, check_tokens
 from taskgate.brokers.redis.replies import unwrap
 from taskgate.brokers.redis.scripts import ScriptBook, redis_errors
+from taskgate.brokers.redis.settles import settle_call
 from taskgate.brokers.redis.waiter import SignalWaiter
 from taskgate.brokers.split import SplitCall
 from taskgate.clock import Clock
-from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
-from taskgate.ids import new_tokens
+from taskgate.errors import BrokerError, TaskNotFoundError
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["RedisBroker"]
-
-log = logging.getLogger("taskgate")
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -106,11 +82,9 @@ class RedisBroker:
 
     capabilities = Capabilities(
         shared_quota=True,
+        shared_limits=True,
         cross_process=True,
-        distributed_limits=True,
         push_wakeups=True,
-        quiet_acks=True,
-        quiet_enqueue=True,
         acks_in_claims=True,
         split_calls=True,
     )
@@ -129,7 +103,6 @@ class RedisBroker:
         self._client = self._clients.main
         self._scripts = ScriptBook(self._client)
         self._waiter = SignalWaiter(self._clients.waits, self._keys, self._run, self._clients.close)
-        self._limits = RedisLimits(self._run, self._client, self._keys)
         self._close_lock = threading.Lock()
         self._closed = False
         self._sink: SettledSink | None = None
@@ -180,11 +153,10 @@ class RedisBroker:
         return request.answer(self._scripts.run(request.script, self._keys.base, request.args))
 
     def split(self, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> SplitCall[T] | None:
-        """Send the request of one of the hot methods (submits, claims, acks, transitions of a
-        running task, cancels, `get`) from the event loop; see
-        `taskgate.brokers.split.SplitCaller`. Anything else, a Cluster or TLS client, or no idle
-        connection for it: None, nothing sent."""
-        if isinstance(method, functools.partial):  # settings bound by the runtime (limits.py)
+        """Send the request of one of the hot verbs (`submit`, `claim`, `settle`, `heartbeat`,
+        `cancel`, `get`) from the event loop; see `taskgate.brokers.split.SplitCaller`. Anything
+        else, a Cluster or TLS client, or no idle connection for it: None, nothing sent."""
+        if isinstance(method, functools.partial):  # arguments bound ahead by a caller
             args, kwargs = (*method.args, *args), {**method.keywords, **kwargs}
             method = method.func
         # Keyed by RedisBroker's own functions: a subclass's override runs whole, in a thread.
@@ -203,55 +175,40 @@ class RedisBroker:
 
     # -- tasks: create ---------------------------------------------------------------------
 
-    def enqueue(self, tasks: Sequence[NewTask]) -> builtins.list[Task]:
-        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+    def submit(self, submit: Submit) -> Submitted:
+        """Store ``submit.tasks`` all-or-nothing (one ``enqueue.lua``); see `Broker.submit`.
 
         Besides the protocol's errors: an id already in use, or two tasks of the batch with
-        one id or one business key, raise `ValueError`.
+        one id or one business key, raise `ValueError`. ``snapshots=False`` builds no snapshot:
+        the script answers each task's arrival alone.
         """
-        return self._call(self._plan_enqueue(tasks))
+        return self._call(self._plan_submit(submit))
 
-    def _plan_enqueue(self, tasks: Sequence[NewTask]) -> _Request[builtins.list[Task]]:
-        items = check_new_tasks(tasks)
-
-        def answer(reply: builtins.list[Any]) -> builtins.list[Task]:
-            return arrived_tasks(items, *enqueued(unwrap(reply))) if reply else []
-
+    def _plan_submit(self, submit: Submit) -> _Request[Submitted]:
+        items = submit.tasks
         if not items:
-            return self._request(None, [], answer)
+            return self._request(None, [], lambda reply: Submitted(statuses=[]))
+        if not submit.snapshots:
+            return self._request("enqueue", enqueue_args(items), _arrival_statuses)
+
+        def answer(reply: builtins.list[Any]) -> Submitted:
+            tasks = arrived_tasks(items, *enqueued(unwrap(reply)))
+            return Submitted(statuses=[task.status for task in tasks], tasks=tasks)
+
         return self._request("enqueue", enqueue_args(items), answer)
 
-    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
-        """`enqueue`, answering each task's status on arrival instead of its snapshot."""
-        return self._call(self._plan_enqueue_quiet(tasks))
-
-    def _plan_enqueue_quiet(self, tasks: Sequence[NewTask]) -> _Request[builtins.list[Status]]:
-        items = check_new_tasks(tasks)
-        if not items:
-            return self._request(None, [], lambda reply: [])
-        return self._request("enqueue", enqueue_args(items), _arrival_statuses)
-
-    def replay(
-        self,
-        execution_id: str,
-        *,
-        new_id: str,
-        allow_completed: bool = False,
-        payload: bytes | Unset | None = UNSET,
-    ) -> Task:
+    def replay(self, replay: Replay) -> Task:
         """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
 
         Checks in this order: `TaskNotFoundError`, `ReplayNotFinalError`,
         `AlreadyReplayedError`, `CompletedNotAllowedError`; ``new_id`` in use: `ValueError`.
         """
-        check_identifier(execution_id, what="execution_id")
-        check_identifier(new_id, what="new_id")
-        check_bytes(payload, what="payload", allow_unset=True)
+        payload = replay.payload
         if isinstance(payload, Unset):
             mode, body = "keep", b""
         else:
             mode, body = ("none", b"") if payload is None else ("bytes", payload)
-        args = [execution_id, new_id, 1 if allow_completed else 0, mode, body]
+        args = [replay.execution_id, replay.new_id, 1 if replay.allow_completed else 0, mode, body]
         (snapshot,) = self._run("replay", args)
         return task_from_values(snapshot)
 
@@ -275,22 +232,22 @@ class RedisBroker:
     def list(self, filter: Filter) -> builtins.list[Task]:
         """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit.
 
+        A business key's executions come oldest first, in the order its list of executions
+        holds them (the replay chain's, whatever the clock said).
+
         Cost: one filter (or none) reads O(log N + page) from its index; several intersect
-        their indexes, O(candidates); a business key reads its executions only.
+        their indexes, O(candidates); a business key alone reads the page of its executions.
         """
         if not isinstance(filter, Filter):
             raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
+        if filter.business_key is not None:
+            check_identifier(filter.business_key, what="business_key")
         args: builtins.list[Any] = [filter.offset, filter.limit]
         for name in ("type", "queue", "status", "business_key"):
             value = getattr(filter, name)
             if value is not None:
                 args.extend([name, str(value)])
         return [task_from_values(snapshot) for snapshot in self._run("list", args)]
-
-    def history(self, business_key: str) -> builtins.list[Task]:
-        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
-        check_identifier(business_key, what="business_key")
-        return [task_from_values(snapshot) for snapshot in self._run("history", [business_key])]
 
     def counts(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status from the ``stats`` HASH; zero counts are absent."""
@@ -313,260 +270,44 @@ class RedisBroker:
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
-        """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
-        return self._call(self._plan_claim(queue, limit, lease_ttl))
+    def claim(self, claim: Claim) -> Claimed:
+        """Lease up to ``claim.limit`` due tasks, oldest due first (``run_at``, then id), with
+        what the claim carries -- acks, a quota, shared limits -- in ONE script (see `claims`).
 
-    def _plan_claim(self, queue: str, limit: int, lease_ttl: timedelta) -> _Request[builtins.list[Lease]]:
-        check_claim(queue, limit, lease_ttl)
-        return self._request("claim", [queue, ttl_us(lease_ttl), *new_tokens(limit)], _leases)
-
-    def claim_within_quota(
-        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
-    ) -> QuotaClaim:
-        """`claim` and `reserve_quota` in one script: a unit of ``key`` per task claimed."""
-        return self._call(
-            self._plan_claim_within_quota(
-                queue, limit, lease_ttl, key=key, quota_limit=quota_limit, period=period
-            )
-        )
-
-    def _plan_claim_within_quota(
-        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
-    ) -> _Request[QuotaClaim]:
-        args = _quota_claim_args(queue, limit, lease_ttl, key, quota_limit, period)
-        return self._request(
-            "claim_quota", args, lambda reply: _quota_claimed(unwrap(reply), key, quota_limit, period)
-        )
-
-    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
-        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
-
-        An expired lease that no reaper took back yet is still held and can be renewed.
+        Shared limits: each lease holds one of the queue's ``workers`` slots under its token,
+        expiring with the lease; ``release`` slots go back first; claimers with an id take
+        turns at slots given back (``claim_limited.lua``). Acks are written quietly first; a
+        claim part that fails after them answers `Claimed.failed`, the acks standing.
         """
-        return self._call(self._plan_heartbeat(task_id, token, lease_ttl))
+        return self._call(self._plan_claim(claim))
 
-    def _plan_heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> _Request[Renewal]:
-        _check_lease(task_id, token)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        return self._request("heartbeat", [task_id, token, ttl_us(lease_ttl)], _renewal)
+    def _plan_claim(self, claim: Claim) -> _Request[Claimed]:
+        return self._request(*claim_call(claim))
 
-    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
-        """Complete the task with ``result`` and, in the same script, wake children now ready.
+    def settle(self, settle: Settle) -> builtins.list[ItemAnswer]:
+        """End the runs of ``settle.items`` and give back ``settle.give_back`` in ONE script
+        (see `settles`); one answer per item, in order -- its snapshot (None without
+        snapshots) or its own `LeaseLostError`/`TaskNotFoundError`.
 
-        A cancel mark does not stop an ack: the work is done, so the task completes.
+        A cancel mark does not stop a `Complete`: the work is done, so the task completes.
         """
-        return self._call(self._plan_ack(task_id, token, result))
+        return self._call(self._plan_settle(settle))
 
-    def _plan_ack(self, task_id: str, token: str, result: bytes | None) -> _Request[Task]:
-        _check_lease(task_id, token)
-        check_bytes(result, what="result")
-        return self._transition("ack", [task_id, token, 0 if result is None else 1, result or b""])
+    def _plan_settle(self, settle: Settle) -> _Request[builtins.list[ItemAnswer]]:
+        return self._request(*settle_call(settle))
 
-    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
-        """`ack` every ``(task_id, token, result)`` in ONE script; one answer per item, in order.
+    def heartbeat(self, heartbeat: Heartbeat) -> Renewal:
+        """Extend the lease to ``now + lease_ttl`` -- with ``slot_queue``, the slot it holds
+        there too, in the same script -- and report a requested cancel and a lost slot.
 
-        A stale token or unknown id answers its own item with the error `ack` would raise.
+        An expired lease that no reaper took back yet is still held and can be renewed; an
+        expired slot is not (another holder may have its capacity): ``slot_lost``.
         """
-        return self._call(self._plan_ack_many(items))
+        return self._call(self._plan_heartbeat(heartbeat))
 
-    def _plan_ack_many(self, items: Sequence[AckItem]) -> _Request[builtins.list[AckOutcome]]:
-        return self._acks("snapshots", items, _ack_answer)
-
-    def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
-        """`ack_many`, answering None instead of the snapshot for each task it completed: the
-        script reads each task's status fields alone and its reply carries no task."""
-        return self._call(self._plan_ack_many_quiet(items))
-
-    def _plan_ack_many_quiet(self, items: Sequence[AckItem]) -> _Request[builtins.list[QuietAckOutcome]]:
-        return self._acks("quiet", items, _quiet_ack_answer)
-
-    def _acks(
-        self, mode: str, items: Sequence[AckItem], each: Callable[[Any], T]
-    ) -> _Request[builtins.list[T]]:
-        args = _ack_many_args(mode, items)
-
-        def answer(reply: builtins.list[Any]) -> builtins.list[T]:
-            return [each(item) for item in unwrap(reply)] if reply else []
-
-        return self._request("ack_many" if args[1] else None, args, answer)
-
-    def claim_after_acks(
-        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
-    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]:
-        """`ack_many_quiet` of ``items``, then `claim` of ``queue``: one script, one round trip.
-
-        A claim that fails once the acks are written is logged and answered with None.
-        """
-        return self._call(self._plan_claim_after_acks(items, queue, limit, lease_ttl))
-
-    def _plan_claim_after_acks(
-        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
-    ) -> _Request[tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]]:
-        acks = _ack_many_args("quiet", items)
-        check_claim(queue, limit, lease_ttl)
-        claim = [queue, ttl_us(lease_ttl), *new_tokens(limit)]
-        return self._after_acks("ack_claim", acks, claim, _claimed_leases)
-
-    def claim_within_quota_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        key: str,
-        quota_limit: int,
-        period: timedelta,
-    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]:
-        """`ack_many_quiet` of ``items``, then `claim_within_quota`: one script, one round trip.
-
-        A claim that fails once the acks are written is logged and answered with None.
-        """
-        return self._call(
-            self._plan_claim_within_quota_after_acks(
-                items, queue, limit, lease_ttl, key=key, quota_limit=quota_limit, period=period
-            )
-        )
-
-    def _plan_claim_within_quota_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        key: str,
-        quota_limit: int,
-        period: timedelta,
-    ) -> _Request[tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]]:
-        acks = _ack_many_args("quiet", items)
-        claim = _quota_claim_args(queue, limit, lease_ttl, key, quota_limit, period)
-        return self._after_acks(
-            "ack_claim_quota", acks, claim, lambda values: _quota_claimed(values, key, quota_limit, period)
-        )
-
-    def claim_with_limits_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> tuple[builtins.list[QuietAckOutcome], LimitedClaim | None]:
-        """`ack_many_quiet` of ``items``, then `claim_with_limits`: one script, one round trip.
-
-        A claim that fails once the acks are written is logged and answered with None (the
-        slots of ``release`` may not be back).
-        """
-        return self._call(
-            self._plan_claim_with_limits_after_acks(
-                items,
-                queue,
-                capacity,
-                limit,
-                lease_ttl,
-                rps=rps,
-                burst=burst,
-                quota=quota,
-                release=release,
-                claimer=claimer,
-            )
-        )
-
-    def _plan_claim_with_limits_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> _Request[tuple[builtins.list[QuietAckOutcome], LimitedClaim | None]]:
-        acks = _ack_many_args("quiet", items)
-        claim = _limited_claim_args(queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer)
-        return self._after_acks(
-            "ack_claim_limited", acks, claim, lambda values: _limited_claim(values, quota)
-        )
-
-    def _after_acks(
-        self,
-        chain: str,
-        acks: Sequence[Any],
-        claim: Sequence[Any],
-        claimed: Callable[[builtins.list[Any]], T],
-    ) -> _Request[tuple[builtins.list[QuietAckOutcome], T | None]]:
-        """Plan ``chain`` (quiet ``ack_many``, then a claim): the acks' answers and the claim's
-        answer (``claimed`` of its values), None when the claim failed after the acks were written."""
-
-        def answer(reply: builtins.list[Any]) -> tuple[builtins.list[QuietAckOutcome], T | None]:
-            acked, *claim_reply = reply
-            answers = [_quiet_ack_answer(item) for item in unwrap(acked)]
-            (claim_values,) = claim_reply  # the acks answered "ok": the claim ran
-            if claim_values[0] != b"ok":
-                log.warning("the claim after %d ack(s) failed: %s", len(answers), _failure_text(claim_values))
-                return answers, None
-            return answers, claimed(unwrap(claim_values))
-
-        return self._request(chain, [len(acks), *acks, *claim], answer)
-
-    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
-        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
-
-        If a cancel was requested meanwhile, the failure is still counted and recorded, and
-        the task is canceled (with cascade) instead of retried.
-        """
-        return self._call(self._plan_retry(task_id, token, kind=kind, error=error, delay=delay))
-
-    def _plan_retry(
-        self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta
-    ) -> _Request[Task]:
-        _check_lease(task_id, token)
-        kind, error = check_failure(kind, error)
-        delay = check_retry_delay(delay)
-        return self._transition("retry", [task_id, token, kind.value, error, ttl_us(delay)])
-
-    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
-        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
-        return self._call(self._plan_fail(task_id, token, kind=kind, error=error))
-
-    def _plan_fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> _Request[Task]:
-        _check_lease(task_id, token)
-        kind, error = check_failure(kind, error)
-        return self._transition("fail", [task_id, token, kind.value, error])
-
-    def requeue(self, task_id: str, token: str) -> Task:
-        """Put a running task back to ``pending``, due now, touching no counter.
-
-        If a cancel was requested meanwhile, cancels instead (with cascade).
-        """
-        return self._call(self._plan_requeue(task_id, token))
-
-    def _plan_requeue(self, task_id: str, token: str) -> _Request[Task]:
-        _check_lease(task_id, token)
-        return self._transition("requeue", [task_id, token])
-
-    def finish_canceled(self, task_id: str, token: str) -> Task:
-        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
-        return self._call(self._plan_finish_canceled(task_id, token))
-
-    def _plan_finish_canceled(self, task_id: str, token: str) -> _Request[Task]:
-        _check_lease(task_id, token)
-        return self._transition("finish_canceled", [task_id, token])
-
-    def _transition(self, name: str, args: Sequence[Any]) -> _Request[Task]:
-        return self._request(name, args, _one_task)
+    def _plan_heartbeat(self, heartbeat: Heartbeat) -> _Request[Renewal]:
+        args = [heartbeat.task_id, heartbeat.token, ttl_us(heartbeat.lease_ttl), heartbeat.slot_queue or ""]
+        return self._request("heartbeat", args, _renewal)
 
     # -- tasks: anyone's transitions -------------------------------------------------------
 
@@ -581,7 +322,7 @@ class RedisBroker:
 
     def _plan_cancel(self, task_id: str) -> _Request[Task]:
         check_identifier(task_id, what="task id")
-        return self._transition("cancel", [task_id])
+        return self._request("cancel", [task_id], _one_task)
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
@@ -592,85 +333,6 @@ class RedisBroker:
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
         return [task_from_values(snapshot) for snapshot in self._run("reap", [lease_lost_max, limit])]
-
-    # -- quota and distributed limits (see limits.py) --------------------------------------
-
-    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
-        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
-
-        Fails closed: Redis unreachable raises `BrokerError`, never a grant.
-        """
-        return self._limits.reserve_quota(key, limit, period, n)
-
-    def release_quota(self, grant: QuotaGrant, n: int) -> None:
-        """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
-        self._limits.release_quota(grant, n)
-
-    def acquire_slots(self, queue: str, capacity: int, n: int, ttl: timedelta) -> builtins.list[str]:
-        """Take up to ``n`` of the queue's ``capacity`` slots (global), each expiring after ``ttl``."""
-        return self._limits.acquire_slots(queue, capacity, n, ttl)
-
-    def claim_with_limits(
-        self,
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> LimitedClaim:
-        """Claim up to ``limit`` due tasks, each under one of the queue's ``capacity`` global
-        slots, taking per task claimed a start of the queue's global rate (``rps`` > 0) and a
-        unit of ``quota`` -- one script, spent only for tasks claimed. Each slot's token is its
-        lease's token and expires with the lease (renew and release it by that token).
-        The slots of ``release`` are given back first, in the same script; claimers with a
-        ``claimer`` id take turns at slots (see claim_limited.lua)."""
-        return self._call(
-            self._plan_claim_with_limits(
-                queue,
-                capacity,
-                limit,
-                lease_ttl,
-                rps=rps,
-                burst=burst,
-                quota=quota,
-                release=release,
-                claimer=claimer,
-            )
-        )
-
-    def _plan_claim_with_limits(
-        self,
-        queue: str,
-        capacity: int,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        rps: float = 0.0,
-        burst: int = 0,
-        quota: QuotaSpec | None = None,
-        release: Sequence[str] = (),
-        claimer: str = "",
-    ) -> _Request[LimitedClaim]:
-        args = _limited_claim_args(queue, capacity, limit, lease_ttl, rps, burst, quota, release, claimer)
-        return self._request("claim_limited", args, lambda reply: _limited_claim(unwrap(reply), quota))
-
-    def renew_slots(self, queue: str, tokens: Sequence[str], ttl: timedelta) -> builtins.list[str]:
-        """Extend held slots to ``now + ttl``; returns the tokens that were no longer held."""
-        return self._limits.renew_slots(queue, tokens, ttl)
-
-    def release_slots(self, queue: str, tokens: Sequence[str]) -> None:
-        """Give slots back; a token not held is ignored (released at most once)."""
-        self._check_open()
-        self._limits.release_slots(queue, tokens)
-
-    def take_rate(self, queue: str, rps: float, burst: int, n: int) -> tuple[int, float]:
-        """Take up to ``n`` starts from the queue's global GCRA limiter: ``(granted, retry_after)``."""
-        return self._limits.take_rate(queue, rps, burst, n)
 
     # -- what transitions settle on their own -----------------------------------------------
 
@@ -685,7 +347,7 @@ class RedisBroker:
     def wait_for_work(self, queues: Collection[str], timeout: float) -> bool:
         """Block up to ``timeout`` seconds until work may be due in ``queues``.
 
-        True when an enqueue/requeue/retry/wake-up in any process signalled one of
+        True when a submit/requeue/retry/wake-up in any process signalled one of
         ``queues``, or when the earliest delayed task of one of them fell due (by the
         broker's clock, measured when the wait began); False on timeout, and within a
         fraction of a second once the broker is closed.
@@ -725,147 +387,18 @@ def _reporting(
     return answered
 
 
-def _leases(reply: builtins.list[Any]) -> builtins.list[Lease]:
-    return [lease_from_values(snapshot) for snapshot in unwrap(reply)]
-
-
-def _claimed_leases(values: builtins.list[Any]) -> builtins.list[Lease]:
-    return [lease_from_values(snapshot) for snapshot in values]
-
-
-def _arrival_statuses(reply: builtins.list[Any]) -> builtins.list[Status]:
-    return arrival_statuses(enqueued_arrivals(unwrap(reply)))
+def _arrival_statuses(reply: builtins.list[Any]) -> Submitted:
+    return Submitted(statuses=arrival_statuses(enqueued_arrivals(unwrap(reply))))
 
 
 def _renewal(reply: builtins.list[Any]) -> Renewal:
-    until, cancel = unwrap(reply)
-    return Renewal(expires_at=from_us(until), cancel_requested=cancel == b"1")
+    until, cancel, slot_lost = unwrap(reply)
+    return Renewal(expires_at=from_us(until), cancel_requested=cancel == b"1", slot_lost=slot_lost == 1)
 
 
 def _one_task(reply: builtins.list[Any]) -> Task:
     (snapshot,) = unwrap(reply)
     return task_from_values(snapshot)
-
-
-def _limited_claim_args(
-    queue: str,
-    capacity: int,
-    limit: int,
-    lease_ttl: timedelta,
-    rps: float,
-    burst: int,
-    quota: QuotaSpec | None,
-    release: Sequence[str],
-    claimer: str,
-) -> builtins.list[Any]:
-    """The arguments of ``claim_limited`` after ``now`` (checked: bad input raises here)."""
-    check_identifier(queue, what="queue")
-    check_identifier(claimer, what="claimer", allow_empty=True)
-    released = check_tokens(release)
-    check_count(capacity, what="slot capacity", minimum=1)
-    check_count(limit, what="claim limit", minimum=1)
-    check_duration(lease_ttl, what="lease_ttl", positive=True)
-    rate, size = check_rate(rps, burst)
-    if quota is not None:
-        check_quota_request(quota.key, quota.limit, quota.period, 0)
-    quota_args = ["", 0, 0] if quota is None else [quota.key, quota.limit, ttl_us(quota.period)]
-    return [
-        queue,
-        capacity,
-        ttl_us(lease_ttl),
-        repr(rate),
-        size,
-        *quota_args,
-        claimer,
-        len(released),
-        *released,
-        *new_tokens(limit),
-    ]
-
-
-def _limited_claim(reply: Sequence[Any], quota: QuotaSpec | None) -> LimitedClaim:
-    """A ``claim_limited`` reply (after "ok") as a `LimitedClaim`."""
-    retry_after, start_us, left, *snapshots = reply
-    leases = [lease_from_values(snapshot) for snapshot in snapshots]
-    return LimitedClaim(
-        leases=leases,
-        retry_after=float(retry_after),
-        quota=_quota_claim(quota, start_us, int(left), leases),
-    )
-
-
-def _quota_claim(
-    quota: QuotaSpec | None, start_us: Any, left: int, leases: builtins.list[Lease]
-) -> QuotaClaim | None:
-    """The quota side of a ``claim_limited`` reply (None when no quota was asked for)."""
-    if quota is None:
-        return None
-    start = from_us(start_us)
-    grant = QuotaGrant(
-        key=quota.key,
-        window_start=start,
-        window_end=start + quota.period,
-        granted=len(leases),
-        limit=quota.limit,
-    )
-    return QuotaClaim(leases=leases, grant=grant, exhausted=left <= 0)
-
-
-def _check_lease(task_id: object, token: object) -> None:
-    check_identifier(task_id, what="task id")
-    if not isinstance(token, str):
-        raise TypeError(f"lease token must be a str, got {type(token).__name__}")
-
-
-def _ack_answer(reply: Sequence[Any]) -> AckOutcome:
-    """One item of an ack_many reply: the snapshot, or the error of that item alone."""
-    try:
-        (snapshot,) = unwrap(reply)
-    except (LeaseLostError, TaskNotFoundError) as exc:
-        return exc
-    return task_from_values(snapshot)
-
-
-def _quota_claim_args(
-    queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
-) -> builtins.list[Any]:
-    """The arguments of ``claim_quota`` after ``now`` (checked: bad input raises here)."""
-    check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-    return [queue, ttl_us(lease_ttl), key, quota_limit, ttl_us(period), *new_tokens(limit)]
-
-
-def _quota_claimed(reply: Sequence[Any], key: str, quota_limit: int, period: timedelta) -> QuotaClaim:
-    """A ``claim_quota`` reply (after "ok") as a `QuotaClaim`."""
-    start_us, left, *snapshots = reply
-    start = from_us(start_us)
-    claimed = [lease_from_values(snapshot) for snapshot in snapshots]
-    grant = QuotaGrant(
-        key=key, window_start=start, window_end=start + period, granted=len(claimed), limit=quota_limit
-    )
-    return QuotaClaim(leases=claimed, grant=grant, exhausted=int(left) <= 0)
-
-
-def _ack_many_args(mode: str, items: Sequence[AckItem]) -> builtins.list[Any]:
-    """The arguments of ``ack_many`` after ``now`` (checked: bad items raise here)."""
-    checked = check_ack_items(items)
-    args: builtins.list[Any] = [mode, len(checked)]
-    for task_id, token, result in checked:
-        args.extend([task_id, token, 0 if result is None else 1, result or b""])
-    return args
-
-
-def _failure_text(reply: Sequence[Any]) -> str:
-    """The second part of a chained script that raised: ``{"failed", message}`` as text."""
-    return " ".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in reply)
-
-
-def _quiet_ack_answer(reply: Sequence[Any]) -> QuietAckOutcome:
-    """One item of a quiet ack_many reply: None for a completed task, or that item's error."""
-    try:
-        unwrap(reply)
-    except (LeaseLostError, TaskNotFoundError) as exc:
-        return exc
-    return None
 
 
 def _flat_list(reply: Any) -> builtins.list[bytes]:
@@ -880,27 +413,8 @@ def _pairs(reply: Any) -> builtins.list[tuple[bytes, bytes]]:
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
-# The methods `RedisBroker.split` sends from the event loop, each with the plan of its call.
+# The verbs `RedisBroker.split` sends from the event loop, each with the plan of its call.
 _SPLIT_PLANS: dict[object, Callable[..., _Request[Any]]] = {
     getattr(RedisBroker, name): getattr(RedisBroker, f"_plan_{name}")
-    for name in (
-        "get",
-        "enqueue",
-        "enqueue_quiet",
-        "claim",
-        "claim_within_quota",
-        "heartbeat",
-        "ack",
-        "ack_many",
-        "ack_many_quiet",
-        "claim_after_acks",
-        "claim_within_quota_after_acks",
-        "claim_with_limits_after_acks",
-        "retry",
-        "fail",
-        "requeue",
-        "finish_canceled",
-        "cancel",
-        "claim_with_limits",
-    )
+    for name in ("get", "submit", "claim", "settle", "heartbeat", "cancel")
 }

@@ -40,32 +40,22 @@ __all__ = [
 ]
 
 SCRIPT_NAMES = (
-    "ack",
     "ack_many",
     "cancel",
     "claim",
     "claim_limited",
     "claim_quota",
     "enqueue",
-    "fail",
-    "finish_canceled",
     "heartbeat",
-    "history",
     "list",
     "next_due",
-    "quota_release",
-    "quota_reserve",
-    "rate_take",
     "reap",
     "replay",
-    "requeue",
-    "retry",
-    "slots_acquire",
-    "slots_renew",
+    "settle",
 )
 
 # Scripts that only read: registered 'no-writes', so Redis runs them when its memory is full.
-READ_ONLY = frozenset({"history", "list", "next_due"})
+READ_ONLY = frozenset({"list", "next_due"})
 
 # Scripts made of two: the first's body, then -- only when it answered "ok" -- the second's,
 # in one FCALL (see ``lua/_chain.lua``).

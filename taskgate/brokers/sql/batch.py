@@ -1,4 +1,4 @@
-"""Batched worker writes: `ack_many`, many acks in one transaction with set-based statements.
+"""Batched worker writes: many acks (`Complete` items) in one transaction with set-based statements.
 
 The statements do not grow with the batch: one locking SELECT of the tasks with their leases
 (in id order, like every other multi-row lock, so two batches cannot deadlock on each other),
@@ -12,61 +12,57 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Delete, Select, Update, and_, bindparam, delete, select, update
 
-from taskgate.brokers.base import AckItem, AckOutcome, QuietAckOutcome
+from taskgate.brokers.params import Complete, ItemAnswer
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import chunks, snapshot, status_values
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.models import Models
-from taskgate.task import Status, Task
+from taskgate.task import Status
 
-__all__ = ["ack_many", "ack_many_quiet"]
-
-AckError = LeaseLostError | TaskNotFoundError
+__all__ = ["ack_many"]
 
 
-def ack_many(tx: Tx, items: Sequence[AckItem]) -> list[AckOutcome]:
-    """Complete every item whose token holds its task; answer the others with their error."""
-    return cast(list[AckOutcome], _ack_many(tx, items, snapshots=True))
+def ack_many(tx: Tx, items: Sequence[Complete], *, snapshots: bool) -> list[ItemAnswer]:
+    """Complete every item whose token holds its task; answer the others with their error.
 
-
-def ack_many_quiet(tx: Tx, items: Sequence[AckItem]) -> list[QuietAckOutcome]:
-    """`ack_many`, answering None instead of the snapshot for each task it completed: the
-    tasks are locked and written by their ids alone, no row is read back."""
-    return cast(list[QuietAckOutcome], _ack_many(tx, items, snapshots=False))
-
-
-def _ack_many(tx: Tx, items: Sequence[AckItem], *, snapshots: bool) -> list[Task | AckError | None]:
-    if tx.traits.dml_ctes and len({task_id for task_id, _, _ in items}) == len(items):
+    ``snapshots=False`` answers None instead of the snapshot for each task it completed: the
+    tasks are locked and written by their ids alone, no row is read back (on MySQL through
+    PyMySQL, parsing the rows was most of an ack).
+    """
+    if tx.traits.dml_ctes and len({item.task_id for item in items}) == len(items):
         return _ack_many_in_one_statement(tx, items, snapshots)
-    held = _lock_held(tx, sorted({task_id for task_id, _, _ in items}), snapshots)
+    held = _lock_held(tx, sorted({item.task_id for item in items}), snapshots)
     winners: dict[str, int] = {}  # task id -> index of the item that completes it
-    for n, (task_id, token, _) in enumerate(items):
-        row = held.get(task_id)
-        if row is not None and task_id not in winners and secrets.compare_digest(row["token"], token):
-            winners[task_id] = n
+    for n, item in enumerate(items):
+        row = held.get(item.task_id)
+        if (
+            row is not None
+            and item.task_id not in winners
+            and secrets.compare_digest(row["token"], item.token)
+        ):
+            winners[item.task_id] = n
     final = {**status_values(Status.COMPLETED), "finished_at": tx.now}
     _complete(tx, [items[n] for n in winners.values()], final)
-    losers = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in held])
-    answers: list[Task | AckError | None] = []
-    for n, (task_id, _, result) in enumerate(items):
-        if winners.get(task_id) != n:
-            answers.append(_lost(task_id, _status_now(task_id, winners, held, losers)))
+    losers = _statuses(tx, [item.task_id for item in items if item.task_id not in held])
+    answers: list[ItemAnswer] = []
+    for n, item in enumerate(items):
+        if winners.get(item.task_id) != n:
+            answers.append(_lost(item.task_id, _status_now(item.task_id, winners, held, losers)))
         elif snapshots:
-            answers.append(snapshot(held[task_id], {**final, "result": result, "cancel_requested": False}))
+            values = {**final, "result": item.result, "cancel_requested": False}
+            answers.append(snapshot(held[item.task_id], values))
         else:
             answers.append(None)
     return answers
 
 
-def _ack_many_in_one_statement(
-    tx: Tx, items: Sequence[AckItem], snapshots: bool
-) -> list[Task | AckError | None]:
+def _ack_many_in_one_statement(tx: Tx, items: Sequence[Complete], snapshots: bool) -> list[ItemAnswer]:
     """`ack_many` of distinct tasks with the lock, the token check, the lease DELETE and the
     task UPDATE in ONE statement (data-modifying CTEs); the children are settled after it.
 
@@ -75,21 +71,21 @@ def _ack_many_in_one_statement(
     """
     now = tx.now
     params = {
-        "p_ids": [task_id for task_id, _, _ in items],
-        "p_tokens": [token for _, token, _ in items],
-        "p_results": [result for _, _, result in items],
+        "p_ids": [item.task_id for item in items],
+        "p_tokens": [item.token for item in items],
+        "p_results": [item.result for item in items],
         "p_now": now,
     }
     done = {row["id"]: row for row in tx.fetch(_complete_held(tx.models, tx.traits, snapshots), params)}
     settle_children(tx, [(task_id, Status.COMPLETED) for task_id in sorted(done)])
-    others = _statuses(tx, [task_id for task_id, _, _ in items if task_id not in done])
+    others = _statuses(tx, [item.task_id for item in items if item.task_id not in done])
     return [
-        _lost(task_id, others.get(task_id))
-        if task_id not in done
-        else snapshot(done[task_id])
+        _lost(item.task_id, others.get(item.task_id))
+        if item.task_id not in done
+        else snapshot(done[item.task_id])
         if snapshots
         else None
-        for task_id, _, _ in items
+        for item in items
     ]
 
 
@@ -113,16 +109,16 @@ def _lock_held(tx: Tx, ids: list[str], whole_rows: bool) -> dict[str, Mapping[st
     return found
 
 
-def _complete(tx: Tx, items: list[AckItem], final: dict[str, Any]) -> None:
+def _complete(tx: Tx, items: list[Complete], final: dict[str, Any]) -> None:
     """Delete the leases, write status and results, and settle the children of ``items``."""
     if not items:
         return
     drop, finish = _finish_statements(tx.models, tx.traits)
-    ids = [task_id for task_id, _, _ in items]
+    ids = [item.task_id for item in items]
     for part in chunks(ids):
         tx.write(drop, {"p_ids": part})
         tx.write(finish, {"p_ids": part, "p_now": final["finished_at"]})
-    results = [{"b_id": task_id, "b_result": result} for task_id, _, result in items if result is not None]
+    results = [{"b_id": item.task_id, "b_result": item.result} for item in items if item.result is not None]
     tx.write_many(_store_result(tx.models), results)
     settle_children(tx, [(task_id, Status.COMPLETED) for task_id in ids])
 
@@ -206,7 +202,7 @@ def _statuses(tx: Tx, ids: list[str]) -> dict[str, Status]:
 
 
 def _lost(task_id: str, status: Status | None) -> LeaseLostError | TaskNotFoundError:
-    """The error `ack` raises for ``task_id`` in ``status`` (None: no such task) with a bad token."""
+    """The error a lone ack answers for ``task_id`` in ``status`` (None: no such task) with a bad token."""
     if status is None:
         return TaskNotFoundError(f"no task with id {task_id!r}")
     if status is not Status.RUNNING:

@@ -1,7 +1,8 @@
 """`SQLBroker`: the broker protocol over SQLite, PostgreSQL and MySQL/MariaDB, written once.
 
-Each public method validates its arguments, then runs ONE transaction (`_run`) that calls a
-transition from the modules named by noun (`create`, `reads`, `leases`, `finish`, `quotas`).
+Each verb takes its checked parameter object (`taskgate.brokers.params`) and runs ONE
+transaction (`_run`) that calls a transition from the modules named by noun (`create`,
+`reads`, `leases`, `batch`, `finish`, `quota_claim`, `quotas`).
 `_run` is also where the three cross-cutting concerns live, each once: the retry of
 transactions a deadlock or write conflict rolled back (`retry`), the translation of driver
 errors into `BrokerError` (`edge`), and the wake-ups announced on commit (`wakeups`).
@@ -12,12 +13,13 @@ On PostgreSQL the calls that are one statement can also be sent from the event l
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.pool import QueuePool
@@ -25,35 +27,28 @@ from sqlalchemy.pool import QueuePool
 from taskgate import forks
 from taskgate.brokers import nowait
 from taskgate.brokers.base import (
-    UNSET,
-    AckItem,
-    AckOutcome,
     Capabilities,
-    FailureKind,
     Lease,
     NewTask,
-    QuietAckOutcome,
-    QuotaClaim,
     QuotaGrant,
-    Renewal,
+    QuotaSpec,
     SettledSink,
     Unset,
     check_identifier,
 )
-from taskgate.brokers.checks import (
-    check_ack_items,
-    check_bytes,
-    check_claim,
-    check_count,
-    check_duration,
-    check_failure,
-    check_new_tasks,
-    check_queues,
-    check_quota_claim,
-    check_quota_release,
-    check_quota_request,
-    check_retry_delay,
-    check_timeout,
+from taskgate.brokers.checks import check_count, check_queues, check_timeout
+from taskgate.brokers.params import (
+    Claim,
+    Claimed,
+    Complete,
+    Finish,
+    Heartbeat,
+    ItemAnswer,
+    Renewal,
+    Replay,
+    Settle,
+    Submit,
+    Submitted,
 )
 from taskgate.brokers.split import SplitCall
 from taskgate.brokers.sql import (
@@ -77,7 +72,6 @@ from taskgate.brokers.sql.schema import prepare_schema
 from taskgate.brokers.sql.serverclock import SampledServerClock
 from taskgate.brokers.sql.tx import OneStatement, Tx
 from taskgate.brokers.sql.wakeups import Listener, Signals
-from taskgate.brokers.within_quota import claim_within_grant
 from taskgate.clock import Clock, utc
 from taskgate.errors import BrokerError, ConfigError
 from taskgate.models import DEFAULT_PREFIX, check_prefix, models_for
@@ -165,8 +159,6 @@ class SQLBroker:
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
             inline_attempts=self._traits.name == "sqlite",
-            quiet_acks=True,
-            quiet_enqueue=True,
             # One writer at a time on SQLite: an ack write and a claim cannot overlap there, so
             # one transaction for both costs less. A server runs them side by side on two
             # connections, which beat one after the other (PostgreSQL -23 %, MariaDB -10 %
@@ -204,78 +196,66 @@ class SQLBroker:
 
     # -- tasks: create ---------------------------------------------------------------------
 
-    def enqueue(self, tasks: Sequence[NewTask]) -> builtins.list[Task]:
-        """Store ``tasks`` all-or-nothing and return their snapshots in the same order.
+    def submit(self, submit: Submit) -> Submitted:
+        """Store ``submit.tasks`` all-or-nothing: each task's status on arrival and (unless
+        ``submit.snapshots`` is False, which builds none) its snapshot, in the same order.
 
         Besides the protocol's errors: an id already in use, two tasks of the batch with one
         id or one business key, or a payload larger than the server accepts raise `ValueError`.
         """
-        return self._store_new(tasks, snapshot)
+        return _submitted(self._store_new(submit.tasks), submit.snapshots)
 
-    def enqueue_quiet(self, tasks: Sequence[NewTask]) -> builtins.list[Status]:
-        """`enqueue`, answering each task's status on arrival instead of its snapshot."""
-        return self._store_new(tasks, _arrival_status)
-
-    def _store_new(
-        self, tasks: Sequence[NewTask], answer: Callable[[dict[str, Any]], _T]
-    ) -> builtins.list[_T]:
-        """`enqueue`'s checks and writes; each stored row answered by ``answer``."""
-        items = self._checked_new(tasks)
+    def _store_new(self, items: tuple[NewTask, ...]) -> builtins.list[dict[str, Any]]:
+        """`submit`'s writes: the rows stored, in order."""
+        self._check_payloads(items)
         if not items:
             return []
         if len(items) == 1:
             stored = self._store_alone(items[0])
             if stored is not None:
-                return [answer(stored)]
+                return [stored]
         attempts = 0
 
-        def step(tx: Tx) -> builtins.list[_T]:
+        def step(tx: Tx) -> builtins.list[dict[str, Any]]:
             # The first attempt leaves taken ids to the primary key; a re-run checks them.
             nonlocal attempts
             attempts += 1
-            return [answer(row) for row in create.store_new(tx, items, check_ids=attempts > 1)]
+            return create.store_new(tx, items, check_ids=attempts > 1)
 
-        return self._run("enqueue", step, inline=len(items) <= INLINE_MAX_ROWS)
+        return self._run("submit", step, inline=len(items) <= INLINE_MAX_ROWS)
 
     def _store_alone(self, item: NewTask) -> dict[str, Any] | None:
         """A single task stored by one statement in autocommit, where the dialect can: its row.
         None when it cannot, or when its id is taken (nothing changed): the transaction runs."""
         if self._traits.dml_ctes:
             return self._run(
-                "enqueue",
+                "submit",
                 lambda tx: create.enqueue_one_in_one_statement(tx, item, self._channel),
                 one_statement=True,
             )
         if self._traits.lone_inserts and self._held_statements is not None and _plain(item):
-            return self._run("enqueue", lambda tx: create.insert_alone(tx, item), one_statement=True)
+            return self._run("submit", lambda tx: create.insert_alone(tx, item), one_statement=True)
         return None
 
-    def _checked_new(self, tasks: Sequence[NewTask]) -> builtins.list[NewTask]:
-        items = check_new_tasks(tasks)
-        for item in items:
-            create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
-        return items
+    def _check_payloads(self, items: Sequence[NewTask]) -> None:
+        """Refuse, before anything is sent, a payload the server could not take."""
+        if self._value_limit is not None:
+            for item in items:
+                create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
 
-    def replay(
-        self,
-        execution_id: str,
-        *,
-        new_id: str,
-        allow_completed: bool = False,
-        payload: bytes | Unset | None = UNSET,
-    ) -> Task:
-        """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
+    def replay(self, replay: Replay) -> Task:
+        """Create execution ``replay.new_id`` re-running ``replay.execution_id``, atomically
+        with the checks.
 
         Checks in this order: `TaskNotFoundError`, `ReplayNotFinalError`,
         `AlreadyReplayedError`, `CompletedNotAllowedError`; ``new_id`` in use: `ValueError`.
         """
-        check_identifier(execution_id, what="execution_id")
-        check_identifier(new_id, what="new_id")
-        check_bytes(payload, what="payload", allow_unset=True)
+        payload = replay.payload
         if not isinstance(payload, Unset):
             create.check_value_size(payload, self._value_limit, what="payload")
         return self._run(
-            "replay", lambda tx: create.replay(tx, execution_id, new_id, bool(allow_completed), payload)
+            "replay",
+            lambda tx: create.replay(tx, replay.execution_id, replay.new_id, replay.allow_completed, payload),
         )
 
     # -- tasks: read -----------------------------------------------------------------------
@@ -286,15 +266,19 @@ class SQLBroker:
         return self._read("get", lambda tx: reads.get(tx, task_id), inline=True)
 
     def list(self, filter: Filter) -> builtins.list[Task]:
-        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit."""
+        """Tasks matching ``filter``, sorted by ``(created_at, id)``, then offset, then limit.
+
+        ``Filter(business_key=k)`` alone: every execution of ``k``, oldest first by the replay
+        chain (which orders them where timestamps tie), read through the business-key index.
+        """
         if not isinstance(filter, Filter):
             raise TypeError(f"list takes a Filter, got {type(filter).__name__}")
+        if filter.business_key is not None:
+            check_identifier(filter.business_key, what="business_key")  # no such key can be stored
+        key = _key_alone(filter)
+        if key is not None:
+            return self._read("list", lambda tx: reads.history(tx, key))
         return self._read("list", lambda tx: reads.list_tasks(tx, filter))
-
-    def history(self, business_key: str) -> builtins.list[Task]:
-        """Every execution of ``business_key``, oldest first; ``[]`` for an unknown key."""
-        check_identifier(business_key, what="business_key")
-        return self._read("history", lambda tx: reads.history(tx, business_key))
 
     def counts(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status, from the (type, status) index; zero counts are absent."""
@@ -315,9 +299,26 @@ class SQLBroker:
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 
-    def claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
-        """Lease up to ``limit`` due tasks of ``queue``, oldest due first (``run_at``, then id)."""
-        check_claim(queue, limit, lease_ttl)
+    def claim(self, claim: Claim) -> Claimed:
+        """Write ``claim.acks`` quietly, then lease up to ``claim.limit`` due tasks of
+        ``claim.queue``, oldest due first (``run_at``, then id), within ``claim.quota`` if given.
+
+        Acks and claim are ONE transaction on every dialect (``Claimed.failed`` is never set):
+        a failure of either rolls back both and raises. ``claim.shared`` raises `ValueError`,
+        changing nothing: shared limits are not kept here yet (``capabilities.shared_limits``).
+        """
+        if claim.shared is not None:
+            raise ValueError(_no_shared_limits("Claim.shared"))
+        acks = claim.acks
+        self._check_results(acks)
+        if claim.quota is not None:
+            return self._claim_within_quota(acks, claim.queue, claim.limit, claim.lease_ttl, claim.quota)
+        if acks:
+            return self._claim_after_acks(acks, claim.queue, claim.limit, claim.lease_ttl)
+        return Claimed(self._claim(claim.queue, claim.limit, claim.lease_ttl))
+
+    def _claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
+        """A claim alone: one statement in autocommit on PostgreSQL, a transaction elsewhere."""
         if self._traits.dml_ctes:
             step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
             return self._run("claim", step, one_statement=True)
@@ -325,122 +326,11 @@ class SQLBroker:
             "claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl), inline=limit <= INLINE_MAX_ROWS
         )
 
-    def claim_within_quota(
-        self, queue: str, limit: int, lease_ttl: timedelta, *, key: str, quota_limit: int, period: timedelta
-    ) -> QuotaClaim:
-        """`claim` and `reserve_quota` in one transaction: a unit of ``key`` per task claimed."""
-        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-        return self._claim_within_quota([], queue, limit, lease_ttl, key, quota_limit, period)[1]
-
-    def claim_within_quota_after_acks(
-        self,
-        items: Sequence[AckItem],
-        queue: str,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        key: str,
-        quota_limit: int,
-        period: timedelta,
-    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim | None]:
-        """`ack_many_quiet` of ``items``, then `claim_within_quota`, in ONE transaction; a
-        failure of either rolls back both and raises."""
-        checked = self._checked_acks(items)
-        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-        return self._claim_within_quota(checked, queue, limit, lease_ttl, key, quota_limit, period)
-
-    def _claim_within_quota(
-        self,
-        acks: builtins.list[AckItem],
-        queue: str,
-        limit: int,
-        lease_ttl: timedelta,
-        key: str,
-        quota_limit: int,
-        period: timedelta,
-    ) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim]:
-        """``acks`` (quietly), then the claim within the quota, in one transaction: the acks'
-        answers and the claim. Without acks, PostgreSQL claims in one statement."""
-        small = len(acks) + limit <= INLINE_MAX_ROWS
-
-        def acked(tx: Tx) -> builtins.list[QuietAckOutcome]:
-            return batch.ack_many_quiet(tx, acks) if acks else []
-
-        if self._traits.dml_ctes and not acks:
-            taken = self._run(
-                "claim_within_quota",
-                lambda tx: quota_claim.claim_within_quota_in_one_statement(
-                    tx, queue, limit, lease_ttl, key, quota_limit, period
-                ),
-                one_statement=True,
-                inline=small,
-            )
-            if taken is not None:
-                return [], taken  # else the window has no row yet: the transaction opens it
-        elif not self._traits.dml_ctes:
-            try:
-                return self._run(
-                    "claim_within_quota",
-                    lambda tx: (
-                        acked(tx),
-                        quota_claim.claim_then_count(tx, queue, limit, lease_ttl, key, quota_limit, period),
-                    ),
-                    inline=small,
-                )
-            except quota_claim.ShortWindow:
-                pass  # rolled back (the acks too): the window is short or has no row yet
-
-        def step(tx: Tx) -> tuple[builtins.list[QuietAckOutcome], QuotaClaim]:
-            answers = acked(tx)
-            grant = quotas.reserve_quota(tx, key, quota_limit, period, limit)
-            return answers, claim_within_grant(
-                grant,
-                lambda n: leases.claim(tx, queue, n, lease_ttl),
-                lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
-            )
-
-        return self._run("claim_within_quota", step, inline=small)
-
-    def heartbeat(self, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
-        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
-
-        An expired lease that no reaper took back yet is still held and can be renewed.
-        """
-        _check_lease(task_id, token)
-        check_duration(lease_ttl, what="lease_ttl", positive=True)
-        return self._run("heartbeat", lambda tx: leases.heartbeat(tx, task_id, token, lease_ttl))
-
-    def ack(self, task_id: str, token: str, result: bytes | None) -> Task:
-        """Complete the task with ``result`` and, in the same unit, wake children now ready.
-
-        A cancel mark does not stop an ack: the work is done, so the task completes.
-        """
-        _check_lease(task_id, token)
-        check_bytes(result, what="result")
-        create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
-        return self._run("ack", lambda tx: finish.ack(tx, task_id, token, result))
-
-    def ack_many(self, items: Sequence[AckItem]) -> builtins.list[AckOutcome]:
-        """`ack` every ``(task_id, token, result)`` in ONE transaction; one answer per item, in order.
-
-        A stale token or unknown id answers its own item with the error `ack` would raise.
-        """
-        return self._ack_each(items, batch.ack_many)
-
-    def ack_many_quiet(self, items: Sequence[AckItem]) -> builtins.list[QuietAckOutcome]:
-        """`ack_many`, answering None instead of the snapshot for each task it completed: no
-        task row is read back (on MySQL through PyMySQL, parsing the rows was most of an ack)."""
-        return self._ack_each(items, batch.ack_many_quiet)
-
-    def claim_after_acks(
-        self, items: Sequence[AckItem], queue: str, limit: int, lease_ttl: timedelta
-    ) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease] | None]:
-        """`ack_many_quiet` of ``items``, then `claim` of ``queue``, in ONE transaction (one
-        commit where the two take two); a failure of either rolls back both and raises."""
-        checked = self._checked_acks(items)
-        check_claim(queue, limit, lease_ttl)
-        if not checked:
-            return [], self.claim(queue, limit, lease_ttl)
+    def _claim_after_acks(
+        self, acks: tuple[Complete, ...], queue: str, limit: int, lease_ttl: timedelta
+    ) -> Claimed:
+        """The acks (quietly), then the claim, in ONE transaction (one commit where the two
+        take two)."""
 
         def claim(tx: Tx) -> builtins.list[Lease]:
             if self._traits.dml_ctes:
@@ -449,55 +339,106 @@ class SQLBroker:
                 return leases.claim_in_one_statement(tx, queue, limit, lease_ttl, durable=True)
             return leases.claim(tx, queue, limit, lease_ttl)
 
-        def step(tx: Tx) -> tuple[builtins.list[QuietAckOutcome], builtins.list[Lease]]:
-            return batch.ack_many_quiet(tx, checked), claim(tx)
+        def step(tx: Tx) -> Claimed:
+            acked = batch.ack_many(tx, acks, snapshots=False)
+            return Claimed(claim(tx), acked=acked)
 
-        small = len(checked) + limit <= INLINE_MAX_ROWS
-        return self._run("claim_after_acks", step, inline=small)
+        return self._run("claim", step, inline=len(acks) + limit <= INLINE_MAX_ROWS)
 
-    def _checked_acks(self, items: Sequence[AckItem]) -> builtins.list[AckItem]:
-        checked = check_ack_items(items)
-        for task_id, _, result in checked:
-            create.check_value_size(result, self._value_limit, what=f"result of task {task_id}")
-        return checked
+    def _claim_within_quota(
+        self, acks: tuple[Complete, ...], queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec
+    ) -> Claimed:
+        """``acks`` (quietly), then the claim within the quota, in one transaction: a unit of
+        the window per task claimed. Without acks, PostgreSQL claims in one statement."""
+        small = len(acks) + limit <= INLINE_MAX_ROWS
 
-    def _ack_each(
-        self, items: Sequence[AckItem], write: Callable[[Tx, builtins.list[AckItem]], builtins.list[_T]]
-    ) -> builtins.list[_T]:
-        checked = self._checked_acks(items)
-        if not checked:
+        def acked(tx: Tx) -> builtins.list[ItemAnswer]:
+            return batch.ack_many(tx, acks, snapshots=False) if acks else []
+
+        if self._traits.dml_ctes and not acks:
+            taken = self._run(
+                "claim",
+                lambda tx: quota_claim.claim_within_quota_in_one_statement(
+                    tx, queue, limit, lease_ttl, quota
+                ),
+                one_statement=True,
+                inline=small,
+            )
+            if taken is not None:
+                return taken  # else the window has no row yet: the transaction opens it
+        elif not self._traits.dml_ctes:
+
+            def counted(tx: Tx) -> Claimed:
+                answers = acked(tx)
+                return _with_acks(quota_claim.claim_then_count(tx, queue, limit, lease_ttl, quota), answers)
+
+            try:
+                return self._run("claim", counted, inline=small)
+            except quota_claim.ShortWindow:
+                pass  # rolled back (the acks too): the window is short or has no row yet
+
+        def step(tx: Tx) -> Claimed:
+            answers = acked(tx)
+            grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, limit)
+            claimed = quota_claim.claim_within_grant(
+                grant,
+                lambda n: leases.claim(tx, queue, n, lease_ttl),
+                lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
+            )
+            return _with_acks(claimed, answers)
+
+        return self._run("claim", step, inline=small)
+
+    def settle(self, settle: Settle) -> builtins.list[ItemAnswer]:
+        """End the runs of ``settle.items`` in ONE transaction, then give back
+        ``settle.give_back``'s quota units in it; one answer per item, in order.
+
+        Items are independent: a stale token or an unknown id answers its own item with
+        `LeaseLostError`/`TaskNotFoundError`. Only completions are set-based statements
+        (`taskgate.brokers.sql.batch`): the rest, and a lone completion whose snapshot is
+        asked for, are written one task at a time (`finish`). A result larger than the server
+        accepts raises `ValueError` before anything is written; so do ``give_back.slots``
+        (no shared slots are kept here yet, ``capabilities.shared_limits``).
+        """
+        give_back = settle.give_back
+        returned: builtins.list[tuple[QuotaGrant, int]] = []
+        if give_back is not None:
+            if give_back.slots:
+                raise ValueError(_no_shared_limits("GiveBack.slots"))
+            returned = [(grant, n) for grant, n in give_back.quota if n]
+        items, snapshots = settle.items, settle.snapshots
+        if not items and not returned:
             return []
-        return self._run("ack_many", lambda tx: write(tx, checked), inline=len(checked) <= INLINE_MAX_ROWS)
+        self._check_results(items)
+        write = _settle_write(items, snapshots)
 
-    def retry(self, task_id: str, token: str, *, kind: FailureKind, error: str, delay: timedelta) -> Task:
-        """Count the failure by ``kind`` and set ``retrying`` due at ``now + delay``.
+        def step(tx: Tx) -> builtins.list[ItemAnswer]:
+            answers = write(tx) if items else []
+            for grant, n in returned:
+                quotas.release_quota(tx, grant, n)
+            return answers
 
-        If a cancel was requested meanwhile, the failure is still counted and recorded, and
-        the task is canceled (with cascade) instead of retried.
+        return self._run("settle", step, inline=len(items) <= INLINE_MAX_ROWS)
+
+    def _check_results(self, items: Sequence[Finish]) -> None:
+        """Refuse, before anything is sent, a result the server could not take."""
+        if self._value_limit is not None:
+            for item in items:
+                if type(item) is Complete:
+                    create.check_value_size(
+                        item.result, self._value_limit, what=f"result of task {item.task_id}"
+                    )
+
+    def heartbeat(self, heartbeat: Heartbeat) -> Renewal:
+        """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
+
+        An expired lease that no reaper took back yet is still held and can be renewed.
+        ``slot_queue`` raises `ValueError`: no shared slots are kept here yet.
         """
-        _check_lease(task_id, token)
-        kind, error = check_failure(kind, error)
-        delay = check_retry_delay(delay)
-        return self._run("retry", lambda tx: finish.retry(tx, task_id, token, kind, error, delay))
-
-    def fail(self, task_id: str, token: str, *, kind: FailureKind, error: str) -> Task:
-        """Count the failure by ``kind``, set ``failed``, cancel descendants (cascade)."""
-        _check_lease(task_id, token)
-        kind, error = check_failure(kind, error)
-        return self._run("fail", lambda tx: finish.fail(tx, task_id, token, kind, error))
-
-    def requeue(self, task_id: str, token: str) -> Task:
-        """Put a running task back to ``pending``, due now, touching no counter.
-
-        If a cancel was requested meanwhile, cancels instead (with cascade).
-        """
-        _check_lease(task_id, token)
-        return self._run("requeue", lambda tx: finish.requeue(tx, task_id, token))
-
-    def finish_canceled(self, task_id: str, token: str) -> Task:
-        """End a running task whose handler was stopped by a cancel: ``canceled`` + cascade."""
-        _check_lease(task_id, token)
-        return self._run("finish_canceled", lambda tx: finish.finish_canceled(tx, task_id, token))
+        if heartbeat.slot_queue is not None:
+            raise ValueError(_no_shared_limits("Heartbeat.slot_queue"))
+        task_id, token, lease_ttl = heartbeat.task_id, heartbeat.token, heartbeat.lease_ttl
+        return self._run("heartbeat", lambda tx: leases.heartbeat(tx, task_id, token, lease_ttl))
 
     # -- tasks: anyone's transitions -------------------------------------------------------
 
@@ -520,23 +461,6 @@ class SQLBroker:
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
         return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit), inline=False)
-
-    # -- quota -----------------------------------------------------------------------------
-
-    def reserve_quota(self, key: str, limit: int, period: timedelta, n: int = 1) -> QuotaGrant:
-        """Take up to ``n`` units of the current window of ``key`` (epoch-aligned ``period``).
-
-        ``limit`` must be >= 1, ``n`` >= 0 and ``period`` > 0. The window is aligned on the
-        database server's clock (or the injected clock).
-        """
-        check_quota_request(key, limit, period, n)
-        return self._run("reserve_quota", lambda tx: quotas.reserve_quota(tx, key, limit, period, n))
-
-    def release_quota(self, grant: QuotaGrant, n: int) -> None:
-        """Give back ``n`` (0 … ``grant.granted``) units to the window they came from (never below 0)."""
-        check_quota_release(grant, n)
-        if n:
-            self._run("release_quota", lambda tx: quotas.release_quota(tx, grant, n))
 
     # -- what transitions settle on their own -----------------------------------------------
 
@@ -587,8 +511,8 @@ class SQLBroker:
     # -- split calls (PostgreSQL) -----------------------------------------------------------
 
     def split(self, method: Callable[..., _T], /, *args: Any, **kwargs: Any) -> SplitCall[_T] | None:
-        """Send a one-statement call (a single submit, a claim, `get`) from the event loop on
-        the held connection (`taskgate.brokers.sql.pg_split`); see
+        """Send a one-statement call (a submit of one task, a claim carrying no acks, `get`)
+        from the event loop on the held connection (`taskgate.brokers.sql.pg_split`); see
         `taskgate.brokers.split.SplitCaller`. Anything else, or no idle held connection, or a
         server clock due for a reading: None, nothing sent."""
         planner = _SPLIT_PLANS.get(getattr(method, "__func__", None))
@@ -637,41 +561,28 @@ class SQLBroker:
         check_identifier(task_id, what="task id")
         return task_of_plan(tx, task_id)
 
-    def _plan_claim(self, tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> OneStatement[Any]:
-        check_claim(queue, limit, lease_ttl)
-        return leases.claim_plan(tx, queue, limit, lease_ttl)
+    def _plan_claim(self, tx: Tx, claim: Claim) -> OneStatement[Claimed] | None:
+        """A claim without acks: its one statement (within the quota, if given)."""
+        if claim.shared is not None:
+            raise ValueError(_no_shared_limits("Claim.shared"))
+        if claim.acks:
+            return None  # acks and claim are a transaction
+        if claim.quota is not None:
+            plan = quota_claim.claim_within_quota_plan(
+                tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota
+            )
+            return plan.then(_or_thread)  # None: the window has no row yet, which a transaction opens
+        return leases.claim_plan(tx, claim.queue, claim.limit, claim.lease_ttl).then(Claimed)
 
-    def _plan_enqueue(self, tx: Tx, tasks: Sequence[NewTask]) -> OneStatement[Any] | None:
-        return self._plan_store_one(tx, tasks, snapshot)
-
-    def _plan_enqueue_quiet(self, tx: Tx, tasks: Sequence[NewTask]) -> OneStatement[Any] | None:
-        return self._plan_store_one(tx, tasks, _arrival_status)
-
-    def _plan_store_one(
-        self, tx: Tx, tasks: Sequence[NewTask], answer: Callable[[dict[str, Any]], _T]
-    ) -> OneStatement[builtins.list[_T]] | None:
-        """`_store_new`'s checks; the one-statement insert of a single task (else None)."""
-        items = self._checked_new(tasks)
-        if len(items) != 1:
+    def _plan_submit(self, tx: Tx, submit: Submit) -> OneStatement[Submitted] | None:
+        """The one-statement insert of a single task (a batch: None)."""
+        if len(submit.tasks) != 1:
             return None
-        return create.enqueue_one_plan(tx, items[0], self._channel).then(
-            lambda stored: [answer(_or_thread(stored))]
+        self._check_payloads(submit.tasks)
+        snapshots = submit.snapshots
+        return create.enqueue_one_plan(tx, submit.tasks[0], self._channel).then(
+            lambda stored: _submitted([_or_thread(stored)], snapshots)
         )
-
-    def _plan_claim_within_quota(
-        self,
-        tx: Tx,
-        queue: str,
-        limit: int,
-        lease_ttl: timedelta,
-        *,
-        key: str,
-        quota_limit: int,
-        period: timedelta,
-    ) -> OneStatement[QuotaClaim]:
-        check_quota_claim(queue, limit, lease_ttl, key, quota_limit, period)
-        plan = quota_claim.claim_within_quota_plan(tx, queue, limit, lease_ttl, key, quota_limit, period)
-        return plan.then(_or_thread)  # None: the window has no row yet, which a transaction opens
 
     # -- the one transaction runner --------------------------------------------------------
 
@@ -858,8 +769,41 @@ def _pool_is_full(engine: Engine) -> bool:
     return isinstance(pool, QueuePool) and pool.checkedout() >= pool.size()
 
 
-def _arrival_status(row: Mapping[str, Any]) -> Status:
-    return STATUS_BY_VALUE[row["status"]]
+def _submitted(rows: Sequence[Mapping[str, Any]], snapshots: bool) -> Submitted:
+    """`submit`'s answer from the rows it stored: their statuses, and their snapshots when asked."""
+    if not snapshots:
+        return Submitted([STATUS_BY_VALUE[row["status"]] for row in rows])
+    tasks = [snapshot(row) for row in rows]
+    return Submitted([task.status for task in tasks], tasks)
+
+
+def _key_alone(filter: Filter) -> str | None:
+    """The business key of a filter that names nothing else (no other field, offset or limit)."""
+    if filter.type is None and filter.queue is None and filter.status is None:
+        if not filter.limit and not filter.offset:
+            return filter.business_key
+    return None
+
+
+def _settle_write(items: tuple[Finish, ...], snapshots: bool) -> Callable[[Tx], builtins.list[ItemAnswer]]:
+    """How `settle` writes ``items``: completions set-based (`batch`), but a lone one whose
+    snapshot is asked for as a single ack always was (`finish.ack`); anything else one item
+    at a time (`finish.settle_each`)."""
+    if all(type(item) is Complete for item in items) and (len(items) > 1 or not snapshots):
+        acks = cast("tuple[Complete, ...]", items)
+        return lambda tx: batch.ack_many(tx, acks, snapshots=snapshots)
+    return lambda tx: finish.settle_each(tx, items, snapshots=snapshots)
+
+
+def _with_acks(claimed: Claimed, acked: builtins.list[ItemAnswer]) -> Claimed:
+    return dataclasses.replace(claimed, acked=acked) if acked else claimed
+
+
+def _no_shared_limits(what: str) -> str:
+    return (
+        f"SQLBroker does not keep shared limits yet: {what} is not honoured here "
+        "(capabilities.shared_limits is False); count the queue's limits in this process instead"
+    )
 
 
 def _plain(item: NewTask) -> bool:
@@ -873,12 +817,6 @@ def _check_poll_interval(value: object) -> float:
     return float(value)
 
 
-def _check_lease(task_id: object, token: object) -> None:
-    check_identifier(task_id, what="task id")
-    if not isinstance(token, str):
-        raise TypeError(f"lease token must be a str, got {type(token).__name__}")
-
-
 def _or_thread(answer: _T | None) -> _T:
     """A split statement's answer, or `WouldBlock` when it did nothing and the thread path
     takes over (a taken id or key, a parent missing or final: its checks name what was wrong;
@@ -890,6 +828,5 @@ def _or_thread(answer: _T | None) -> _T:
 
 # The methods `SQLBroker.split` sends from the event loop, each with the plan of its statement.
 _SPLIT_PLANS: dict[object, Callable[..., OneStatement[Any] | None]] = {
-    getattr(SQLBroker, name): getattr(SQLBroker, f"_plan_{name}")
-    for name in ("get", "claim", "claim_within_quota", "enqueue", "enqueue_quiet")
+    getattr(SQLBroker, name): getattr(SQLBroker, f"_plan_{name}") for name in ("get", "claim", "submit")
 }

@@ -1,4 +1,5 @@
-"""A worker's writes that end a run: ack, retry, fail, requeue, finish_canceled; and `cancel`.
+"""A worker's writes that end a run: ack, retry, fail, requeue, finish_canceled (one
+`Settle` item each, `settle_each` for several); and `cancel`.
 
 Each write first locks the task row together with its lease and checks the token
 (`_release`), then deletes the lease and moves the task, settling its children in the same
@@ -10,23 +11,61 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Delete, Select, Update, bindparam, delete, select, update
 
 from taskgate.brokers.base import FailureKind
+from taskgate.brokers.params import Canceled, Complete, Fail, Finish, ItemAnswer, Requeue, Retry
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.leases import CANCELED_ERROR, lease_lost_error
 from taskgate.brokers.sql.rows import snapshot, status_values, write_task
 from taskgate.brokers.sql.tx import Tx, table_of
-from taskgate.errors import AlreadyFinalError, TaskNotFoundError
+from taskgate.errors import AlreadyFinalError, LeaseLostError, TaskNotFoundError
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
-__all__ = ["ack", "cancel", "fail", "finish_canceled", "requeue", "retry"]
+__all__ = ["ack", "cancel", "fail", "finish_canceled", "requeue", "retry", "settle_each", "settle_one"]
+
+
+def settle_each(tx: Tx, items: Sequence[Finish], *, snapshots: bool) -> list[ItemAnswer]:
+    """Settle every item in this one transaction, each on its own: a stale token or an unknown
+    id answers its item with the error and changes nothing for it (the lookup that finds it
+    wrote nothing yet). None instead of the snapshot for each item settled, unless ``snapshots``.
+
+    The tasks are locked in id order, as a batch of acks locks them, so two batches take
+    their rows in the same order (a deadlock left, through the children they settle, is
+    retried by the broker); items of one task keep their order (the later of two naming one
+    lease finds it gone).
+    """
+    answers: list[ItemAnswer] = [None] * len(items)
+    for n in sorted(range(len(items)), key=lambda n: items[n].task_id):
+        try:
+            task = settle_one(tx, items[n])
+        except (LeaseLostError, TaskNotFoundError) as exc:
+            answers[n] = exc
+        else:
+            answers[n] = task if snapshots else None
+    return answers
+
+
+def settle_one(tx: Tx, item: Finish) -> Task:
+    """The transition ``item`` names; raises `LeaseLostError`/`TaskNotFoundError` having
+    changed nothing when its token does not hold the task."""
+    if isinstance(item, Complete):
+        return ack(tx, item.task_id, item.token, item.result)
+    if isinstance(item, Retry):
+        return retry(tx, item.task_id, item.token, item.kind, item.error, item.delay)
+    if isinstance(item, Fail):
+        return fail(tx, item.task_id, item.token, item.kind, item.error)
+    if isinstance(item, Requeue):
+        return requeue(tx, item.task_id, item.token)
+    if isinstance(item, Canceled):
+        return finish_canceled(tx, item.task_id, item.token)
+    raise TypeError(f"not a Settle item: {type(item).__name__}")  # Settle checked its items
 
 
 def ack(tx: Tx, task_id: str, token: str, result: bytes | None) -> Task:

@@ -28,7 +28,8 @@ from sqlalchemy import (
     update,
 )
 
-from taskgate.brokers.base import Lease, Renewal
+from taskgate.brokers.base import Lease
+from taskgate.brokers.params import Renewal
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
@@ -224,7 +225,7 @@ def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta) -> Renewal
     return Renewal(expires_at=expires_at, cancel_requested=bool(cancel_requested))
 
 
-def lease_lost_error(tx: Tx, task_id: str) -> Exception:
+def lease_lost_error(tx: Tx, task_id: str) -> LeaseLostError | TaskNotFoundError:
     """The error for a token that is not ``task_id``'s lease: not found, or lease lost."""
     task = tx.models.task
     status = tx.conn.execute(select(task.status).where(task.id == task_id)).scalar()

@@ -1,6 +1,7 @@
-"""`claim_within_quota` in fewer statements than reserve + claim + release.
+"""A claim within a quota (`Claim.quota`) in fewer statements than reserve + claim + release.
 
-PostgreSQL (data-modifying CTEs): ONE statement, below. Elsewhere: `claim_then_count`.
+PostgreSQL (data-modifying CTEs): ONE statement, below. Elsewhere: `claim_then_count`. Where
+neither applies (the window is short, or has no row yet): `claim_within_grant`.
 
 
 The statement locks the window row of the quota key, claims at most the units left (``SKIP
@@ -16,14 +17,16 @@ opens the window.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Integer, Select, Update, bindparam, func, select, true, update
 
-from taskgate.brokers.base import Lease, QuotaClaim, QuotaGrant
+from taskgate.brokers.base import Lease, QuotaGrant, QuotaSpec
+from taskgate.brokers.params import Claimed
 from taskgate.brokers.sql import leases
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
@@ -35,6 +38,7 @@ from taskgate.models import Models
 __all__ = [
     "ShortWindow",
     "claim_then_count",
+    "claim_within_grant",
     "claim_within_quota_in_one_statement",
     "claim_within_quota_plan",
 ]
@@ -46,18 +50,19 @@ class ShortWindow(Exception):
 
 
 def claim_within_quota_in_one_statement(
-    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
-) -> QuotaClaim | None:
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec
+) -> Claimed | None:
     """The claim in one autocommit statement; None when the window has no row yet."""
-    return tx.one(claim_within_quota_plan(tx, queue, limit, lease_ttl, key, quota_limit, period))
+    return tx.one(claim_within_quota_plan(tx, queue, limit, lease_ttl, quota))
 
 
 def claim_within_quota_plan(
-    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
-) -> OneStatement[QuotaClaim | None]:
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec
+) -> OneStatement[Claimed | None]:
     """`claim_within_quota_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
-    start, end = window_bounds(now, period)
+    key, quota_limit = quota.key, quota.limit
+    start, end = window_bounds(now, quota.period)
     expires_at = now + lease_ttl
     params = {
         **claim_params(queue, limit, now),
@@ -67,7 +72,7 @@ def claim_within_quota_plan(
         "p_quota_limit": quota_limit,
     }
 
-    def answer(rows: Sequence[Mapping[str, Any]]) -> QuotaClaim | None:
+    def answer(rows: Sequence[Mapping[str, Any]]) -> Claimed | None:
         if not rows:
             return None
         left = max(0, quota_limit - int(rows[0]["quota_used"]))
@@ -78,7 +83,7 @@ def claim_within_quota_plan(
         grant = QuotaGrant(
             key=key, window_start=start, window_end=end, granted=len(leases), limit=quota_limit
         )
-        return QuotaClaim(leases=leases, grant=grant, exhausted=left == 0)
+        return Claimed(leases=leases, quota=grant, exhausted=left == 0)
 
     return OneStatement(_statement(tx.models, tx.traits), params, answer)
 
@@ -126,9 +131,7 @@ def _window_statements(models: Models) -> tuple[Update, Select[Any]]:
     return add_if_it_fits, select(window.c.used).where(*at_window)
 
 
-def claim_then_count(
-    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, key: str, quota_limit: int, period: timedelta
-) -> QuotaClaim:
+def claim_then_count(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec) -> Claimed:
     """Claim first, then add the claimed count to the window -- only where it still fits.
 
     The conditional ``UPDATE`` checks and adds under the window row's lock in one statement, so
@@ -136,7 +139,8 @@ def claim_then_count(
     raises `ShortWindow` and the caller rolls back. Two statements fewer than reserve + claim
     + give back while units are plenty, which is the common case.
     """
-    start, end = window_bounds(tx.now, period)
+    key, quota_limit = quota.key, quota.limit
+    start, end = window_bounds(tx.now, quota.period)
     claimed = leases.claim(tx, queue, limit, lease_ttl)
     add_if_it_fits, read_used = _window_statements(tx.models)
     at_window = {"p_key": key, "p_start": start}
@@ -151,4 +155,17 @@ def claim_then_count(
             raise ShortWindow  # no row: whether the window is forgotten is the careful path's call
         exhausted = int(rows[0]["used"]) >= quota_limit
     grant = QuotaGrant(key=key, window_start=start, window_end=end, granted=len(claimed), limit=quota_limit)
-    return QuotaClaim(leases=claimed, grant=grant, exhausted=exhausted)
+    return Claimed(leases=claimed, quota=grant, exhausted=exhausted)
+
+
+def claim_within_grant(
+    grant: QuotaGrant, claim: Callable[[int], list[Lease]], release: Callable[[QuotaGrant, int], None]
+) -> Claimed:
+    """Claim up to ``grant.granted`` tasks and give back the units no task took, in the
+    transaction that reserved them: the caller sees units spent only for tasks claimed."""
+    if grant.granted <= 0:
+        return Claimed(leases=[], quota=grant, exhausted=True)
+    leases = claim(grant.granted)
+    if len(leases) < grant.granted:
+        release(grant, grant.granted - len(leases))
+    return Claimed(leases=leases, quota=dataclasses.replace(grant, granted=len(leases)))

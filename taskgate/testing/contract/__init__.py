@@ -21,45 +21,46 @@ Use it from a backend's test file::
 Tests are synchronous and never sleep: time moves on the ``clock`` fixture (a `ManualClock`)
 which every broker of the factory must read for every time it stores or compares. Races run
 real threads released by a barrier, one broker object per thread, `RACE_ROUNDS` times each.
-Tests that need an optional capability skip, naming it, when ``broker.capabilities`` lacks it.
+
+There are no opt-in classes: a case of an optional capability reads ``broker.capabilities``.
+Where the broker declares ``shared_limits`` the shared-limits cases hold it to the limits;
+where it does not, the same cases hold it to refusing them (`ValueError`, nothing changed).
+Quota cases skip, naming ``shared_quota``, on a broker that does not declare it.
 """
 
 from __future__ import annotations
 
 from taskgate.testing.contract._fixtures import BrokerFactory, ContractFixtures
 from taskgate.testing.contract._support import RACE_ROUNDS
-from taskgate.testing.contract.ack_carrier import AckCarrierContract
-from taskgate.testing.contract.batch import BatchContract
 from taskgate.testing.contract.cancel import CancelContract
+from taskgate.testing.contract.claim_acks import ClaimAcksContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
-from taskgate.testing.contract.quiet_ack import QuietAckContract
-from taskgate.testing.contract.quiet_enqueue import QuietEnqueueContract
-from taskgate.testing.contract.quota import QuotaClaimContract, QuotaContract
+from taskgate.testing.contract.quota import QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
 from taskgate.testing.contract.replay import ReplayContract
+from taskgate.testing.contract.settle import QuietSettleContract, SettleContract
 from taskgate.testing.contract.settled import SettledContract
+from taskgate.testing.contract.shared_limits import SharedLimitsContract
+from taskgate.testing.contract.submit import SubmitContract
+from taskgate.testing.contract.surface import SurfaceContract
 from taskgate.testing.contract.validation import ValidationContract
 
-__all__ = [
-    "RACE_ROUNDS",
-    "AckCarrierContract",
-    "BrokerContract",
-    "BrokerFactory",
-    "QuietAckContract",
-    "QuietEnqueueContract",
-]
+__all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory"]
 
 
 class BrokerContract(
     ContractFixtures,
+    SurfaceContract,
     LifecycleContract,
+    SubmitContract,
     LargeBatchContract,
     ClaimContract,
+    ClaimAcksContract,
     WaitContract,
     DependencyContract,
     CancelContract,
@@ -68,10 +69,11 @@ class BrokerContract(
     BusinessKeyContract,
     ReplayContract,
     QuotaContract,
-    QuotaClaimContract,
+    SharedLimitsContract,
     ValidationContract,
     RaceContract,
-    BatchContract,
+    SettleContract,
+    QuietSettleContract,
     SettledContract,
 ):
     """Every broker contract test; subclass it as ``Test<Backend>`` and define ``broker_factory``."""

@@ -8,23 +8,28 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, cast
 
+import pytest
+
 from taskgate.brokers.base import Broker, Lease, NewTask
+from taskgate.brokers.params import Complete
 from taskgate.ids import new_id
-from taskgate.task import Status, Task
+from taskgate.task import Filter, Status, Task
+from taskgate.testing import steps
 
 __all__ = [
-    "BAD_ACK_ITEMS",
     "JOIN_TIMEOUT",
     "RACE_ROUNDS",
     "TTL",
     "Outcome",
     "ack_item",
+    "assert_refused",
     "claim_many",
     "claim_one",
     "new_task",
     "nonzero_counts",
     "race",
     "race_pair",
+    "stored_state",
     "submit",
 ]
 
@@ -50,38 +55,27 @@ def new_task(*, queue: str = "q", type: str = "t", id: str | None = None, **fiel
 
 def submit(broker: Broker, **fields: Any) -> Task:
     """Enqueue one task built by `new_task` and return its snapshot."""
-    (task,) = broker.enqueue([new_task(**fields)])
+    (task,) = steps.enqueue(broker, [new_task(**fields)])
     return task
-
-
-# Malformed `Broker.ack_many` arguments and the error each must raise before anything changes
-# (a list is appended to a good item; anything else is passed as the whole argument).
-BAD_ACK_ITEMS: list[tuple[object, type[Exception]]] = [
-    ("not a list", TypeError),
-    ([("id", "token")], TypeError),
-    ([("", "token", None)], ValueError),
-    ([("id", 5, None)], TypeError),
-    ([("id", "token", "text")], TypeError),
-]
 
 
 def claim_many(broker: Broker, n: int, queue: str = "q") -> list[Lease]:
     """Submit ``n`` tasks to ``queue`` and claim exactly those ``n``."""
     for _ in range(n):
         submit(broker, queue=queue)
-    leases = broker.claim(queue, n, TTL)
+    leases = steps.claim(broker, queue, n, TTL)
     assert len(leases) == n
     return leases
 
 
-def ack_item(lease: Lease, result: bytes | None = None) -> tuple[str, str, bytes | None]:
-    """The `Broker.ack_many` item completing ``lease``'s task with ``result``."""
-    return (lease.task.id, lease.token, result)
+def ack_item(lease: Lease, result: bytes | None = None) -> Complete:
+    """The `Complete` item of ``lease``'s task with ``result``."""
+    return Complete(lease.task.id, lease.token, result)
 
 
 def claim_one(broker: Broker, queue: str = "q", ttl: timedelta = TTL) -> Lease:
     """Claim exactly one task of ``queue``; fails the test when there is none."""
-    leases = broker.claim(queue, 1, ttl)
+    leases = steps.claim(broker, queue, 1, ttl)
     assert len(leases) == 1, f"expected one claimable task in {queue!r}, got {len(leases)}"
     return leases[0]
 
@@ -94,6 +88,19 @@ def nonzero_counts(broker: Broker) -> dict[str, dict[Status, int]]:
         if kept:
             result[task_type] = kept
     return result
+
+
+def stored_state(broker: Broker) -> tuple[list[Task], dict[str, dict[Status, int]]]:
+    """Every task as stored, and the counts: what a refused call must leave as it was."""
+    return broker.list(Filter()), nonzero_counts(broker)
+
+
+def assert_refused(broker: Broker, call: Callable[[], object], field: str) -> None:
+    """``call`` raises a `ValueError` matching ``field`` and leaves every task as it was."""
+    before = stored_state(broker)
+    with pytest.raises(ValueError, match=field):
+        call()
+    assert stored_state(broker) == before
 
 
 @dataclass(frozen=True)

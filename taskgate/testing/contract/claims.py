@@ -13,6 +13,7 @@ from taskgate.brokers.base import Broker, FailureKind
 from taskgate.clock import ManualClock
 from taskgate.errors import BrokerError
 from taskgate.task import Status
+from taskgate.testing import steps
 from taskgate.testing.contract._fixtures import BrokerFactory
 from taskgate.testing.contract._support import TTL, claim_one, new_task, race, submit
 
@@ -30,7 +31,7 @@ class ClaimContract:
 
     def test_claim_leases_the_task_until_now_plus_ttl(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker)
-        (lease,) = broker.claim("q", 5, TTL)
+        (lease,) = steps.claim(broker, "q", 5, TTL)
         assert lease.task.id == task.id
         assert (lease.task.status, lease.task.claims) == (Status.RUNNING, 1)
         assert lease.task.started_at == clock.now()
@@ -43,21 +44,21 @@ class ClaimContract:
         early = submit(broker, delay=timedelta(seconds=1))
         now = submit(broker)
         clock.advance(5)
-        assert [lease.task.id for lease in broker.claim("q", 3, TTL)] == [now.id, early.id, late.id]
+        assert [lease.task.id for lease in steps.claim(broker, "q", 3, TTL)] == [now.id, early.id, late.id]
 
     def test_claim_breaks_run_at_ties_by_id(self, broker: Broker) -> None:
-        broker.enqueue([new_task(id=i) for i in ("b-task", "c-task", "a-task")])
-        assert [lease.task.id for lease in broker.claim("q", 3, TTL)] == ["a-task", "b-task", "c-task"]
+        steps.enqueue(broker, [new_task(id=i) for i in ("b-task", "c-task", "a-task")])
+        assert [lease.task.id for lease in steps.claim(broker, "q", 3, TTL)] == ["a-task", "b-task", "c-task"]
 
     def test_claim_never_returns_more_than_its_limit(self, broker: Broker) -> None:
-        broker.enqueue([new_task() for _ in range(5)])
-        assert len(broker.claim("q", 2, TTL)) == 2
-        assert len(broker.claim("q", 10, TTL)) == 3
-        assert broker.claim("q", 10, TTL) == []
+        steps.enqueue(broker, [new_task() for _ in range(5)])
+        assert len(steps.claim(broker, "q", 2, TTL)) == 2
+        assert len(steps.claim(broker, "q", 10, TTL)) == 3
+        assert steps.claim(broker, "q", 10, TTL) == []
 
     def test_claim_takes_only_its_own_queue(self, broker: Broker) -> None:
         other = submit(broker, queue="other")
-        assert broker.claim("q", 5, TTL) == []
+        assert steps.claim(broker, "q", 5, TTL) == []
         assert claim_one(broker, "other").task.id == other.id
 
     def test_claim_of_a_queue_differing_only_by_trailing_spaces_takes_only_its_own(
@@ -65,41 +66,41 @@ class ClaimContract:
     ) -> None:
         # Names compare exactly: a PAD SPACE collation (MySQL's utf8mb4_bin) took 'jobs ' for 'jobs'.
         plain = submit(broker, queue="jobs")
-        assert broker.claim("jobs ", 5, TTL) == []
+        assert steps.claim(broker, "jobs ", 5, TTL) == []
         assert broker.queue_length("jobs ") == 0
         padded = submit(broker, queue="jobs ")
-        assert [lease.task.id for lease in broker.claim("jobs ", 5, TTL)] == [padded.id]
-        assert [lease.task.id for lease in broker.claim("jobs", 5, TTL)] == [plain.id]
+        assert [lease.task.id for lease in steps.claim(broker, "jobs ", 5, TTL)] == [padded.id]
+        assert [lease.task.id for lease in steps.claim(broker, "jobs", 5, TTL)] == [plain.id]
 
     def test_claim_skips_blocked_tasks(self, broker: Broker) -> None:
         parent = submit(broker, queue="parents")
         submit(broker, depends_on=(parent.id,))
-        assert broker.claim("q", 5, TTL) == []
+        assert steps.claim(broker, "q", 5, TTL) == []
 
     def test_claim_skips_finished_and_canceled_tasks(self, broker: Broker) -> None:
         done = submit(broker)
-        broker.ack(done.id, claim_one(broker).token, None)
+        steps.ack(broker, done.id, claim_one(broker).token, None)
         broker.cancel(submit(broker).id)
-        assert broker.claim("q", 5, TTL) == []
+        assert steps.claim(broker, "q", 5, TTL) == []
 
     def test_a_leased_task_is_not_claimed_again(self, broker_factory: BrokerFactory) -> None:
         first, second = broker_factory(), broker_factory()
         task = submit(first)
         assert claim_one(first).task.id == task.id
-        assert second.claim("q", 5, TTL) == []
-        assert first.claim("q", 5, TTL) == []
+        assert steps.claim(second, "q", 5, TTL) == []
+        assert steps.claim(first, "q", 5, TTL) == []
 
     @pytest.mark.parametrize("limit", [0, -1])
     def test_claim_rejects_a_limit_below_one(self, broker: Broker, limit: int) -> None:
         submit(broker)
         with pytest.raises(ValueError):
-            broker.claim("q", limit, TTL)
+            steps.claim(broker, "q", limit, TTL)
         assert broker.queue_length("q") == 1
 
     def test_claim_rejects_a_non_positive_lease_ttl(self, broker: Broker) -> None:
         submit(broker)
         with pytest.raises(ValueError):
-            broker.claim("q", 1, timedelta(0))
+            steps.claim(broker, "q", 1, timedelta(0))
         assert broker.queue_length("q") == 1
 
 
@@ -149,20 +150,20 @@ class WaitContract:
         parent = submit(broker, queue="parents")
         submit(broker, depends_on=(parent.id,))
         lease = claim_one(broker, "parents")
-        self._assert_woken_by(broker, lambda: broker.ack(parent.id, lease.token, None))
+        self._assert_woken_by(broker, lambda: steps.ack(broker, parent.id, lease.token, None))
 
     def test_wait_for_work_is_woken_by_a_requeue(self, broker: Broker) -> None:
         task = submit(broker)
         lease = claim_one(broker)
-        self._assert_woken_by(broker, lambda: broker.requeue(task.id, lease.token))
+        self._assert_woken_by(broker, lambda: steps.requeue(broker, task.id, lease.token))
 
     def test_wait_for_work_is_woken_by_a_retry_due_now(self, broker: Broker) -> None:
         task = submit(broker)
         lease = claim_one(broker)
         self._assert_woken_by(
             broker,
-            lambda: broker.retry(
-                task.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(0)
+            lambda: steps.retry(
+                broker, task.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(0)
             ),
         )
 

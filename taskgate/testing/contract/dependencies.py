@@ -11,6 +11,7 @@ from taskgate.clock import ManualClock
 from taskgate.errors import TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.task import Status, Task
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, claim_one, new_task, nonzero_counts, submit
 
 __all__ = ["DependencyContract"]
@@ -21,18 +22,18 @@ PARENTS = "parents"
 
 def _completed(broker: Broker) -> Task:
     task = submit(broker, queue=PARENTS)
-    return broker.ack(task.id, claim_one(broker, PARENTS).token, None)
+    return steps.ack(broker, task.id, claim_one(broker, PARENTS).token, None)
 
 
 def _failed(broker: Broker) -> Task:
     task = submit(broker, queue=PARENTS)
-    return broker.fail(task.id, claim_one(broker, PARENTS).token, kind=FailureKind.BUSINESS, error="x")
+    return steps.fail(broker, task.id, claim_one(broker, PARENTS).token, kind=FailureKind.BUSINESS, error="x")
 
 
 def _fail_running(broker: Broker, task_id: str) -> Task:
     lease = claim_one(broker, PARENTS)
     assert lease.task.id == task_id
-    return broker.fail(task_id, lease.token, kind=FailureKind.BUSINESS, error="parent broke")
+    return steps.fail(broker, task_id, lease.token, kind=FailureKind.BUSINESS, error="parent broke")
 
 
 class DependencyContract:
@@ -78,19 +79,19 @@ class DependencyContract:
     def test_parent_earlier_in_the_same_batch_is_accepted(self, broker: Broker) -> None:
         parent = new_task(queue=PARENTS)
         child = new_task(depends_on=(parent.id,))
-        assert [t.status for t in broker.enqueue([parent, child])] == [Status.PENDING, Status.BLOCKED]
+        assert [t.status for t in steps.enqueue(broker, [parent, child])] == [Status.PENDING, Status.BLOCKED]
 
     def test_ack_wakes_the_child_in_the_same_transition(self, broker: Broker) -> None:
         parent = submit(broker, queue=PARENTS)
         child = submit(broker, depends_on=(parent.id,))
-        broker.ack(parent.id, claim_one(broker, PARENTS).token, None)
+        steps.ack(broker, parent.id, claim_one(broker, PARENTS).token, None)
         assert broker.get(child.id).status is Status.PENDING
         assert claim_one(broker).task.id == child.id
 
     def test_canceled_child_stays_canceled_when_its_parent_completes(self, broker: Broker) -> None:
         parent = submit(broker, queue=PARENTS)
         child = broker.cancel(submit(broker, depends_on=(parent.id,)).id)
-        broker.ack(parent.id, claim_one(broker, PARENTS).token, None)
+        steps.ack(broker, parent.id, claim_one(broker, PARENTS).token, None)
         assert broker.get(child.id) == child
 
     def test_canceled_child_is_untouched_when_its_parent_fails(
@@ -105,10 +106,10 @@ class DependencyContract:
     def test_fan_in_child_waits_for_every_parent(self, broker: Broker) -> None:
         first, second = submit(broker, queue=PARENTS), submit(broker, queue=PARENTS)
         child = submit(broker, depends_on=(first.id, second.id))
-        (lease_1, lease_2) = broker.claim(PARENTS, 2, TTL)
-        broker.ack(lease_1.task.id, lease_1.token, None)
+        (lease_1, lease_2) = steps.claim(broker, PARENTS, 2, TTL)
+        steps.ack(broker, lease_1.task.id, lease_1.token, None)
         assert broker.get(child.id).status is Status.BLOCKED
-        broker.ack(lease_2.task.id, lease_2.token, None)
+        steps.ack(broker, lease_2.task.id, lease_2.token, None)
         assert broker.get(child.id).status is Status.PENDING
 
     def test_failed_parent_cancels_every_descendant(self, broker: Broker, clock: ManualClock) -> None:
@@ -150,7 +151,7 @@ class DependencyContract:
         grandchild = submit(broker, depends_on=(tolerant.id,))
         _fail_running(broker, parent.id)
         assert broker.get(grandchild.id).status is Status.BLOCKED
-        broker.ack(tolerant.id, claim_one(broker, "tolerant").token, None)
+        steps.ack(broker, tolerant.id, claim_one(broker, "tolerant").token, None)
         assert broker.get(grandchild.id).status is Status.PENDING
 
     def test_tolerant_child_wakes_only_when_every_parent_is_final(self, broker: Broker) -> None:
@@ -158,7 +159,7 @@ class DependencyContract:
         child = submit(broker, depends_on=(first.id, second.id), ignore_parent_failure=True)
         _fail_running(broker, first.id)
         assert broker.get(child.id).status is Status.BLOCKED
-        broker.ack(second.id, claim_one(broker, "other-parents").token, None)
+        steps.ack(broker, second.id, claim_one(broker, "other-parents").token, None)
         assert broker.get(child.id).status is Status.PENDING
 
     def test_tolerant_child_wakes_when_its_last_parent_is_canceled(self, broker: Broker) -> None:
@@ -170,8 +171,8 @@ class DependencyContract:
     def test_woken_child_keeps_its_own_run_at(self, broker: Broker, clock: ManualClock) -> None:
         parent = submit(broker, queue=PARENTS)
         child = submit(broker, depends_on=(parent.id,), delay=timedelta(seconds=60))
-        broker.ack(parent.id, claim_one(broker, PARENTS).token, None)
+        steps.ack(broker, parent.id, claim_one(broker, PARENTS).token, None)
         assert broker.get(child.id).run_at == child.run_at
-        assert broker.claim("q", 1, TTL) == []
+        assert steps.claim(broker, "q", 1, TTL) == []
         clock.advance(60)
         assert claim_one(broker).task.id == child.id

@@ -16,6 +16,7 @@ from taskgate.brokers.base import Broker, NewTask
 from taskgate.clock import ManualClock
 from taskgate.errors import TaskExistsError
 from taskgate.task import Filter, Status
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, new_task, nonzero_counts, submit
 
 __all__ = ["LargeBatchContract"]
@@ -50,7 +51,7 @@ class LargeBatchContract:
     def test_a_large_batch_round_trips_every_field(self, broker: Broker, clock: ManualClock) -> None:
         parent = submit(broker)
         items = _mixed_batch(parent.id)
-        stored = broker.enqueue(items)
+        stored = steps.enqueue(broker, items)
         assert [t.id for t in stored] == [i.id for i in items]
         for item, task in zip(items, stored, strict=True):
             assert broker.get(item.id) == task
@@ -74,18 +75,18 @@ class LargeBatchContract:
             )
             for n in range(BATCH)
         ]
-        broker.enqueue(items)
+        steps.enqueue(broker, items)
         for item in items:
             task = broker.get(item.id)
             assert (task.id, task.payload, task.business_key) == (item.id, item.payload, item.business_key)
-        assert [t.id for t in broker.history("alike-3")] == [items[3].id]
+        assert [t.id for t in steps.history(broker, "alike-3")] == [items[3].id]
 
     def test_a_large_batch_is_indexed_for_lists_counts_and_claims(
         self, broker: Broker, clock: ManualClock
     ) -> None:
         parent = submit(broker, type="parent", queue="other")
         items = _mixed_batch(parent.id)
-        broker.enqueue(items)
+        steps.enqueue(broker, items)
         batch_ids = {i.id for i in items}
         blocked = {i.id for i in items if i.depends_on}
         tab_typed = {i.id for i in items if i.type == "t\tab"}
@@ -93,23 +94,23 @@ class LargeBatchContract:
         assert {t.id for t in broker.list(Filter(type="t\tab"))} == tab_typed
         assert {t.id for t in broker.list(Filter(status=Status.BLOCKED))} == blocked
         keyed = [i for i in items if i.business_key is not None]
-        assert [t.id for t in broker.history(keyed[-1].business_key or "")] == [keyed[-1].id]
+        assert [t.id for t in steps.history(broker, keyed[-1].business_key or "")] == [keyed[-1].id]
         counts = nonzero_counts(broker)
         assert sum(counts["plain"].values()) + sum(counts["t\tab"].values()) == BATCH
         assert counts["plain"].get(Status.BLOCKED, 0) + counts["t\tab"].get(Status.BLOCKED, 0) == len(blocked)
         due_now = [i.id for i in items if not i.depends_on and not i.delay]
-        claimed = broker.claim("q", BATCH, TTL)
+        claimed = steps.claim(broker, "q", BATCH, TTL)
         assert sorted(lease.task.id for lease in claimed) == sorted(due_now)
         clock.advance(BATCH)
         later = {i.id for i in items if not i.depends_on and i.delay}
-        assert {lease.task.id for lease in broker.claim("q", BATCH, TTL)} == later
+        assert {lease.task.id for lease in steps.claim(broker, "q", BATCH, TTL)} == later
 
     def test_a_large_batch_with_one_id_in_use_stores_none_of_it(self, broker: Broker) -> None:
         taken = submit(broker, payload=b"first")
         items = [new_task() for _ in range(BATCH)]
         items[BATCH // 2] = new_task(id=taken.id, payload=b"second")
         with pytest.raises(ValueError, match=taken.id):
-            broker.enqueue(items)
+            steps.enqueue(broker, items)
         assert broker.list(Filter()) == [taken]
         assert nonzero_counts(broker) == {"t": {Status.PENDING: 1}}
 
@@ -118,7 +119,7 @@ class LargeBatchContract:
         items = [new_task(business_key=f"fresh-{n}") for n in range(BATCH)]
         items[-1] = new_task(business_key="taken")
         with pytest.raises(TaskExistsError) as caught:
-            broker.enqueue(items)
+            steps.enqueue(broker, items)
         assert caught.value.execution_id == holder.id
         assert broker.list(Filter()) == [holder]
-        assert broker.history("fresh-0") == []
+        assert steps.history(broker, "fresh-0") == []

@@ -8,10 +8,12 @@ from datetime import timedelta
 import pytest
 
 from taskgate.brokers.base import Broker, FailureKind
+from taskgate.brokers.params import Heartbeat
 from taskgate.clock import ManualClock
 from taskgate.errors import LeaseLostError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.task import Status
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, claim_one, submit
 
 __all__ = ["LeaseContract"]
@@ -19,12 +21,14 @@ __all__ = ["LeaseContract"]
 # One worker write per entry, called as write(broker, task_id, token).
 WorkerWrite = Callable[[Broker, str, str], object]
 WORKER_WRITES: dict[str, WorkerWrite] = {
-    "ack": lambda b, i, t: b.ack(i, t, b"late"),
-    "fail": lambda b, i, t: b.fail(i, t, kind=FailureKind.BUSINESS, error="late"),
-    "retry": lambda b, i, t: b.retry(i, t, kind=FailureKind.BUSINESS, error="late", delay=timedelta(0)),
-    "requeue": lambda b, i, t: b.requeue(i, t),
-    "finish_canceled": lambda b, i, t: b.finish_canceled(i, t),
-    "heartbeat": lambda b, i, t: b.heartbeat(i, t, TTL),
+    "ack": lambda b, i, t: steps.ack(b, i, t, b"late"),
+    "fail": lambda b, i, t: steps.fail(b, i, t, kind=FailureKind.BUSINESS, error="late"),
+    "retry": lambda b, i, t: steps.retry(
+        b, i, t, kind=FailureKind.BUSINESS, error="late", delay=timedelta(0)
+    ),
+    "requeue": lambda b, i, t: steps.requeue(b, i, t),
+    "finish_canceled": lambda b, i, t: steps.finish_canceled(b, i, t),
+    "heartbeat": lambda b, i, t: steps.heartbeat(b, i, t, TTL),
 }
 WRITE_NAMES = sorted(WORKER_WRITES)
 
@@ -36,11 +40,16 @@ class LeaseContract:
         task = submit(broker)
         lease = claim_one(broker)
         clock.advance(TTL - timedelta(seconds=1))
-        renewal = broker.heartbeat(task.id, lease.token, TTL)
+        renewal = steps.heartbeat(broker, task.id, lease.token, TTL)
         assert renewal.expires_at == clock.now() + TTL
         clock.advance(TTL - timedelta(seconds=1))
         assert broker.reap(lease_lost_max=3) == []
         assert broker.get(task.id).status is Status.RUNNING
+
+    def test_heartbeat_without_a_slot_queue_answers_no_slot_lost(self, broker: Broker) -> None:
+        task = submit(broker)
+        renewal = broker.heartbeat(Heartbeat(task.id, claim_one(broker).token, TTL))
+        assert (renewal.cancel_requested, renewal.slot_lost) == (False, False)
 
     def test_reap_leaves_a_live_lease_alone(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker)
@@ -82,7 +91,7 @@ class LeaseContract:
     def test_reap_takes_at_most_its_limit(self, broker: Broker, clock: ManualClock) -> None:
         for _ in range(3):
             submit(broker)
-        broker.claim("q", 3, TTL)
+        steps.claim(broker, "q", 3, TTL)
         clock.advance(TTL)
         assert len(broker.reap(lease_lost_max=3, limit=2)) == 2
         assert len(broker.reap(lease_lost_max=3, limit=2)) == 1
@@ -92,7 +101,9 @@ class LeaseContract:
         submit(broker)
         submit(broker, delay=timedelta(seconds=1))
         task = submit(broker, queue="r")
-        broker.retry(task.id, claim_one(broker, "r").token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
+        steps.retry(
+            broker, task.id, claim_one(broker, "r").token, kind=FailureKind.BUSINESS, error="x", delay=TTL
+        )
         clock.advance(TTL * 10)
         assert broker.reap(lease_lost_max=1) == []
 
@@ -102,14 +113,14 @@ class LeaseContract:
         task = submit(broker)
         lease = claim_one(broker)
         clock.advance(TTL * 2)
-        assert broker.heartbeat(task.id, lease.token, TTL).expires_at == clock.now() + TTL
+        assert steps.heartbeat(broker, task.id, lease.token, TTL).expires_at == clock.now() + TTL
         assert broker.reap(lease_lost_max=3) == []
 
     def test_expired_lease_not_yet_reaped_can_still_ack(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker)
         lease = claim_one(broker)
         clock.advance(TTL * 2)
-        assert broker.ack(task.id, lease.token, None).status is Status.COMPLETED
+        assert steps.ack(broker, task.id, lease.token, None).status is Status.COMPLETED
         assert broker.reap(lease_lost_max=3) == []
 
     @pytest.mark.parametrize("write", WRITE_NAMES)
@@ -122,7 +133,7 @@ class LeaseContract:
         with pytest.raises(LeaseLostError):
             WORKER_WRITES[write](broker, task.id, lease.token + "-forged")
         assert broker.get(task.id) == before
-        assert broker.heartbeat(task.id, lease.token, TTL).cancel_requested is False
+        assert steps.heartbeat(broker, task.id, lease.token, TTL).cancel_requested is False
 
     @pytest.mark.parametrize("write", WRITE_NAMES)
     def test_write_with_a_reaped_token_raises_lease_lost_and_changes_nothing(
@@ -150,13 +161,13 @@ class LeaseContract:
         with pytest.raises(LeaseLostError):
             WORKER_WRITES[write](broker, task.id, stale.token)
         assert broker.get(task.id) == before
-        assert broker.ack(task.id, current.token, b"new").result == b"new"
+        assert steps.ack(broker, task.id, current.token, b"new").result == b"new"
 
     @pytest.mark.parametrize("write", WRITE_NAMES)
     def test_write_after_the_task_is_final_raises_lease_lost(self, broker: Broker, write: str) -> None:
         task = submit(broker)
         lease = claim_one(broker)
-        done = broker.ack(task.id, lease.token, b"first")
+        done = steps.ack(broker, task.id, lease.token, b"first")
         with pytest.raises(LeaseLostError):
             WORKER_WRITES[write](broker, task.id, lease.token)
         assert broker.get(task.id) == done

@@ -13,6 +13,7 @@ from taskgate.clock import ManualClock
 from taskgate.errors import TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.task import Filter, Status, Task
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, claim_one, new_task, submit
 
 __all__ = ["LifecycleContract"]
@@ -32,7 +33,7 @@ class LifecycleContract:
             depends_on=(parent.id,),
             ignore_parent_failure=True,
         )
-        (stored,) = broker.enqueue([item])
+        (stored,) = steps.enqueue(broker, [item])
         got = broker.get(item.id)
         assert got == stored
         assert (got.id, got.type, got.queue, got.payload) == (item.id, "email", "mail", b"\x00\xff binary")
@@ -45,12 +46,12 @@ class LifecycleContract:
 
     def test_every_snapshot_holds_exactly_the_task_fields(self, broker: Broker) -> None:
         parent = submit(broker, business_key="fields")
-        (child,) = broker.enqueue([new_task(depends_on=(parent.id,))])
+        (child,) = steps.enqueue(broker, [new_task(depends_on=(parent.id,))])
         lease = claim_one(broker)
-        (acked,) = broker.ack_many([(lease.task.id, lease.token, b"1")])
+        (acked,) = steps.ack_many(broker, [(lease.task.id, lease.token, b"1")])
         assert isinstance(acked, Task)
         snapshots = [parent, child, lease.task, acked, broker.get(child.id), *broker.list(Filter())]
-        snapshots += broker.history("fields")
+        snapshots += steps.history(broker, "fields")
         for snapshot in snapshots:
             assert {f.name: getattr(snapshot, f.name) for f in dataclasses.fields(Task)} == vars(snapshot)
 
@@ -64,22 +65,22 @@ class LifecycleContract:
 
     def test_enqueue_returns_snapshots_in_batch_order(self, broker: Broker) -> None:
         items = [new_task(id=f"task-{n}") for n in (3, 1, 2)]
-        assert [t.id for t in broker.enqueue(items)] == ["task-3", "task-1", "task-2"]
+        assert [t.id for t in steps.enqueue(broker, items)] == ["task-3", "task-1", "task-2"]
 
     def test_enqueue_of_an_empty_batch_returns_nothing(self, broker: Broker) -> None:
-        assert broker.enqueue([]) == []
+        assert steps.enqueue(broker, []) == []
 
     def test_enqueue_is_all_or_nothing(self, broker: Broker) -> None:
         good = new_task()
         with pytest.raises(TaskNotFoundError):
-            broker.enqueue([good, new_task(depends_on=(new_id(),))])
+            steps.enqueue(broker, [good, new_task(depends_on=(new_id(),))])
         with pytest.raises(TaskNotFoundError):
             broker.get(good.id)
 
     def test_enqueue_of_an_id_in_use_raises_value_error_and_changes_nothing(self, broker: Broker) -> None:
         first = submit(broker, payload=b"first")
         with pytest.raises(ValueError):
-            broker.enqueue([new_task(id=first.id, payload=b"second")])
+            steps.enqueue(broker, [new_task(id=first.id, payload=b"second")])
         assert broker.get(first.id) == first
 
     def test_get_of_an_unknown_id_raises_task_not_found(self, broker: Broker) -> None:
@@ -89,9 +90,9 @@ class LifecycleContract:
     def test_delayed_task_is_not_claimable_before_run_at(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker, delay=timedelta(seconds=10))
         assert task.run_at == clock.now() + timedelta(seconds=10)
-        assert broker.claim("q", 1, TTL) == []
+        assert steps.claim(broker, "q", 1, TTL) == []
         clock.advance(9)
-        assert broker.claim("q", 1, TTL) == []
+        assert steps.claim(broker, "q", 1, TTL) == []
         clock.advance(1)
         assert claim_one(broker).task.id == task.id
 
@@ -110,7 +111,7 @@ class LifecycleContract:
         task = submit(broker)
         lease = claim_one(broker)
         clock.advance(2)
-        done = broker.ack(task.id, lease.token, b'{"answer":42}')
+        done = steps.ack(broker, task.id, lease.token, b'{"answer":42}')
         assert done.status is Status.COMPLETED
         assert done.result == b'{"answer":42}'
         assert done.finished_at == clock.now()
@@ -118,24 +119,26 @@ class LifecycleContract:
 
     def test_ack_with_none_result_stores_none(self, broker: Broker) -> None:
         task = submit(broker)
-        done = broker.ack(task.id, claim_one(broker).token, None)
+        done = steps.ack(broker, task.id, claim_one(broker).token, None)
         assert (done.status, done.result) == (Status.COMPLETED, None)
 
     def test_fail_with_a_business_error_counts_an_attempt(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker)
-        failed = broker.fail(task.id, claim_one(broker).token, kind=FailureKind.BUSINESS, error="boom")
+        failed = steps.fail(broker, task.id, claim_one(broker).token, kind=FailureKind.BUSINESS, error="boom")
         assert (failed.status, failed.attempts, failed.throttled) == (Status.FAILED, 1, 0)
         assert (failed.last_error, failed.finished_at) == ("boom", clock.now())
         assert broker.get(task.id) == failed
 
     def test_fail_with_skip_counts_an_attempt(self, broker: Broker) -> None:
         task = submit(broker)
-        failed = broker.fail(task.id, claim_one(broker).token, kind=FailureKind.SKIP, error="hopeless")
+        failed = steps.fail(broker, task.id, claim_one(broker).token, kind=FailureKind.SKIP, error="hopeless")
         assert (failed.status, failed.attempts, failed.throttled) == (Status.FAILED, 1, 0)
 
     def test_fail_when_throttled_counts_a_throttle_not_an_attempt(self, broker: Broker) -> None:
         task = submit(broker)
-        failed = broker.fail(task.id, claim_one(broker).token, kind=FailureKind.THROTTLED, error="busy")
+        failed = steps.fail(
+            broker, task.id, claim_one(broker).token, kind=FailureKind.THROTTLED, error="busy"
+        )
         assert (failed.status, failed.attempts, failed.throttled) == (Status.FAILED, 0, 1)
 
     @pytest.mark.parametrize(
@@ -154,17 +157,19 @@ class LifecycleContract:
         task = submit(broker)
         lease = claim_one(broker)
         if verb == "fail":
-            written = broker.fail(task.id, lease.token, kind=FailureKind.SKIP, error=error)
+            written = steps.fail(broker, task.id, lease.token, kind=FailureKind.SKIP, error=error)
         else:
-            written = broker.retry(task.id, lease.token, kind=FailureKind.BUSINESS, error=error, delay=TTL)
+            written = steps.retry(
+                broker, task.id, lease.token, kind=FailureKind.BUSINESS, error=error, delay=TTL
+            )
         assert (written.attempts, written.last_error) == (1, stored)
         assert broker.get(task.id) == written
         assert broker.list(Filter()) == [written]
 
     def test_an_enormous_error_text_is_stored_cut_to_the_maximum(self, broker: Broker) -> None:
         task = submit(broker)
-        failed = broker.fail(
-            task.id, claim_one(broker).token, kind=FailureKind.BUSINESS, error="e" * 1_000_000
+        failed = steps.fail(
+            broker, task.id, claim_one(broker).token, kind=FailureKind.BUSINESS, error="e" * 1_000_000
         )
         assert failed.last_error is not None and len(failed.last_error) == MAX_ERROR_LENGTH
         assert failed.last_error.startswith("eee") and "cut from 1000000 characters" in failed.last_error
@@ -173,8 +178,8 @@ class LifecycleContract:
     def test_retry_sets_retrying_due_after_the_delay(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker)
         lease = claim_one(broker)
-        retried = broker.retry(
-            task.id, lease.token, kind=FailureKind.BUSINESS, error="flaky", delay=timedelta(seconds=8)
+        retried = steps.retry(
+            broker, task.id, lease.token, kind=FailureKind.BUSINESS, error="flaky", delay=timedelta(seconds=8)
         )
         assert (retried.status, retried.attempts, retried.throttled) == (Status.RETRYING, 1, 0)
         assert (retried.run_at, retried.last_error) == (clock.now() + timedelta(seconds=8), "flaky")
@@ -184,15 +189,19 @@ class LifecycleContract:
     def test_throttled_retry_counts_a_throttle_not_an_attempt(self, broker: Broker) -> None:
         task = submit(broker)
         lease = claim_one(broker)
-        retried = broker.retry(task.id, lease.token, kind=FailureKind.THROTTLED, error="429", delay=TTL)
+        retried = steps.retry(
+            broker, task.id, lease.token, kind=FailureKind.THROTTLED, error="429", delay=TTL
+        )
         assert (retried.status, retried.attempts, retried.throttled) == (Status.RETRYING, 0, 1)
 
     def test_retrying_task_is_claimed_again_once_due(self, broker: Broker, clock: ManualClock) -> None:
         task = submit(broker)
         first = claim_one(broker)
-        broker.retry(task.id, first.token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(seconds=4))
+        steps.retry(
+            broker, task.id, first.token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(seconds=4)
+        )
         clock.advance(3)
-        assert broker.claim("q", 1, TTL) == []
+        assert steps.claim(broker, "q", 1, TTL) == []
         clock.advance(1)
         second = claim_one(broker)
         assert second.task.id == task.id
@@ -204,7 +213,7 @@ class LifecycleContract:
         task = submit(broker)
         lease = claim_one(broker)
         clock.advance(5)
-        back = broker.requeue(task.id, lease.token)
+        back = steps.requeue(broker, task.id, lease.token)
         assert back.status is Status.PENDING
         assert (back.attempts, back.throttled, back.lease_lost, back.claims) == (0, 0, 0, 1)
         assert back.run_at == clock.now()
@@ -217,5 +226,5 @@ class LifecycleContract:
         for expected in (1, 2, 3):
             lease = claim_one(broker)
             assert lease.task.claims == expected
-            broker.requeue(task.id, lease.token)
+            steps.requeue(broker, task.id, lease.token)
         assert broker.get(task.id).claims == 3

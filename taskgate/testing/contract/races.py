@@ -12,6 +12,7 @@ from taskgate.brokers.base import Broker, FailureKind, Lease
 from taskgate.clock import ManualClock
 from taskgate.errors import LeaseLostError, TaskExistsError
 from taskgate.task import Filter, Status
+from taskgate.testing import steps
 from taskgate.testing.contract._fixtures import BrokerFactory
 from taskgate.testing.contract._support import (
     RACE_ROUNDS,
@@ -35,7 +36,7 @@ REAPED_TASKS = 6
 
 def _claim_until_empty(broker: Broker, queue: str) -> list[str]:
     claimed: list[str] = []
-    while leases := broker.claim(queue, CLAIM_BATCH, TTL):
+    while leases := steps.claim(broker, queue, CLAIM_BATCH, TTL):
         assert len(leases) <= CLAIM_BATCH
         claimed.extend(lease.task.id for lease in leases)
     return claimed
@@ -53,7 +54,7 @@ class RaceContract:
             lease = claim_one(main)
             clock.advance(TTL)
             reaped, acked = race_pair(
-                partial(reaper.reap, lease_lost_max=5), partial(worker.ack, task.id, lease.token, b"r")
+                partial(reaper.reap, lease_lost_max=5), partial(steps.ack, worker, task.id, lease.token, b"r")
             )
             assert reaped.ok, reaped.error
             final = main.get(task.id)
@@ -78,8 +79,8 @@ class RaceContract:
             current = claim_one(main)
             old_ack, new_ack = race(
                 [
-                    partial(stale_worker.ack, task.id, stale.token, b"stale"),
-                    partial(new_worker.ack, task.id, current.token, b"fresh"),
+                    partial(steps.ack, stale_worker, task.id, stale.token, b"stale"),
+                    partial(steps.ack, new_worker, task.id, current.token, b"fresh"),
                 ]
             )
             assert isinstance(old_ack.error, LeaseLostError)
@@ -97,8 +98,8 @@ class RaceContract:
     ) -> None:
         main, first, second = broker_factory(), broker_factory(), broker_factory()
         for _ in range(RACE_ROUNDS):
-            ids = {t.id for t in main.enqueue([new_task() for _ in range(REAPED_TASKS)])}
-            main.claim("q", REAPED_TASKS, TTL)
+            ids = {t.id for t in steps.enqueue(main, [new_task() for _ in range(REAPED_TASKS)])}
+            steps.claim(main, "q", REAPED_TASKS, TTL)
             clock.advance(TTL)
             outcomes = race([partial(first.reap, lease_lost_max=5), partial(second.reap, lease_lost_max=5)])
             assert all(o.ok for o in outcomes), [o.error for o in outcomes]
@@ -117,7 +118,8 @@ class RaceContract:
             lease = claim_one(main, "parents")
             child = new_task(depends_on=(parent.id,))
             acked, submitted = race_pair(
-                partial(worker.ack, parent.id, lease.token, None), partial(submitter.enqueue, [child])
+                partial(steps.ack, worker, parent.id, lease.token, None),
+                partial(steps.enqueue, submitter, [child]),
             )
             assert acked.ok and submitted.ok, (acked.error, submitted.error)
             assert main.get(child.id).status is Status.PENDING
@@ -132,8 +134,8 @@ class RaceContract:
             lease = claim_one(main, "parents")
             child = new_task(depends_on=(parent.id,))
             failed, submitted = race_pair(
-                partial(worker.fail, parent.id, lease.token, kind=FailureKind.SKIP, error="x"),
-                partial(submitter.enqueue, [child]),
+                partial(steps.fail, worker, parent.id, lease.token, kind=FailureKind.SKIP, error="x"),
+                partial(steps.enqueue, submitter, [child]),
             )
             assert failed.ok and submitted.ok, (failed.error, submitted.error)
             assert main.get(child.id).status is Status.CANCELED
@@ -143,7 +145,7 @@ class RaceContract:
         for _ in range(RACE_ROUNDS):
             task = submit(main)
             canceled, claimed = race_pair(
-                partial(canceler.cancel, task.id), partial(claimer.claim, "q", 1, TTL)
+                partial(canceler.cancel, task.id), partial(steps.claim, claimer, "q", 1, TTL)
             )
             assert canceled.ok and claimed.ok, (canceled.error, claimed.error)
             _assert_cancel_kept(main, task.id, claimed)
@@ -152,7 +154,7 @@ class RaceContract:
         brokers = [broker_factory() for _ in range(SUBMITTERS)]
         for round_no in range(RACE_ROUNDS):
             key = f"identity-{round_no}"
-            outcomes = race([partial(b.enqueue, [new_task(business_key=key)]) for b in brokers])
+            outcomes = race([partial(steps.enqueue, b, [new_task(business_key=key)]) for b in brokers])
             winners = [o.value[0] for o in outcomes if o.ok and o.value]
             assert len(winners) == 1, [o.error for o in outcomes]
             losers = [o.error for o in outcomes if not o.ok]
@@ -160,14 +162,14 @@ class RaceContract:
             for error in losers:
                 assert isinstance(error, TaskExistsError), error
                 assert (error.business_key, error.execution_id) == (key, winners[0].id)
-            assert [t.id for t in brokers[0].history(key)] == [winners[0].id]
+            assert [t.id for t in steps.history(brokers[0], key)] == [winners[0].id]
 
     def test_concurrent_claimers_take_each_task_exactly_once(self, broker_factory: BrokerFactory) -> None:
         main = broker_factory()
         claimers = [broker_factory() for _ in range(CLAIMERS)]
         for round_no in range(RACE_ROUNDS):
             queue = f"crowded-{round_no}"
-            ids = {t.id for t in main.enqueue([new_task(queue=queue) for _ in range(TASKS_TO_CLAIM)])}
+            ids = {t.id for t in steps.enqueue(main, [new_task(queue=queue) for _ in range(TASKS_TO_CLAIM)])}
             outcomes = race([partial(_claim_until_empty, b, queue) for b in claimers])
             assert all(o.ok for o in outcomes), [o.error for o in outcomes]
             claimed = [task_id for o in outcomes for task_id in o.value or []]
@@ -186,5 +188,5 @@ def _assert_cancel_kept(broker: Broker, task_id: str, claimed: Outcome[list[Leas
         return
     (lease,) = leases
     assert (final.status, final.cancel_requested) == (Status.RUNNING, True)
-    assert broker.heartbeat(task_id, lease.token, TTL).cancel_requested is True
-    broker.finish_canceled(task_id, lease.token)
+    assert steps.heartbeat(broker, task_id, lease.token, TTL).cancel_requested is True
+    steps.finish_canceled(broker, task_id, lease.token)

@@ -12,6 +12,7 @@ from taskgate.brokers.base import Broker, FailureKind
 from taskgate.clock import ManualClock
 from taskgate.errors import TaskExistsError
 from taskgate.task import Filter, Status, Task
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, claim_one, new_task, nonzero_counts, submit
 
 __all__ = ["BusinessKeyContract", "ReadContract"]
@@ -24,10 +25,12 @@ def _mixed_history(broker: Broker, clock: ManualClock) -> None:
         submit(broker, type=task_type, queue="side", depends_on=(parent.id,))
         for _ in range(4):
             submit(broker, type=task_type, queue=f"{task_type}-work")
-        leases = broker.claim(f"{task_type}-work", 4, TTL)
-        broker.ack(leases[1].task.id, leases[1].token, None)
-        broker.fail(leases[2].task.id, leases[2].token, kind=FailureKind.BUSINESS, error="x")
-        broker.retry(leases[3].task.id, leases[3].token, kind=FailureKind.THROTTLED, error="x", delay=TTL)
+        leases = steps.claim(broker, f"{task_type}-work", 4, TTL)
+        steps.ack(broker, leases[1].task.id, leases[1].token, None)
+        steps.fail(broker, leases[2].task.id, leases[2].token, kind=FailureKind.BUSINESS, error="x")
+        steps.retry(
+            broker, leases[3].task.id, leases[3].token, kind=FailureKind.THROTTLED, error="x", delay=TTL
+        )
         broker.cancel(submit(broker, type=task_type).id)
         clock.advance(1)
 
@@ -59,7 +62,7 @@ class ReadContract:
         assert nonzero_counts(broker) == {"t": {Status.PENDING: 1}}
         lease = claim_one(broker)
         assert nonzero_counts(broker) == {"t": {Status.RUNNING: 1}}
-        broker.ack(task.id, lease.token, None)
+        steps.ack(broker, task.id, lease.token, None)
         assert nonzero_counts(broker) == {"t": {Status.COMPLETED: 1}}
 
     def test_queue_length_counts_pending_and_retrying_due_or_not(self, broker: Broker) -> None:
@@ -67,9 +70,9 @@ class ReadContract:
         submit(broker, delay=timedelta(hours=1))
         retried = submit(broker)
         submit(broker, depends_on=(retried.id,))
-        leases = broker.claim("q", 2, TTL)
+        leases = steps.claim(broker, "q", 2, TTL)
         lease = next(x for x in leases if x.task.id == retried.id)
-        broker.retry(retried.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
+        steps.retry(broker, retried.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
         # pending (delayed), retrying; the other claimed one is running, the child blocked.
         assert broker.queue_length("q") == 2
         assert broker.queue_length("unknown-queue") == 0
@@ -84,7 +87,7 @@ class ReadContract:
         assert [t.id for t in broker.list(Filter())] == ids
 
     def test_list_breaks_created_at_ties_by_id(self, broker: Broker) -> None:
-        broker.enqueue([new_task(id=i) for i in ("id-c", "id-a", "id-b")])
+        steps.enqueue(broker, [new_task(id=i) for i in ("id-c", "id-a", "id-b")])
         assert [t.id for t in broker.list(Filter())] == ["id-a", "id-b", "id-c"]
 
     def test_list_returns_current_snapshots(self, broker: Broker) -> None:
@@ -117,9 +120,9 @@ class ReadContract:
             created[task.id] = task
             clock.advance(1)
         # The later-created tasks are claimed first: lease ends run against creation order.
-        in_q2 = broker.claim("q2", 3, TTL)
+        in_q2 = steps.claim(broker, "q2", 3, TTL)
         clock.advance(TTL.total_seconds() - 1)
-        in_q1 = broker.claim("q1", 3, TTL)  # outlives the first three's leases
+        in_q1 = steps.claim(broker, "q1", 3, TTL)  # outlives the first three's leases
 
         def running(**fields: Any) -> list[str]:
             return [t.id for t in broker.list(Filter(status=Status.RUNNING, **fields))]
@@ -135,8 +138,8 @@ class ReadContract:
         ]
         assert running(limit=2, offset=3) == everything[3:5]
 
-        broker.ack(in_q1[0].task.id, in_q1[0].token, None)
-        broker.retry(in_q1[1].task.id, in_q1[1].token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
+        steps.ack(broker, in_q1[0].task.id, in_q1[0].token, None)
+        steps.retry(broker, in_q1[1].task.id, in_q1[1].token, kind=FailureKind.BUSINESS, error="x", delay=TTL)
         clock.advance(2)
         reaped = {t.id for t in broker.reap(lease_lost_max=5)}
         assert reaped == {lease.task.id for lease in in_q2}
@@ -201,15 +204,15 @@ class BusinessKeyContract:
 
     def test_task_exists_reports_the_current_status(self, broker: Broker) -> None:
         first = submit(broker, business_key="order-8")
-        broker.ack(first.id, claim_one(broker).token, None)
+        steps.ack(broker, first.id, claim_one(broker).token, None)
         with pytest.raises(TaskExistsError) as caught:
             submit(broker, business_key="order-8")
         assert caught.value.status is Status.COMPLETED
 
     def test_task_exists_names_the_newest_execution_after_a_replay(self, broker: Broker) -> None:
         first = submit(broker, business_key="order-9")
-        broker.fail(first.id, claim_one(broker).token, kind=FailureKind.SKIP, error="x")
-        newest = broker.replay(first.id, new_id=new_task().id)
+        steps.fail(broker, first.id, claim_one(broker).token, kind=FailureKind.SKIP, error="x")
+        newest = steps.replay(broker, first.id, new_id=new_task().id)
         with pytest.raises(TaskExistsError) as caught:
             submit(broker, business_key="order-9")
         assert (caught.value.execution_id, caught.value.status) == (newest.id, Status.PENDING)
@@ -218,8 +221,8 @@ class BusinessKeyContract:
         submit(broker, business_key="dup")
         fresh = new_task(business_key="fresh")
         with pytest.raises(TaskExistsError):
-            broker.enqueue([fresh, new_task(business_key="dup")])
-        assert broker.history("fresh") == []
+            steps.enqueue(broker, [fresh, new_task(business_key="dup")])
+        assert steps.history(broker, "fresh") == []
         assert len(broker.list(Filter())) == 1
 
     def test_different_keys_do_not_collide(self, broker: Broker) -> None:
@@ -231,25 +234,25 @@ class BusinessKeyContract:
         # Keys compare exactly: a PAD SPACE collation (MySQL's utf8mb4_bin) took 'k ' for 'k'.
         plain = submit(broker, business_key="k")
         padded = submit(broker, business_key="k ")
-        assert broker.history("k") == [plain]
-        assert broker.history("k ") == [padded]
-        assert broker.history("k  ") == []
+        assert steps.history(broker, "k") == [plain]
+        assert steps.history(broker, "k ") == [padded]
+        assert steps.history(broker, "k  ") == []
         assert broker.list(Filter(business_key="k")) == [plain]
         with pytest.raises(TaskExistsError) as caught:
             submit(broker, business_key="k ")
         assert (caught.value.business_key, caught.value.execution_id) == ("k ", padded.id)
 
     def test_history_of_an_unknown_key_is_empty(self, broker: Broker) -> None:
-        assert broker.history("never-used") == []
+        assert steps.history(broker, "never-used") == []
 
     def test_history_lists_every_execution_oldest_first(self, broker: Broker, clock: ManualClock) -> None:
         first = submit(broker, business_key="report")
         ids = [first.id]
         for _ in range(2):
-            broker.fail(ids[-1], claim_one(broker).token, kind=FailureKind.SKIP, error="x")
+            steps.fail(broker, ids[-1], claim_one(broker).token, kind=FailureKind.SKIP, error="x")
             clock.advance(1)
-            ids.append(broker.replay(ids[-1], new_id=new_task().id).id)
-        history = broker.history("report")
+            ids.append(steps.replay(broker, ids[-1], new_id=new_task().id).id)
+        history = steps.history(broker, "report")
         assert [t.id for t in history] == ids
         assert [t.replay_of for t in history] == [None, ids[0], ids[1]]
         assert history[-1] == broker.get(ids[-1])

@@ -14,6 +14,7 @@ from taskgate.errors import (
 )
 from taskgate.ids import new_id
 from taskgate.task import Filter, Status, Task
+from taskgate.testing import steps
 from taskgate.testing.contract._support import claim_one, submit
 
 __all__ = ["ReplayContract"]
@@ -22,7 +23,7 @@ __all__ = ["ReplayContract"]
 def _failed(broker: Broker, **fields: object) -> Task:
     task = submit(broker, **fields)
     lease = claim_one(broker, str(fields.get("queue", "q")))
-    return broker.fail(task.id, lease.token, kind=FailureKind.BUSINESS, error="boom")
+    return steps.fail(broker, task.id, lease.token, kind=FailureKind.BUSINESS, error="boom")
 
 
 class ReplayContract:
@@ -33,7 +34,7 @@ class ReplayContract:
     ) -> None:
         old = _failed(broker, payload=b"p", max_retry=3, business_key="bk", type="ty")
         clock.advance(10)
-        new = broker.replay(old.id, new_id="replay-1")
+        new = steps.replay(broker, old.id, new_id="replay-1")
         assert (new.id, new.replay_of, new.status) == ("replay-1", old.id, Status.PENDING)
         assert (new.type, new.queue, new.payload, new.max_retry) == ("ty", "q", b"p", 3)
         assert (new.business_key, new.depends_on) == ("bk", ())
@@ -44,84 +45,84 @@ class ReplayContract:
 
     def test_replay_never_changes_the_old_record(self, broker: Broker) -> None:
         old = _failed(broker)
-        broker.replay(old.id, new_id=new_id())
+        steps.replay(broker, old.id, new_id=new_id())
         assert broker.get(old.id) == old
 
     def test_replayed_execution_can_be_claimed(self, broker: Broker) -> None:
         old = _failed(broker)
-        new = broker.replay(old.id, new_id=new_id())
+        new = steps.replay(broker, old.id, new_id=new_id())
         assert claim_one(broker).task.id == new.id
 
     def test_replay_with_a_new_payload_uses_it(self, broker: Broker) -> None:
         old = _failed(broker, payload=b"old")
-        assert broker.replay(old.id, new_id=new_id(), payload=b"new").payload == b"new"
+        assert steps.replay(broker, old.id, new_id=new_id(), payload=b"new").payload == b"new"
 
     def test_replay_with_payload_none_clears_it(self, broker: Broker) -> None:
         old = _failed(broker, payload=b"old")
-        assert broker.replay(old.id, new_id=new_id(), payload=None).payload is None
+        assert steps.replay(broker, old.id, new_id=new_id(), payload=None).payload is None
 
     def test_replay_of_a_canceled_execution_is_allowed(self, broker: Broker) -> None:
         old = broker.cancel(submit(broker).id)
-        assert broker.replay(old.id, new_id=new_id()).status is Status.PENDING
+        assert steps.replay(broker, old.id, new_id=new_id()).status is Status.PENDING
 
     def test_replay_of_a_pending_execution_raises_not_final(self, broker: Broker) -> None:
         old = submit(broker)
         with pytest.raises(ReplayNotFinalError):
-            broker.replay(old.id, new_id=new_id())
+            steps.replay(broker, old.id, new_id=new_id())
         assert broker.list(Filter()) == [old]
 
     def test_replay_of_a_running_execution_raises_not_final(self, broker: Broker) -> None:
         old = submit(broker)
         claim_one(broker)
         with pytest.raises(ReplayNotFinalError):
-            broker.replay(old.id, new_id=new_id())
+            steps.replay(broker, old.id, new_id=new_id())
         assert len(broker.list(Filter())) == 1
 
     def test_replay_of_a_completed_execution_needs_allow_completed(self, broker: Broker) -> None:
         old = submit(broker)
-        broker.ack(old.id, claim_one(broker).token, b"r")
+        steps.ack(broker, old.id, claim_one(broker).token, b"r")
         with pytest.raises(CompletedNotAllowedError):
-            broker.replay(old.id, new_id=new_id())
+            steps.replay(broker, old.id, new_id=new_id())
         assert len(broker.list(Filter())) == 1
-        assert broker.replay(old.id, new_id=new_id(), allow_completed=True).replay_of == old.id
+        assert steps.replay(broker, old.id, new_id=new_id(), allow_completed=True).replay_of == old.id
 
     def test_replay_of_an_unknown_execution_raises_task_not_found(self, broker: Broker) -> None:
         with pytest.raises(TaskNotFoundError):
-            broker.replay(new_id(), new_id=new_id())
+            steps.replay(broker, new_id(), new_id=new_id())
 
     def test_replay_of_an_id_in_use_raises_value_error(self, broker: Broker) -> None:
         old = _failed(broker)
         other = submit(broker)
         with pytest.raises(ValueError):
-            broker.replay(old.id, new_id=other.id)
+            steps.replay(broker, old.id, new_id=other.id)
         assert len(broker.list(Filter())) == 2
 
     def test_only_the_newest_execution_of_a_chain_can_be_replayed(self, broker: Broker) -> None:
         first = _failed(broker)
-        second = broker.replay(first.id, new_id=new_id())
+        second = steps.replay(broker, first.id, new_id=new_id())
         with pytest.raises(AlreadyReplayedError):
-            broker.replay(first.id, new_id=new_id())
-        broker.fail(second.id, claim_one(broker).token, kind=FailureKind.SKIP, error="x")
-        third = broker.replay(second.id, new_id=new_id())
+            steps.replay(broker, first.id, new_id=new_id())
+        steps.fail(broker, second.id, claim_one(broker).token, kind=FailureKind.SKIP, error="x")
+        third = steps.replay(broker, second.id, new_id=new_id())
         assert third.replay_of == second.id
         with pytest.raises(AlreadyReplayedError):
-            broker.replay(second.id, new_id=new_id())
+            steps.replay(broker, second.id, new_id=new_id())
 
     def test_already_replayed_is_checked_before_completed_not_allowed(self, broker: Broker) -> None:
         first = submit(broker)
-        broker.ack(first.id, claim_one(broker).token, None)
-        broker.replay(first.id, new_id=new_id(), allow_completed=True)
+        steps.ack(broker, first.id, claim_one(broker).token, None)
+        steps.replay(broker, first.id, new_id=new_id(), allow_completed=True)
         with pytest.raises(AlreadyReplayedError):
-            broker.replay(first.id, new_id=new_id())
+            steps.replay(broker, first.id, new_id=new_id())
 
     def test_replay_status_follows_the_enqueue_rule(self, broker: Broker) -> None:
         parent = _failed(broker, queue="parents")
         child = submit(broker, depends_on=(parent.id,))
         assert child.status is Status.CANCELED
-        assert broker.replay(child.id, new_id=new_id()).status is Status.CANCELED
+        assert steps.replay(broker, child.id, new_id=new_id()).status is Status.CANCELED
         tolerant = submit(broker, depends_on=(parent.id,), ignore_parent_failure=True, queue="t")
         broker.cancel(tolerant.id)
-        assert broker.replay(tolerant.id, new_id=new_id()).status is Status.PENDING
+        assert steps.replay(broker, tolerant.id, new_id=new_id()).status is Status.PENDING
 
     def test_replay_of_a_child_whose_parent_was_replayed_waits_on_the_original_parent(
         self, broker: Broker
@@ -130,5 +131,5 @@ class ReplayContract:
         child = submit(broker, depends_on=(parent.id,))
         broker.cancel(parent.id)
         assert broker.get(child.id).status is Status.CANCELED
-        new_child = broker.replay(child.id, new_id=new_id())
+        new_child = steps.replay(broker, child.id, new_id=new_id())
         assert (new_child.depends_on, new_child.status) == ((parent.id,), Status.CANCELED)

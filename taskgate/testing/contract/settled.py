@@ -8,20 +8,29 @@ empty list, nothing for a call that wrote nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import cast
 
 import pytest
 
-from taskgate.brokers.base import Broker, FailureKind, QuietAcker
+from taskgate.brokers.base import Broker, FailureKind
+from taskgate.brokers.params import Claim, Complete, Fail, Settle
 from taskgate.clock import ManualClock
 from taskgate.errors import LeaseLostError
 from taskgate.task import Status, Task
+from taskgate.testing import steps
 from taskgate.testing.contract._support import TTL, ack_item, claim_one, submit
 
 __all__ = ["SettledContract"]
 
 PARENTS = "parents"  # parents in a queue of their own: claiming one never takes a child
+
+# The writes that cancel a running task marked for cancel: write(broker, task_id, token).
+MARKED_WRITES: dict[str, Callable[[Broker, str, str], Task]] = {
+    "retry": lambda b, i, t: steps.retry(b, i, t, kind=FailureKind.BUSINESS, error="x", delay=timedelta(0)),
+    "requeue": steps.requeue,
+    "finish_canceled": steps.finish_canceled,
+}
 
 
 class _Sink:
@@ -65,7 +74,7 @@ class SettledContract:
 
     def test_an_ack_reports_the_child_it_woke(self, broker: Broker, sink: _Sink) -> None:
         parent, child, grandchild = _chain(broker)
-        broker.ack(parent.id, claim_one(broker, PARENTS).token, None)
+        steps.ack(broker, parent.id, claim_one(broker, PARENTS).token, None)
         assert sink.calls == [_stored(broker, child)]
         assert sink.calls[0][0].status is Status.PENDING
         assert broker.get(grandchild.id).status is Status.BLOCKED
@@ -73,28 +82,52 @@ class SettledContract:
     def test_a_child_waiting_for_another_parent_is_not_reported(self, broker: Broker, sink: _Sink) -> None:
         first, second = submit(broker, queue=PARENTS), submit(broker, queue="elsewhere")
         submit(broker, depends_on=(first.id, second.id))
-        broker.ack(first.id, claim_one(broker, PARENTS).token, None)
+        steps.ack(broker, first.id, claim_one(broker, PARENTS).token, None)
         assert sink.calls == []
 
-    def test_ack_many_reports_the_children_of_all_its_items_in_one_call(
+    def test_a_settle_reports_the_children_of_all_its_items_in_one_call(
         self, broker: Broker, sink: _Sink
     ) -> None:
         parents = [submit(broker, queue=PARENTS) for _ in range(2)]
         children = [submit(broker, depends_on=(parent.id,)) for parent in parents]
-        leases = broker.claim(PARENTS, 2, TTL)
-        answers = broker.ack_many([ack_item(lease) for lease in leases])
+        leases = steps.claim(broker, PARENTS, 2, TTL)
+        answers = broker.settle(Settle(tuple(ack_item(lease) for lease in leases)))
         assert [answer.status for answer in answers if isinstance(answer, Task)] == [Status.COMPLETED] * 2
         assert len(sink.calls) == 1
         assert sorted(sink.calls[0], key=lambda t: t.id) == sorted(
             _stored(broker, *children), key=lambda t: t.id
         )
 
-    def test_quiet_acks_report_the_children_they_woke(self, broker: Broker, sink: _Sink) -> None:
-        if not broker.capabilities.quiet_acks:
-            pytest.skip("needs capabilities.quiet_acks")
+    def test_a_quiet_settle_reports_the_children_it_woke(self, broker: Broker, sink: _Sink) -> None:
         parent = submit(broker, queue=PARENTS)
         child = submit(broker, depends_on=(parent.id,))
-        assert cast(QuietAcker, broker).ack_many_quiet([ack_item(claim_one(broker, PARENTS))]) == [None]
+        quiet = Settle((ack_item(claim_one(broker, PARENTS)),), snapshots=False)
+        assert broker.settle(quiet) == [None]
+        assert sink.calls == [_stored(broker, child)]
+
+    def test_a_mixed_settle_reports_what_each_item_settled_in_one_call(
+        self, broker: Broker, sink: _Sink
+    ) -> None:
+        done, broken = (submit(broker, queue=PARENTS) for _ in range(2))
+        woken = submit(broker, depends_on=(done.id,))
+        doomed = submit(broker, depends_on=(broken.id,))
+        first, second = steps.claim(broker, PARENTS, 2, TTL)
+        items = (
+            Complete(first.task.id, first.token),
+            Fail(second.task.id, second.token, FailureKind.SKIP, "x"),
+        )
+        broker.settle(Settle(items, snapshots=False))
+        assert len(sink.calls) == 1
+        assert sorted(sink.calls[0], key=lambda t: t.id) == sorted(
+            _stored(broker, woken, doomed), key=lambda t: t.id
+        )
+        assert [broker.get(t.id).status for t in (woken, doomed)] == [Status.PENDING, Status.CANCELED]
+
+    def test_acks_carried_by_a_claim_report_the_children_they_woke(self, broker: Broker, sink: _Sink) -> None:
+        parent = submit(broker, queue=PARENTS)
+        child = submit(broker, depends_on=(parent.id,))
+        claimed = broker.claim(Claim("elsewhere", 1, TTL, acks=(ack_item(claim_one(broker, PARENTS)),)))
+        assert (claimed.acked, claimed.leases) == ([None], [])
         assert sink.calls == [_stored(broker, child)]
 
     def test_a_failure_reports_every_descendant_it_canceled_in_order(
@@ -102,14 +135,14 @@ class SettledContract:
     ) -> None:
         parent, child, grandchild = _chain(broker)
         clock.advance(1)
-        broker.fail(parent.id, claim_one(broker, PARENTS).token, kind=FailureKind.BUSINESS, error="x")
+        steps.fail(broker, parent.id, claim_one(broker, PARENTS).token, kind=FailureKind.BUSINESS, error="x")
         assert sink.calls == [_stored(broker, child, grandchild)]
         assert {(t.status, t.finished_at) for t in sink.calls[0]} == {(Status.CANCELED, clock.now())}
 
     def test_a_failure_reports_a_child_ignoring_it_as_woken(self, broker: Broker, sink: _Sink) -> None:
         parent = submit(broker, queue=PARENTS)
         child = submit(broker, depends_on=(parent.id,), ignore_parent_failure=True)
-        broker.fail(parent.id, claim_one(broker, PARENTS).token, kind=FailureKind.BUSINESS, error="x")
+        steps.fail(broker, parent.id, claim_one(broker, PARENTS).token, kind=FailureKind.BUSINESS, error="x")
         assert sink.calls == [_stored(broker, child)]
         assert sink.calls[0][0].status is Status.PENDING
 
@@ -122,22 +155,19 @@ class SettledContract:
         _canceled_running(broker)
         assert sink.calls == []
 
-    @pytest.mark.parametrize("write", ["retry", "requeue", "finish_canceled"])
+    @pytest.mark.parametrize("write", sorted(MARKED_WRITES))
     def test_a_write_that_cancels_a_marked_task_reports_its_descendants(
         self, broker: Broker, sink: _Sink, write: str
     ) -> None:
         parent_id, token, child, grandchild = _canceled_running(broker)
-        if write == "retry":
-            done = broker.retry(parent_id, token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(0))
-        else:
-            done = getattr(broker, write)(parent_id, token)
+        done = MARKED_WRITES[write](broker, parent_id, token)
         assert done.status is Status.CANCELED
         assert sink.calls == [_stored(broker, child, grandchild)]
 
     def test_a_retry_reports_nothing(self, broker: Broker, sink: _Sink) -> None:
         parent, _, _ = _chain(broker)
         lease = claim_one(broker, PARENTS)
-        broker.retry(parent.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(0))
+        steps.retry(broker, parent.id, lease.token, kind=FailureKind.BUSINESS, error="x", delay=timedelta(0))
         assert sink.calls == []
 
     def test_a_reap_past_lease_lost_max_reports_the_descendants_it_canceled(
@@ -154,7 +184,7 @@ class SettledContract:
         parent, _, _ = _chain(broker)
         claim_one(broker, PARENTS)
         with pytest.raises(LeaseLostError):
-            broker.ack(parent.id, "not-the-token", None)
+            steps.ack(broker, parent.id, "not-the-token", None)
         assert sink.calls == []
 
     def test_without_a_sink_nothing_is_reported(self, broker: Broker, sink: _Sink) -> None:

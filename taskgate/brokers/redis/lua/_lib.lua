@@ -412,11 +412,68 @@ local function count_failure(t, kind)
   redis.call('HINCRBY', task_key(t.id), field, 1)
 end
 
+-- The other ends of a run (settle.lua), each for the task `id` held under `token`: nil once
+-- done, or the error reply of a task not held (then nothing was written for it).
+
+-- Count the failure by `kind`, store `text` as its error, and make the task `retrying` due
+-- `delay` µs from now -- or, when a cancel was requested meanwhile, cancel it (with cascade)
+-- instead (the failure still counted and stored).
+local function retry_held(id, token, kind, text, delay)
+  local t, err = load_leased(id, token)
+  if not t then
+    return err
+  end
+  count_failure(t, kind)
+  redis.call('HSET', task_key(id), 'last_error', text)
+  if t.cancel_requested == '1' then
+    finish(t, 'canceled', {})
+  else
+    make_ready(t, 'retrying', int_str(NOW + tonumber(delay)))
+  end
+end
+
+-- Count the failure by `kind`, store `text` as its error, and fail the task for good (its
+-- descendants canceled).
+local function fail_held(id, token, kind, text)
+  local t, err = load_leased(id, token)
+  if not t then
+    return err
+  end
+  count_failure(t, kind)
+  finish(t, 'failed', { 'last_error', text })
+end
+
+-- Put the task back to `pending`, due now, touching no counter (graceful shutdown) -- or,
+-- when a cancel was requested meanwhile, cancel it (with cascade) instead.
+local function requeue_held(id, token)
+  local t, err = load_leased(id, token)
+  if not t then
+    return err
+  end
+  if t.cancel_requested == '1' then
+    finish(t, 'canceled', CANCELED_ERROR)
+  else
+    make_ready(t, 'pending', NOW_S)
+  end
+end
+
+-- End a run its handler stopped for a cancel: `canceled`, with its descendants.
+local function cancel_held(id, token)
+  local t, err = load_leased(id, token)
+  if not t then
+    return err
+  end
+  finish(t, 'canceled', CANCELED_ERROR)
+end
+
 -- ---------------------------------------------------------------------------------------
 
--- GCRA of a queue's start rate (see rate_take.lua): take up to n starts from the limiter
--- at `key` (rate `rps`, `burst`). Returns granted, and the wait in seconds before the next
--- start may be allowed when fewer than n were granted (0 otherwise).
+-- GCRA of a queue's start rate (claim_limited.lua): take up to n starts from the limiter at
+-- `key` (rate `rps`, `burst`). GCRA keeps one number, the theoretical arrival time (TAT):
+-- each start pushes it one emission interval T = 1/rps further; a start is allowed while
+-- TAT - now <= burst * T, i.e. at most `burst` starts at once and `rps` per second after
+-- that. The key expires once its TAT lies in the past. Returns granted, and the wait in
+-- seconds before the next start may be allowed when fewer than n were granted (0 otherwise).
 local function gcra_take(key, rps, burst, n)
   local interval = 1000000 / rps
   local tat = math.max(tonumber(redis.call('GET', key) or '0'), NOW)
@@ -434,10 +491,11 @@ local function gcra_take(key, rps, burst, n)
   return granted, retry_after
 end
 
--- A quota key's current window (see quota_reserve.lua): windows are epoch-aligned on the
--- broker's clock and only the newest is kept, so a clock that steps back into a forgotten
--- window gets no unit. Returns the window start (µs), the units used in it, the units left,
--- and whether the window is a forgotten one (then nothing is left, and nothing may be written).
+-- A quota key's current window (claim_quota.lua, claim_limited.lua): windows are aligned to
+-- the Unix epoch on the broker's clock and only the newest is kept, so a clock that steps back
+-- into a forgotten window gets no unit (fewer issued, never more). Returns the window start
+-- (µs), the units used in it, the units left, and whether the window is a forgotten one (then
+-- nothing is left, and nothing may be written).
 local function quota_window(key, limit, period)
   local start = math.floor(NOW / period) * period
   local kept = tonumber(redis.call('HGET', key, 'start') or '-1')

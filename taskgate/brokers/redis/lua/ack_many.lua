@@ -1,6 +1,7 @@
 -- ack_many.lua: complete many running tasks in one script; each item is answered on its own.
--- Items run in order, exactly as separate ack.lua calls would: a stale token or unknown id
--- answers its item with an error and writes nothing for it; the others still complete.
+-- Items run in order, each exactly as it would alone: a stale token or unknown id answers its
+-- item with an error and writes nothing for it; the others still complete. A cancel mark does
+-- not stop an ack: the work is done, so the task completes.
 --
 -- KEYS[1]  base (hash-tagged prefix)
 -- ARGV[1]  now in µs, or "" for the server's TIME

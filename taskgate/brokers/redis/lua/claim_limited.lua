@@ -1,10 +1,9 @@
 -- claim_limited.lua: claim up to `limit` due tasks of one queue, each under one of the
 -- queue's `capacity` global concurrency slots and, when asked, one start of the queue's GCRA
--- limiter (rate_take.lua) and one unit of a quota key's current window (quota_reserve.lua)
--- -- in one step, so slots, starts and units are taken only for tasks claimed. A slot's
--- token IS its task's lease token and expires with the lease.
--- (slots_acquire.lua, rate_take.lua, quota_reserve.lua, claim.lua, then giving back what no
--- task took, would be up to six round trips.)
+-- limiter (`gcra_take`) and one unit of a quota key's current window (`quota_window`) -- in
+-- one step, so slots, starts and units are taken only for tasks claimed, and nothing is
+-- given back afterwards. A slot's token IS its task's lease token and expires with the lease
+-- (heartbeat.lua renews it with the lease; settle.lua and the next claim give it back).
 --
 -- KEYS[1]  base (hash-tagged prefix)
 -- ARGV[1]  now in µs, or "" for the server's TIME

@@ -1,8 +1,7 @@
 -- claim_quota.lua: claim up to `limit` due tasks of one queue, one unit of a quota key's
--- current window per task, in one step: units are taken only for tasks claimed.
--- (quota_reserve.lua, claim.lua, then quota_release.lua for the units no task took would be
--- three round trips.) Windows follow quota_reserve.lua: epoch-aligned, only the newest kept,
--- a clock stepping back into a forgotten window gets nothing.
+-- current window per task, in one step: units are taken only for tasks claimed, so none are
+-- given back afterwards. Windows are `quota_window`'s (_lib.lua): epoch-aligned, only the
+-- newest kept, a clock stepping back into a forgotten window gets nothing.
 --
 -- KEYS[1]  base (hash-tagged prefix)
 -- ARGV[1]  now in µs, or "" for the server's TIME

@@ -1,5 +1,6 @@
--- list.lua: tasks matching a filter, sorted by (created_at, id), then offset, then limit.
--- Read-only; one script so the page is a consistent snapshot.
+-- list.lua: tasks matching a filter, sorted by (created_at, id) -- a business key's
+-- executions oldest first -- then offset, then limit. Read-only; one script so the page is a
+-- consistent snapshot.
 --
 -- Cost: with no filter or one of type/queue/status, O(log N + page) (ZRANGE on one index);
 -- with several, O(candidates) (ZINTER of the index ZSETs, sorted by score then member, which
@@ -39,31 +40,33 @@ local function page(ids)
   return reply
 end
 
-local function by_business_key()
-  local rows = {}
-  for _, id in ipairs(redis.call('LRANGE', B .. 'bkey:' .. want.business_key, 0, -1)) do
-    local t = load(id)
-    if (not want.type or t.type == want.type) and (not want.queue or t.queue == want.queue)
-        and (not want.status or t.status == want.status) then
-      rows[#rows + 1] = { tonumber(t.created_at), id }
-    end
-  end
-  table.sort(rows, function(a, b)
-    if a[1] ~= b[1] then return a[1] < b[1] end
-    return a[2] < b[2]
-  end)
-  local ids = {}
-  for i, row in ipairs(rows) do
-    ids[i] = row[2]
-  end
+-- The page of one index, read by `command` (ZRANGE of a ZSET, LRANGE of a LIST): only the
+-- page's ids are read.
+local function by_one_index(command, key)
+  local stop = (limit == 0) and -1 or (offset + limit - 1)
+  local ids = redis.call(command, key, offset, stop)
+  offset = 0
+  limit = 0
   return page(ids)
 end
 
-local function by_one_index(key)
-  local stop = (limit == 0) and -1 or (offset + limit - 1)
-  local ids = redis.call('ZRANGE', key, offset, stop)
-  offset = 0
-  limit = 0
+-- A business key's executions in the order of its LIST: the order they were created in, the
+-- replay chain's, which times cannot tell apart when they tie (a coarse or frozen clock).
+-- Alone, the key reads only the page of its LIST; with other filters, the three filtered
+-- fields of each execution pick the ones to page.
+local function by_business_key()
+  local key = B .. 'bkey:' .. want.business_key
+  if #indexes == 0 then
+    return by_one_index('LRANGE', key)
+  end
+  local ids = {}
+  for _, id in ipairs(redis.call('LRANGE', key, 0, -1)) do
+    local f = redis.call('HMGET', task_key(id), 'type', 'queue', 'status')
+    if (not want.type or f[1] == want.type) and (not want.queue or f[2] == want.queue)
+        and (not want.status or f[3] == want.status) then
+      ids[#ids + 1] = id
+    end
+  end
   return page(ids)
 end
 
@@ -82,9 +85,9 @@ end
 if want.business_key then
   return by_business_key()
 elseif #indexes == 0 then
-  return by_one_index(B .. 'idx:all')
+  return by_one_index('ZRANGE', B .. 'idx:all')
 elseif #indexes == 1 and weights[1] == 1 then
-  return by_one_index(indexes[1])
+  return by_one_index('ZRANGE', indexes[1])
 elseif #indexes == 1 then  -- running tasks alone: `idx:all` gives their order
   indexes[2], weights[2] = B .. 'idx:all', 1
 end

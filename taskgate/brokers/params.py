@@ -1,0 +1,390 @@
+"""The parameter objects of the broker verbs, and their answers.
+
+Each verb takes ONE frozen object that checks itself on construction: bad input raises a
+`TypeError`/`ValueError` naming the field before a broker sees it, so no broker repeats the
+checks, and a new option (a priority, a group, a shared limit) is a new field with a default,
+not a new method. Answers are plain frozen records too.
+
+Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` (with a
+`QuotaSpec`, `SharedLimits` and acks to carry); `Broker.settle` takes `Settle` (`Complete`,
+`Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
+`Heartbeat`; `Broker.replay` takes `Replay`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from taskgate.brokers.base import (
+    MAX_DELAY,
+    UNSET,
+    FailureKind,
+    Lease,
+    NewTask,
+    QuotaGrant,
+    QuotaSpec,
+    Unset,
+    check_identifier,
+    is_identifier,
+)
+from taskgate.brokers.checks import storable_error
+from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
+from taskgate.task import Status, Task
+
+__all__ = [
+    "Canceled",
+    "Claim",
+    "Claimed",
+    "Complete",
+    "Fail",
+    "Finish",
+    "GiveBack",
+    "Heartbeat",
+    "ItemAnswer",
+    "Renewal",
+    "Replay",
+    "Requeue",
+    "Retry",
+    "Settle",
+    "SharedLimits",
+    "Submit",
+    "Submitted",
+]
+
+# One settled item's answer: its snapshot (None when `Settle.snapshots` is False), or the error
+# that item alone met -- the lease is no longer this token's, or the task is gone.
+ItemAnswer = Task | LeaseLostError | TaskNotFoundError | None
+
+
+def _count(value: object, *, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def _duration(value: object, *, what: str, positive: bool, maximum: timedelta | None = None) -> None:
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{what} must be a timedelta, got {value!r}")
+    if value < timedelta(0) or (positive and value == timedelta(0)):
+        raise ValueError(f"{what} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{what} must be at most {maximum.days} days, got {value!r}")
+
+
+def _lease_ref(task_id: object, token: object, what: str) -> None:
+    # The message names its item, so it is built only for an item that fails: this runs per ack.
+    if not is_identifier(task_id):
+        check_identifier(task_id, what=f"task id of {what}")
+    if not isinstance(token, str):
+        raise TypeError(f"lease token of {what} must be a str, got {type(token).__name__}")
+
+
+def _tuple_of(value: object, kinds: type | tuple[type, ...], *, what: str) -> tuple[object, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"{what} must be a sequence, got {type(value).__name__}")
+    items = tuple(value)
+    for n, item in enumerate(items):
+        if not isinstance(item, kinds):
+            raise TypeError(f"{what}[{n}] has the wrong type: {type(item).__name__}")
+    return items
+
+
+# -- submit ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Tasks to store, all or nothing; see `Broker.submit`.
+
+    ``snapshots=False``: answer only each task's status on arrival (for callers that look at
+    nothing else), so the broker need not build the snapshots.
+    """
+
+    tasks: tuple[NewTask, ...]
+    snapshots: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tasks, NewTask):
+            raise TypeError("Submit.tasks takes a sequence of NewTask, not a single NewTask")
+        object.__setattr__(self, "tasks", _tuple_of(self.tasks, NewTask, what="Submit.tasks"))
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What `Broker.submit` stored: each task's status on arrival and, when asked, its snapshot."""
+
+    statuses: list[Status]
+    tasks: list[Task] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A new execution ``new_id`` re-running ``execution_id``; see `Broker.replay`.
+
+    ``payload`` replaces the old payload when given (None clears it).
+    """
+
+    execution_id: str
+    new_id: str
+    allow_completed: bool = False
+    payload: bytes | Unset | None = UNSET
+
+    def __post_init__(self) -> None:
+        check_identifier(self.execution_id, what="execution id")
+        check_identifier(self.new_id, what="new id")
+        if not (self.payload is None or isinstance(self.payload, bytes | Unset)):
+            raise TypeError(f"payload must be bytes or None, got {type(self.payload).__name__}")
+
+
+# -- claim -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SharedLimits:
+    """A queue's limits counted across every process of the broker (``shared_limits``).
+
+    ``workers`` slots at once (each claimed lease holds one, under its lease's token, until it
+    is given back -- `GiveBack.slots`, or a later claim's ``release`` -- or expires with the
+    lease); ``rps`` starts a second with bursts of
+    ``burst`` (0: no rate). ``release`` names slots to give back first, so they count as free
+    for this claim. A ``claimer`` id makes claimers take turns: one that found no free slot
+    while tasks were due is owed one, which every other claimer leaves free until it came back.
+    """
+
+    workers: int
+    rps: float = 0.0
+    burst: int = 0
+    release: tuple[str, ...] = ()
+    claimer: str = ""
+
+    def __post_init__(self) -> None:
+        _count(self.workers, what="SharedLimits.workers", minimum=1)
+        if isinstance(self.rps, bool) or not isinstance(self.rps, int | float):
+            raise TypeError(f"SharedLimits.rps must be a number, got {self.rps!r}")
+        if not 0 <= self.rps < math.inf:
+            raise ValueError(f"SharedLimits.rps must be a finite number >= 0, got {self.rps!r}")
+        _count(self.burst, what="SharedLimits.burst", minimum=0)
+        object.__setattr__(self, "release", _tuple_of(self.release, str, what="SharedLimits.release"))
+        if not isinstance(self.claimer, str):
+            raise TypeError(f"SharedLimits.claimer must be a str, got {type(self.claimer).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """Complete a running task with ``result``."""
+
+    task_id: str
+    token: str
+    result: bytes | None = None
+
+    def __post_init__(self) -> None:
+        _lease_ref(self.task_id, self.token, "Complete")
+        if self.result is not None and not isinstance(self.result, bytes):
+            raise TypeError(f"result must be bytes or None, got {type(self.result).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Lease up to ``limit`` due tasks of ``queue`` for ``lease_ttl``; see `Broker.claim`.
+
+    ``quota``: each task claimed also takes one unit of that window. ``shared``: each also
+    takes one of the queue's shared slots and starts (brokers declaring ``shared_limits``).
+    ``acks``: completions to write first, in the same call (a child they make ready may be
+    claimed by it).
+    """
+
+    queue: str
+    limit: int
+    lease_ttl: timedelta
+    quota: QuotaSpec | None = None
+    shared: SharedLimits | None = None
+    acks: tuple[Complete, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_identifier(self.queue, what="queue")
+        _count(self.limit, what="claim limit", minimum=1)
+        _duration(self.lease_ttl, what="lease_ttl", positive=True)
+        if self.quota is not None and not isinstance(self.quota, QuotaSpec):
+            raise TypeError(f"Claim.quota must be a QuotaSpec, got {type(self.quota).__name__}")
+        if self.shared is not None and not isinstance(self.shared, SharedLimits):
+            raise TypeError(f"Claim.shared must be SharedLimits, got {type(self.shared).__name__}")
+        if type(self.acks) is not tuple or any(type(a) is not Complete for a in self.acks):
+            object.__setattr__(self, "acks", _tuple_of(self.acks, Complete, what="Claim.acks"))
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What `Broker.claim` did.
+
+    ``acked``: one answer per `Claim.acks` item, in order (None: completed). ``quota``: the
+    units the leases took (``granted == len(leases)``) when a quota was asked, with
+    ``exhausted`` True when its window had none left at all (wait for ``window_end``).
+    ``retry_after`` > 0: the shared rate held due tasks back for that many seconds.
+    ``failed``: the acks were written but the claim then failed (no leases); a broker whose
+    call is one transaction raises instead, having written nothing.
+    """
+
+    leases: list[Lease]
+    acked: list[ItemAnswer] = field(default_factory=list)
+    quota: QuotaGrant | None = None
+    exhausted: bool = False
+    retry_after: float = 0.0
+    failed: BrokerError | None = None
+
+
+# -- settle ------------------------------------------------------------------------------
+
+
+def _failure(kind: object, error: object, what: str) -> None:
+    if not isinstance(kind, FailureKind):
+        raise TypeError(f"{what}.kind must be a FailureKind, got {kind!r}")
+    if not isinstance(error, str):
+        raise TypeError(f"{what}.error must be a str, got {type(error).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Count a failure by ``kind`` and make the task due again after ``delay``.
+
+    ``error`` is stored as `storable_error` makes it.
+    """
+
+    task_id: str
+    token: str
+    kind: FailureKind
+    error: str
+    delay: timedelta = timedelta(0)
+
+    def __post_init__(self) -> None:
+        _lease_ref(self.task_id, self.token, "Retry")
+        _failure(self.kind, self.error, "Retry")
+        _duration(self.delay, what="Retry.delay", positive=False, maximum=MAX_DELAY)
+        object.__setattr__(self, "error", storable_error(self.error))
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Count a failure by ``kind`` and fail the task for good (its descendants are canceled)."""
+
+    task_id: str
+    token: str
+    kind: FailureKind
+    error: str
+
+    def __post_init__(self) -> None:
+        _lease_ref(self.task_id, self.token, "Fail")
+        _failure(self.kind, self.error, "Fail")
+        object.__setattr__(self, "error", storable_error(self.error))
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Put a running task back to ``pending``, due now, touching no counter."""
+
+    task_id: str
+    token: str
+
+    def __post_init__(self) -> None:
+        _lease_ref(self.task_id, self.token, "Requeue")
+
+
+@dataclass(frozen=True, slots=True)
+class Canceled:
+    """End a running task whose handler was stopped by a cancel (its descendants too)."""
+
+    task_id: str
+    token: str
+
+    def __post_init__(self) -> None:
+        _lease_ref(self.task_id, self.token, "Canceled")
+
+
+Finish = Complete | Retry | Fail | Requeue | Canceled
+_FINISH_TYPES = (Complete, Retry, Fail, Requeue, Canceled)
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """Shared capacity taken for tasks that never ran: quota units and ``queue``'s slots.
+
+    ``quota`` pairs each grant with the units to give back to ITS window (0 to ``granted``);
+    ``slots`` are slot tokens of ``queue`` (a token not held is ignored).
+    """
+
+    quota: tuple[tuple[QuotaGrant, int], ...] = ()
+    queue: str | None = None
+    slots: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        pairs = _tuple_of(self.quota, tuple, what="GiveBack.quota")
+        for pair in pairs:
+            grant, n = pair if isinstance(pair, tuple) and len(pair) == 2 else (pair, 0)
+            if not isinstance(grant, QuotaGrant):
+                raise TypeError(f"GiveBack.quota pairs a QuotaGrant with units, got {pair!r}")
+            if _count(n, what="GiveBack.quota units", minimum=0) > grant.granted:
+                raise ValueError(f"cannot give back {n} units of a grant of {grant.granted}")
+        object.__setattr__(self, "quota", pairs)
+        object.__setattr__(self, "slots", _tuple_of(self.slots, str, what="GiveBack.slots"))
+        if self.slots and self.queue is None:
+            raise ValueError("GiveBack.slots needs the queue they belong to")
+        if self.queue is not None:
+            check_identifier(self.queue, what="GiveBack.queue")
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """End the runs of ``items`` (and give back ``give_back``) in ONE call; see `Broker.settle`.
+
+    ``snapshots=False``: an item that took effect is answered None instead of its snapshot.
+    """
+
+    items: tuple[Finish, ...] = ()
+    snapshots: bool = True
+    give_back: GiveBack | None = None
+
+    def __post_init__(self) -> None:
+        items = self.items
+        if type(items) is not tuple or any(type(i) not in _FINISH_TYPES for i in items):
+            if isinstance(items, _FINISH_TYPES):
+                raise TypeError("Settle.items takes a sequence of items, not a single one")
+            object.__setattr__(self, "items", _tuple_of(items, _FINISH_TYPES, what="Settle.items"))
+        if self.give_back is not None and not isinstance(self.give_back, GiveBack):
+            raise TypeError(f"Settle.give_back must be a GiveBack, got {type(self.give_back).__name__}")
+
+
+# -- heartbeat ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Extend one lease to ``now + lease_ttl``; see `Broker.heartbeat`.
+
+    ``slot_queue``: the lease also holds a shared slot of that queue under its token, renewed
+    with it.
+    """
+
+    task_id: str
+    token: str
+    lease_ttl: timedelta
+    slot_queue: str | None = None
+
+    def __post_init__(self) -> None:
+        _lease_ref(self.task_id, self.token, "Heartbeat")
+        _duration(self.lease_ttl, what="lease_ttl", positive=True)
+        if self.slot_queue is not None:
+            check_identifier(self.slot_queue, what="slot queue")
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """The answer to a heartbeat: the new lease end, whether a cancel was requested, and
+    whether the lease's shared slot was no longer held (its handler must stop)."""
+
+    expires_at: datetime
+    cancel_requested: bool
+    slot_lost: bool = False
