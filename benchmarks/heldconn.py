@@ -37,7 +37,7 @@ class PooledCalls(SQLBroker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._held_statements = self._held_writes = None
+        self._held = None
 
 
 def measure(broker_class: type[SQLBroker], backend: str, what: str, n: int) -> float:

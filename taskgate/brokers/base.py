@@ -85,7 +85,6 @@ UNSET = Unset.UNSET
 SettledSink = Callable[[builtins.list[Task]], None]
 
 
-
 class FailureKind(StrEnum):
     """Which counter a failed run moves.
 

@@ -9,6 +9,14 @@ Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` 
 `QuotaSpec`, `SharedLimits` and acks to carry); `Broker.settle` takes `Settle` (`Complete`,
 `Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
 `Heartbeat`; `Broker.replay` takes `Replay`.
+
+Where the coming features go: a priority or a group is a `NewTask` field and enters the claim
+order or `SharedLimits` (group slots and rates beside the queue's); shared limits on SQL are
+the broker honouring `Claim.shared`; a queue-wide hold is a field of `Retry` (hold the queue
+too) and of `Claim` (answered as held); a step of a pipeline is a `Complete` that submits the
+next task in the same unit. What is a new verb (about five in all): holding and resuming a
+queue by hand, reading quota figures, pruning finished tasks, and a submit inside the
+application's own transaction.
 """
 
 from __future__ import annotations

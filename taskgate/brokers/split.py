@@ -19,8 +19,10 @@ abandoned by its waiter finishes on its own.
 
 from __future__ import annotations
 
+import math
+import select
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 __all__ = ["MAX_SPLIT_REQUEST", "SplitCall", "SplitCaller"]
 
@@ -29,35 +31,52 @@ __all__ = ["MAX_SPLIT_REQUEST", "SplitCall", "SplitCaller"]
 MAX_SPLIT_REQUEST = 64 * 1024
 
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
 
 
-class SplitCall(Protocol[T_co]):
-    """One broker call whose request was sent; its reply is read by whoever waits for it."""
+class SplitCall(Generic[T]):
+    """One broker call whose request was sent; its reply is read by whoever waits for it.
 
-    @property
-    def timeout(self) -> float:
-        """Seconds the reply may take before the call counts as failed (the socket timeout);
-        ``math.inf`` where the same call in a thread has no bound either."""
-        ...
+    The broker builds it from what only it knows: the socket to wait on, ``receive`` -- read
+    what arrived (only after the socket was readable, so it never waits) and say whether the
+    reply is whole; a broken connection raises `BrokerError` -- and ``result`` -- the method's
+    answer from the whole reply, or the error it would raise; `WouldBlock` when nothing ran and
+    the same call must run again in a thread. ``timeout``: seconds the reply may take before
+    the call counts as failed (the socket's own timeout); ``math.inf`` where the same call in
+    a thread has no bound either.
+    """
+
+    __slots__ = ("_fileno", "_receive", "_result", "timeout")
+
+    def __init__(
+        self, fileno: int, receive: Callable[[], bool], result: Callable[[], T], *, timeout: float = math.inf
+    ) -> None:
+        self._fileno, self._receive, self._result = fileno, receive, result
+        self.timeout = timeout
 
     def fileno(self) -> int:
         """The socket to wait on until it is readable."""
-        ...
+        return self._fileno
 
     def receive(self) -> bool:
-        """Read what arrived -- only after the socket was readable, so it never waits -- and
-        say whether the reply is whole. A broken connection raises `BrokerError`."""
-        ...
+        """Read what arrived (the socket was readable) and say whether the reply is whole."""
+        return self._receive()
 
-    def finish(self) -> T_co:
-        """In a thread: wait for the rest of the reply (bounded by `timeout`), then `result`."""
-        ...
+    def result(self) -> T:
+        """The method's answer from the whole reply, or the error it would raise."""
+        return self._result()
 
-    def result(self) -> T_co:
-        """The method's answer, or the error it would raise; `WouldBlock` when nothing ran and
-        the same call must run again in a thread."""
-        ...
+    def finish(self) -> T:
+        """In a thread: wait for the rest of the reply, then `result`.
+
+        Each wait is bounded by `timeout`; a read after a wait that timed out meets the
+        connection's own timeout, which fails the call as the broker's own read would.
+        """
+        poller = select.poll()
+        poller.register(self._fileno, select.POLLIN)
+        wait_ms = None if math.isinf(self.timeout) else max(1, int(self.timeout * 1000))
+        while not self._receive():
+            poller.poll(wait_ms)
+        return self._result()
 
 
 @runtime_checkable

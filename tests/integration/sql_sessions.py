@@ -87,8 +87,8 @@ def server_for(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
 
 
 def hot(broker: SQLBroker) -> HeldConnection:
-    """The held connection a single submit and a claim run on (PostgreSQL: one statement each)."""
-    held = broker._held_statements or broker._held_writes
+    """The broker's held connection, which a single submit and a claim run on."""
+    held = broker._held
     assert held is not None
     return held
 

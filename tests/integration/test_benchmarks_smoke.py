@@ -138,7 +138,7 @@ def test_the_pooled_side_of_the_held_connection_a_b_takes_the_pool_s_connection(
     for broker_class, checked_out in ((PooledCalls, 1), (SQLBroker, 0)):
         broker = broker_class(postgresql_url)
         try:
-            with broker._statement_connection(read_only=False):
+            with broker._statement_connection():
                 assert broker._engine.pool.checkedout() == checked_out, broker_class
             assert broker._engine.pool.checkedout() == 0
         finally:

@@ -51,8 +51,9 @@ def broker(postgresql_url: str) -> Iterator[CountingSplits]:
 
 
 def _held(broker: SQLBroker) -> HeldConnection:
-    assert broker._held_statements is not None
-    return broker._held_statements
+    held = broker._held
+    assert held is not None and not held.transactions  # in autocommit, for one-statement calls
+    return held
 
 
 def _ready(broker: SQLBroker) -> None:
@@ -242,10 +243,18 @@ def test_a_traced_engine_sees_every_statement_because_nothing_is_split(broker: C
     assert _split(broker, broker.claim, _claim("q", 1)).leases == []
 
 
-def test_connections_told_to_prepare_nothing_split_nothing(postgresql_url: str) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [{"connect_args": {"prepare_threshold": None}}, {"paramstyle": "format"}],
+    ids=["prepare_threshold=None", "paramstyle=format"],
+)
+def test_connections_told_to_prepare_nothing_split_nothing(
+    postgresql_url: str, options: dict[str, Any]
+) -> None:
     """``prepare_threshold=None`` (PgBouncer in transaction mode): a split call's PREPARE and
-    EXECUTE could meet two server sessions."""
-    engine = create_engine(normalize_url(postgresql_url), connect_args={"prepare_threshold": None})
+    EXECUTE could meet two server sessions. Nor does an engine whose placeholders are not the
+    ``%(name)s`` ones split calls number for libpq."""
+    engine = create_engine(normalize_url(postgresql_url), **options)
     unprepared = SQLBroker(engine)
     try:
         _ready(unprepared)

@@ -102,18 +102,14 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_the_connection_keeps_w
 
 def _flights(broker: SQLBroker, call: Callable[[], object]) -> list[list[str]]:
     """The frontend messages ``call`` sends, per flight, on any of the broker's connections: its
-    held ones (`taskgate.brokers.sql.held`) and the pool's one."""
+    held one (`taskgate.brokers.sql.held`) and the pool's one."""
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "trace"
         with path.open("w") as sink:
-            # The held ones first: each is taken out of the pool (of one connection) on first use.
-            assert broker._held_statements is not None and broker._held_writes is not None
-            with (
-                broker._held_statements.use() as statements,
-                broker._held_writes.use() as writes,
-                broker._engine.connect() as pooled,
-            ):
-                pgconns = [conn.connection.dbapi_connection.pgconn for conn in (statements, writes, pooled)]  # type: ignore[union-attr]
+            # The held one first: it is taken out of the pool (of one connection) on first use.
+            assert broker._held is not None
+            with broker._held.use() as held, broker._engine.connect() as pooled:
+                pgconns = [conn.connection.dbapi_connection.pgconn for conn in (held, pooled)]  # type: ignore[union-attr]
             for pgconn in pgconns:
                 pgconn.trace(sink.fileno())
                 pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)

@@ -1,13 +1,12 @@
-"""The connections an SQL broker keeps for its hottest calls (`taskgate.brokers.sql.held`):
-PostgreSQL's and MySQL's one-statement calls in autocommit, every backend's write transactions
-(on MySQL on two), SQLite's reads. Outside the pool, taken in turn, replaced when dead, closed
-with the broker. (A forked child's: test_sql_fork.py.)"""
+"""The one connection an SQL broker keeps for its hottest writes (`taskgate.brokers.sql.held`):
+PostgreSQL's one-statement calls in autocommit, the write transactions elsewhere. Outside the
+pool, taken in turn, replaced when dead, closed with the broker. (A forked child's:
+test_sql_fork.py.)"""
 
 from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from gate_helpers import GUARD
@@ -19,155 +18,39 @@ from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import driver_connection, normalize_url
 from taskgate.brokers.sql.prepared import traced
 from taskgate.errors import BrokerError
-from taskgate.task import Filter, Status, Task
+from taskgate.task import Status
 from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 LEASE = timedelta(seconds=30)
 
 
-def test_each_backend_holds_a_connection_for_its_writes_and_servers_one_for_statements(sql_server):
+def test_each_backend_holds_one_connection_for_its_hottest_writes(sql_server):
+    """PostgreSQL's claims and single submits are one statement each: its held connection is in
+    autocommit. Elsewhere they are transactions. An in-memory SQLite database holds none (its
+    one shared connection is all there is)."""
     broker = SQLBroker(sql_server.url)
     try:
-        assert broker._held_writes is not None and broker._held_writes.transactions
-        if sql_server.session_query is not None:  # PostgreSQL's one-statement calls, MySQL's lone INSERT
-            assert broker._held_statements is not None and not broker._held_statements.transactions
-            assert held_session(broker, sql_server, broker._held_statements) != held_session(
-                broker, sql_server, broker._held_writes
-            )
-        else:  # every call is a transaction
-            assert broker._held_statements is None
+        held = broker._held
+        assert held is not None and held.transactions is (not broker._traits.dml_ctes)
+        steps.enqueue(broker, [new_task()])
+        steps.claim(broker, "q", 1, LEASE)
+        assert broker._engine.pool.checkedout() == 0
     finally:
         broker.close()
-
-
-def _commits(broker: SQLBroker) -> list[None]:
-    """One entry per COMMIT the broker's connections send from now on."""
-    sent: list[None] = []
-    event.listen(broker._engine, "commit", lambda conn: sent.append(None))
-    return sent
-
-
-def _rollbacks(broker: SQLBroker) -> list[None]:
-    sent: list[None] = []
-    event.listen(broker._engine, "rollback", lambda conn: sent.append(None))
-    return sent
-
-
-def test_sqlite_reads_run_on_a_held_connection_in_read_only_transactions(tmp_path: Path):
-    """No pool checkout per read once it is open; a read finding it busy takes a pooled one. An
-    in-memory database (one shared connection) holds none."""
-    broker = SQLBroker(f"sqlite:///{tmp_path / 'tasks.db'}")
-    try:
-        (task,) = steps.enqueue(broker, [new_task(business_key="k")])
-        broker.get(task.id)  # opens it
-        checkouts: list[None] = []
-        event.listen(broker._engine.pool, "checkout", lambda *args: checkouts.append(None))
-        assert broker.get(task.id) == task
-        assert broker.list(Filter(queue="q")) == [task]
-        assert steps.history(broker, "k") == [task]
-        assert broker.queue_length("q") == 1
-        assert checkouts == []
-        held = broker._held_reads
-        assert held is not None and held.transactions
-        with held.use():  # busy, in another call
-            assert broker.get(task.id) == task
-        assert len(checkouts) == 1
-    finally:
-        broker.close()
-    assert broker._held_reads is not None and broker._held_reads._conn is None  # closed with it
     memory = SQLBroker("sqlite://")
     try:
-        assert memory._held_reads is None
+        assert memory._held is None
     finally:
         memory.close()
 
 
-def test_mysql_overlapping_write_transactions_run_on_two_held_connections(mysql_url):
-    """A claim and an ack overlap in every cycle of a busy queue: the second write transaction
-    runs on a spare held connection, and only a third goes to the pool (whose return would
-    cost a ROLLBACK round trip)."""
-    broker = SQLBroker(mysql_url)
-    try:
-        steps.enqueue(broker, [new_task() for _ in range(4)])
-        claimed: list[int] = []
-
-        def claim_in_a_thread() -> None:
-            worker = threading.Thread(target=lambda: claimed.append(len(steps.claim(broker, "q", 1, LEASE))))
-            worker.start()
-            worker.join(GUARD)
-
-        held, spare = broker._held_writes, broker._spare_writes
-        assert held is not None and spare is not None
-        with held.use():
-            claim_in_a_thread()  # opens the spare (a checkout, then detached from the pool)
-        checkouts: list[None] = []
-        event.listen(broker._engine.pool, "checkout", lambda *args: checkouts.append(None))
-        with held.use():  # a write transaction in flight
-            claim_in_a_thread()
-            assert claimed == [1, 1] and checkouts == []  # on the spare
-            with spare.use():  # and a second one
-                claim_in_a_thread()
-        assert claimed == [1, 1, 1] and len(checkouts) == 1
-    finally:
-        broker.close()
-
-
-def test_mysql_stores_a_plain_single_task_by_its_insert_alone(mysql_url):
-    """In autocommit the INSERT commits itself: no COMMIT round trip. A task with a business key
-    (two rows) is still stored in a transaction."""
-    broker = SQLBroker(mysql_url)
-    try:
-        steps.enqueue(broker, [new_task()])  # opens the held connections
-        commits = _commits(broker)
-        (plain,) = steps.enqueue(broker, [new_task()])
-        assert commits == []
-        (keyed,) = steps.enqueue(broker, [new_task(business_key="k")])
-        assert len(commits) == 1
-        assert broker.get(plain.id).status is Status.PENDING
-        assert steps.history(broker, "k") == [keyed]
-    finally:
-        broker.close()
-
-
-def test_mysql_reads_of_one_statement_run_in_autocommit_on_the_held_connection(mysql_url):
-    """A read costs its statement alone: no COMMIT or ROLLBACK after it."""
-    broker = SQLBroker(mysql_url)
-    try:
-        (task,) = steps.enqueue(broker, [new_task(business_key="k")])
-        broker.get(task.id)
-        commits, rollbacks = _commits(broker), _rollbacks(broker)
-        assert broker.get(task.id) == task
-        assert broker.list(Filter(queue="q")) == [task]
-        assert steps.history(broker, "k") == [task]
-        assert broker.queue_length("q") == 1
-        assert commits == [] and rollbacks == []
-    finally:
-        broker.close()
-
-
-def test_mysql_a_read_finding_the_held_connection_busy_runs_in_a_transaction(mysql_url):
-    broker = SQLBroker(mysql_url)
-    try:
-        (task,) = steps.enqueue(broker, [new_task()])
-        broker.get(task.id)
-        commits = _commits(broker)
-        held = broker._held_statements
-        assert held is not None
-        read: list[Task] = []
-        with held.use():  # busy, in another call
-            reader = threading.Thread(target=lambda: read.append(broker.get(task.id)))
-            reader.start()
-            reader.join(GUARD)
-        assert read == [task] and len(commits) == 1
-    finally:
-        broker.close()
-
-
-def test_mysql_a_lone_insert_through_an_apps_option_view_is_committed(mysql_url):
-    """The app's engine an option view with an isolation level of its own: the broker's
-    autocommit view of it would keep that level, and the INSERT would wait uncommitted."""
-    app_engine = create_engine(normalize_url(mysql_url)).execution_options(isolation_level="REPEATABLE READ")
+def test_a_single_submit_through_an_apps_option_view_is_committed(networked_sql):
+    """The app's engine an option view with an isolation level of its own: an autocommit view
+    of it would keep that level (SQLAlchemy 2.0), and PostgreSQL's one-statement submit on the
+    held connection would wait uncommitted."""
+    engine = create_engine(normalize_url(networked_sql.url))
+    app_engine = engine.execution_options(isolation_level="REPEATABLE READ")
     broker = SQLBroker(app_engine)
     try:
         (task,) = steps.enqueue(broker, [new_task()])
@@ -176,45 +59,30 @@ def test_mysql_a_lone_insert_through_an_apps_option_view_is_committed(mysql_url)
             assert seen.scalar_one() == Status.PENDING.value
     finally:
         broker.close()
-        app_engine.dispose()
-
-
-def test_mysql_a_lone_insert_finding_the_held_connection_busy_runs_in_a_transaction(mysql_url):
-    """Not on a pooled connection switched to autocommit and back (a round trip each way)."""
-    broker = SQLBroker(mysql_url)
-    try:
-        steps.enqueue(broker, [new_task()])
-        commits = _commits(broker)
-        held = broker._held_statements
-        assert held is not None
-        stored: list[Task] = []
-        with held.use():  # busy, in another call
-            submitter = threading.Thread(target=lambda: stored.extend(steps.enqueue(broker, [new_task()])))
-            submitter.start()
-            submitter.join(GUARD)
-        assert len(stored) == 1 and len(commits) == 1
-        (task,) = stored
-        assert broker.get(task.id).status is Status.PENDING
-    finally:
-        broker.close()
+        engine.dispose()
 
 
 def test_hot_calls_go_through_while_the_pool_is_lent_out(sql_server):
-    """The held connections are not the pool's: with the pool's one connection in use, a
-    submit, a claim and an ack still go through (a pooled checkout would time out)."""
+    """The held connection is not the pool's: with the pool's one connection in use, a single
+    submit and a claim still go through (a pooled checkout would time out), and so does an ack
+    where it is a write transaction on the held connection (not on PostgreSQL, whose held
+    connection is in autocommit: its transactions take pooled ones)."""
     engine = create_engine(normalize_url(sql_server.url), pool_size=1, max_overflow=0, pool_timeout=2)
     broker = SQLBroker(engine)
     try:
-        # Each held connection is taken from the pool on first use: a single submit opens the
-        # one for statements (PostgreSQL), a submit of two the one for write transactions.
-        steps.enqueue(broker, [new_task()])
+        steps.enqueue(broker, [new_task()])  # the held connection is taken from the pool on first use
         steps.enqueue(broker, [new_task(), new_task()])
         with engine.connect() as lent:  # the pool's only connection, in use elsewhere
             lent.execute(text("SELECT 1"))
             steps.enqueue(broker, [new_task()])
             leases = steps.claim(broker, "q", 4, LEASE)
             assert len(leases) == 4
-            assert steps.ack_many(broker, [(lease.task.id, lease.token, None) for lease in leases])
+            acks = [(lease.task.id, lease.token, None) for lease in leases]
+            assert broker._held is not None
+            if broker._held.transactions:
+                assert steps.ack_many(broker, acks)
+        if not broker._held.transactions:
+            assert steps.ack_many(broker, acks)
     finally:
         broker.close()
         engine.dispose()
@@ -263,8 +131,7 @@ def test_a_held_connection_killed_while_in_use_fails_one_call_and_is_replaced(ne
 
 
 @pytest.mark.parametrize(
-    ("call", "engine"),
-    [("get", "owned"), ("enqueue", "owned"), ("traced get", "owned"), ("traced get", "the app's")],
+    ("call", "engine"), [("get", "owned"), ("traced get", "owned"), ("traced get", "the app's")]
 )
 def test_a_held_postgresql_connection_left_mid_request_fails_one_call_and_is_replaced(
     postgresql_url, call, engine
@@ -274,31 +141,25 @@ def test_a_held_postgresql_connection_left_mid_request_fails_one_call_and_is_rep
     progress"), so SQLAlchemy does not invalidate it. Seen once in CI, after
     ``pg_terminate_backend``; made here by sending a request whose reply is never read. The call
     that meets it fails; the connection is closed and replaced. ``get`` runs prepared on the
-    driver's cursor, on the held connection for one-statement calls, and through SQLAlchemy
-    when the engine traces its statements (the broker's own, or an app's); ``enqueue`` of two
-    tasks is a write transaction on the other held connection."""
+    driver's cursor, on the held connection, and through SQLAlchemy when the engine traces its
+    statements (the broker's own, or an app's)."""
     app_engine = create_engine(normalize_url(postgresql_url))
     broker = SQLBroker(app_engine if engine == "the app's" else postgresql_url)
     try:
         if call == "traced get":
             event.listen(broker._engine, "before_cursor_execute", lambda *args: None)
         (task,) = steps.enqueue(broker, [new_task()])
-        held = broker._held_writes if call == "enqueue" else broker._held_statements
+        held = broker._held
         assert held is not None
         with held.use() as conn:
             stuck = driver_connection(conn)
             assert traced(conn) is (call == "traced get")
         stuck.pgconn.send_query(b"SELECT 1")  # its reply never read: the driver is mid-request
 
-        def run() -> object:
-            if call == "enqueue":
-                return steps.enqueue(broker, [new_task(), new_task()])
-            return broker.get(task.id)
-
         with pytest.raises(BrokerError):  # "another command is already in progress", or alike
-            run()
+            broker.get(task.id)
         assert stuck.closed
-        run()
+        broker.get(task.id)
         with held.use() as conn:
             assert driver_connection(conn) is not stuck
     finally:
@@ -319,14 +180,12 @@ def test_a_held_connection_killed_while_idle_is_replaced_before_use(networked_sq
         broker.close()
 
 
-def test_closing_the_broker_ends_theheld_session(networked_sql):
+def test_closing_the_broker_ends_the_held_session(networked_sql):
     broker = SQLBroker(networked_sql.url)
     (task,) = steps.enqueue(broker, [new_task()])
-    helds = (broker._held_statements, broker._held_writes)
-    held = {held_session(broker, networked_sql, h) for h in helds if h}
-    assert held <= networked_sql.sessions()
+    held = held_session(broker, networked_sql)
+    assert held in networked_sql.sessions()
     broker.close()
-    for session in held:
-        networked_sql.wait_gone(session, "the broker")
+    networked_sql.wait_gone(held, "the broker")
     with pytest.raises(BrokerError):
         broker.get(task.id)

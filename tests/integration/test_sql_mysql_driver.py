@@ -1,11 +1,11 @@
-"""MySQL's reads shaped for PyMySQL: wide rows with their small columns packed in one JSON
-array (`taskgate.brokers.sql.json_rows`), the same tasks as the plain reads field by field;
-id lists quoted by the driver (`MySQLTraits.listed`), matching as an ``IN`` list does."""
+"""MySQL's statements shaped for PyMySQL: id lists quoted by the driver (`MySQLTraits.listed`),
+matching as an ``IN`` list does; leases stored under ids of any characters; payloads and
+results against ``max_allowed_packet``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from helpers.mariadb_servers import MariaDBServer, require_mariadb_binaries
@@ -13,79 +13,17 @@ from helpers.sql_databases import mysql_database
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.dialects import mysql
 
-from taskgate.brokers.base import FailureKind
 from taskgate.brokers.params import Claim, Complete, Submit
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.dialects import MySQLTraits
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.errors import BrokerError
 from taskgate.models import models_for
-from taskgate.task import Filter, Task
+from taskgate.task import Filter
 from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
 
 LEASE = timedelta(seconds=30)
-ODD_TEXT = "quote ' double \" backslash \\ newline \n tab \t ü 中文 🙂"
-
-
-def _store_every_kind_of_row(broker: SQLBroker) -> list[str]:
-    """Tasks whose rows hold every kind of value a column can: NULLs, empty and binary bytes,
-    odd text, whole-second and fractional datetimes, a lease marked for cancel."""
-    every_byte = bytes(range(256)) * 40
-    parent, child, empty, _, due_later = steps.enqueue(
-        broker,
-        [
-            new_task(payload=every_byte, business_key=ODD_TEXT[:60], max_retry=3),
-            new_task(queue="q2", payload=None),
-            new_task(payload=b""),
-            new_task(payload=ODD_TEXT.encode()),
-            new_task(queue="later", run_at=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)),
-        ],
-    )
-    (blocked,) = steps.enqueue(
-        broker, [new_task(depends_on=(parent.id, child.id), ignore_parent_failure=True)]
-    )
-    running, done, failed = steps.claim(broker, "q", 3, LEASE)
-    broker.cancel(running.task.id)  # running: its lease is marked for cancel
-    steps.ack(broker, done.task.id, done.token, b"\x00result\xff")
-    steps.fail(broker, failed.task.id, failed.token, kind=FailureKind.BUSINESS, error=ODD_TEXT)
-    return [parent.id, child.id, empty.id, due_later.id, blocked.id]
-
-
-@pytest.fixture
-def plain_and_packed(mysql_url, monkeypatch):
-    """Two brokers on one database: one reading rows plainly, one packing them."""
-    monkeypatch.setattr(MySQLTraits, "json_rows", False)
-    plain = SQLBroker(mysql_url)
-    monkeypatch.setattr(MySQLTraits, "json_rows", True)
-    packed = SQLBroker(mysql_url)
-    yield plain, packed
-    plain.close()
-    packed.close()
-
-
-def test_mysql_packed_rows_read_as_the_plain_ones(plain_and_packed):
-    plain, packed = plain_and_packed
-    ids = _store_every_kind_of_row(packed)
-    every: list[Task] = plain.list(Filter())
-    assert len(every) == len(ids) + 1
-    assert packed.list(Filter()) == every
-    for task_id in ids:
-        assert packed.get(task_id) == plain.get(task_id)
-    key = ODD_TEXT[:60]
-    assert steps.history(packed, key) == steps.history(plain, key) != []
-    assert {t.status for t in every} >= {"pending", "blocked", "running", "completed", "failed"}
-    assert any(t.cancel_requested for t in every)
-    assert {t.payload for t in every} >= {None, b"", bytes(range(256)) * 40}
-
-
-def test_mysql_a_packed_claim_leases_the_rows_the_plain_read_finds(plain_and_packed):
-    plain, packed = plain_and_packed
-    _store_every_kind_of_row(plain)
-    (task,) = steps.enqueue(plain, [new_task(queue="fresh", payload=bytes(range(256)), max_retry=2)])
-    (lease,) = steps.claim(packed, "fresh", 5, LEASE)
-    assert lease.task == plain.get(task.id)
-    assert lease.task.payload == bytes(range(256))
 
 
 @pytest.fixture
@@ -98,26 +36,6 @@ def traced(mysql_url):
     yield broker, statements
     broker.close()
     engine.dispose()
-
-
-def test_mysql_wide_reads_pack_their_small_columns_and_narrow_ones_do_not(traced):
-    broker, statements = traced
-    (task,) = steps.enqueue(broker, [new_task(payload=b"p")])
-    statements.clear()
-    broker.get(task.id)
-    broker.list(Filter(queue="q"))
-    steps.claim(broker, "q", 1, LEASE)
-    broker.counts()
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-    wide = [s for s in reads if "JSON_ARRAY(" in s.upper()]
-    assert len(wide) == 3  # get, list and the claim's locking read
-    assert "FOR UPDATE SKIP LOCKED" in wide[2].upper()  # the claim still skips rows others hold
-    for sql in wide:
-        start = sql.upper().index("JSON_ARRAY(")
-        packed = sql[start : sql.index(")", start)]  # the packed columns: no call among them
-        assert "payload" not in packed and "last_error" not in packed  # unbounded: plain
-        assert "run_at" in packed and "business_key" in packed
-    assert any("count(" in s.lower() and "JSON_ARRAY" not in s.upper() for s in reads)
 
 
 # Id lists quoted by the driver (`MySQLTraits.listed`): one statement text for any length.
@@ -173,8 +91,7 @@ def test_mysql_drivers_other_than_pymysql_get_an_expanding_in() -> None:
 
 
 def test_mysql_leases_of_tasks_with_odd_ids_are_stored_under_those_ids(mysql_url):
-    """A claim's leases go in as one JSON text (`MySQLTraits.insert_leases`): each id comes out
-    of it exactly, whatever characters it holds."""
+    """A claim's lease rows hold their tasks' ids exactly, whatever characters those hold."""
     odd_ids = ['quote\'d "id"', "back\\slash", "ü 中文 🙂", "per%cent %(x)s", "x" * 255]
     broker = SQLBroker(mysql_url)
     try:

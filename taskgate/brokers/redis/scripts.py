@@ -27,6 +27,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS
 from taskgate.brokers.redis.split import MAX_SPLIT_REQUEST, LoopConnections, PendingReply, pack_request
+from taskgate.brokers.split import SplitCall
 from taskgate.errors import BrokerError
 
 __all__ = [
@@ -159,7 +160,7 @@ class ScriptBook:
 
     def start(
         self, name: str, base: str, args: Sequence[Arg], answer: Callable[[list[Any]], T]
-    ) -> PendingReply[T] | None:
+    ) -> SplitCall[T] | None:
         """Send script ``name``'s call on an idle event-loop connection; the reply goes to
         ``answer``. None when no connection is idle or the request is too big (nothing sent)."""
         return self._send(f"script {name}", ("FCALL", self._library.function(name), 1, base, *args), answer)
@@ -174,11 +175,11 @@ class ScriptBook:
 
     def start_command(
         self, what: str, request: Sequence[Arg], answer: Callable[[Any], T]
-    ) -> PendingReply[T] | None:
+    ) -> SplitCall[T] | None:
         """`start` for a plain command (a read that needs no script)."""
         return self._send(what, request, answer)
 
-    def _send(self, what: str, request: Sequence[Arg], answer: Callable[[Any], T]) -> PendingReply[T] | None:
+    def _send(self, what: str, request: Sequence[Arg], answer: Callable[[Any], T]) -> SplitCall[T] | None:
         connection = self.loop_connections.take()
         if connection is None:
             return None
@@ -192,7 +193,8 @@ class ScriptBook:
         except BrokerError:
             self.loop_connections.drop(connection)
             raise
-        return PendingReply(self.loop_connections, connection, what, answer)
+        pending = PendingReply(self.loop_connections, connection, what, answer)
+        return SplitCall(pending.fileno(), pending.receive, pending.result, timeout=pending.timeout)
 
     def load(self) -> None:
         """``FUNCTION LOAD`` the library. With ``REPLACE``: a copy loaded meanwhile by another

@@ -141,7 +141,8 @@ class LoopConnections:
 
 
 class PendingReply(Generic[T]):
-    """One script call whose request is sent; implements `taskgate.brokers.split.SplitCall`."""
+    """One script call whose request is sent: what its `taskgate.brokers.split.SplitCall`
+    reads the reply with."""
 
     __slots__ = ("_answer", "_connection", "_owner", "_reader", "_reply", "_socket", "_what", "timeout")
 
@@ -186,12 +187,6 @@ class PendingReply(Generic[T]):
         self._reply = reply
         self._owner.give_back(self._connection)  # whole: free for the next call
         return True
-
-    def finish(self) -> T:
-        """Wait (in a thread) for the rest of the reply, then `result`."""
-        while not self.receive():
-            pass
-        return self.result()
 
     def result(self) -> T:
         """The method's answer from the reply; the script's error as `BrokerError`."""

@@ -64,7 +64,6 @@ from taskgate.brokers.sql.dialects import Traits, ValueLimit, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
 from taskgate.brokers.sql.held import HeldConnection
-from taskgate.brokers.sql.json_rows import JsonRows
 from taskgate.brokers.sql.prepared import PreparedCache, preparable, traced
 from taskgate.brokers.sql.retry import Conflict, run_with_retries
 from taskgate.brokers.sql.rows import snapshot, task_of_plan
@@ -100,6 +99,11 @@ class SQLBroker:
     ``clock``: when given, every time read or written comes from ``clock.now()`` (tests);
     otherwise from the database server's clock (the host's clock for SQLite), read every few
     seconds and carried forward locally (`taskgate.brokers.sql.serverclock`).
+
+    Connections: those the engine's pool lends (SQLAlchemy's default for a URL: 5, and up to 10
+    more for a burst), plus ONE kept checked out beyond the pool for the hottest writes
+    (`taskgate.brokers.sql.held`), plus on PostgreSQL one listening for wake-ups once a
+    worker waits for work. An in-memory SQLite database is one shared connection.
     """
 
     def __init__(
@@ -117,36 +121,27 @@ class SQLBroker:
         self._reader = self._engine.execution_options(taskgate_read_only=True)
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._traits: Traits = traits_for(self._engine.dialect.name, self._engine.dialect.driver)
-        self._prepared = PreparedCache(JsonRows.of if self._traits.json_rows else None)
+        self._prepared = PreparedCache()
         self._clock = clock
         self._server_clock = SampledServerClock(self._traits)
         # One shared connection (in-memory SQLite) must not interleave two transactions.
         self._serial = threading.Lock() if memory else None
-        # SQLite admits one writer per file, and a writer that finds the file locked sleeps in
-        # busy_timeout's coarse steps (1 ms, 2 ms, 5 ms, ...). This process's own writers
+        # One writer at a time (SQLite: per file), and a writer that finds the file locked sleeps
+        # in busy_timeout's coarse steps (1 ms, 2 ms, 5 ms, ...). This process's own writers
         # (a claim overlapping an ack flush) take turns on a lock instead, at no such cost.
-        self._writers = threading.Lock() if self._traits.name == "sqlite" and not memory else None
-        # Connections kept checked out for the hottest calls (`taskgate.brokers.sql.held`): the
-        # one-statement calls in autocommit (on PostgreSQL and MySQL), and every write
-        # transaction (one shared connection already for an in-memory SQLite database).
-        self._held_statements = (
-            HeldConnection(self._autocommit, transactions=False)
-            if self._traits.statement_connection
-            else None
-        )
-        self._held_writes = None if memory else HeldConnection(self._engine, transactions=True)
-        # MySQL runs a claim and an ack as transactions, which overlap in every cycle of a busy
-        # queue: the one finding the held connection busy took a pooled one, whose return the
-        # pool answers with a ROLLBACK round trip.
-        self._spare_writes = (
-            HeldConnection(self._engine, transactions=True) if self._traits.spare_writer else None
-        )
-        # SQLite's reads are read-only transactions (a server's are statements in autocommit):
-        # one connection held for them spares each read the pool's checkout and return.
-        self._held_reads = (
-            HeldConnection(self._reader, transactions=True)
-            if not self._traits.statement_connection and not memory
-            else None
+        self._writers = threading.Lock() if self._traits.one_writer and not memory else None
+        # The one connection kept checked out beyond the pool (`taskgate.brokers.sql.held`),
+        # for the hottest writes: where a claim and a single submit are one statement each
+        # (``dml_ctes``: PostgreSQL), those statements in autocommit, with the reads and the
+        # split calls; elsewhere the write transactions. Everything else, and a call finding it
+        # busy, takes a pooled connection. None for an in-memory SQLite database: its one
+        # shared connection is all there is.
+        self._held = (
+            None
+            if memory
+            else HeldConnection(self._autocommit, transactions=False)
+            if self._traits.dml_ctes
+            else HeldConnection(self._engine, transactions=True)
         )
         self._signals = Signals()
         self._listener: Listener | None = None
@@ -158,16 +153,15 @@ class SQLBroker:
             shared_quota=True,
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
-            inline_attempts=self._traits.name == "sqlite",
-            # One writer at a time on SQLite: an ack write and a claim cannot overlap there, so
-            # one transaction for both costs less. A server runs them side by side on two
+            # A database in this process: a transition is local work, worth trying on the loop.
+            inline_attempts=self._traits.in_process,
+            # One writer at a time: an ack write and a claim cannot overlap there, so one
+            # transaction for both costs less. A server runs them side by side on two
             # connections, which beat one after the other (PostgreSQL -23 %, MariaDB -10 %
             # `process.w10` when they were joined).
-            acks_in_claims=self._traits.name == "sqlite",
-            # One statement sent from the event loop through libpq (`pg_split`): psycopg only.
-            split_calls=self._held_statements is not None
-            and self._engine.dialect.driver == "psycopg"
-            and self._engine.dialect.paramstyle == "pyformat",
+            acks_in_claims=self._traits.one_writer,
+            # One statement sent from the event loop on the held connection (`pg_split`).
+            split_calls=self._traits.nonblocking_protocol and self._autocommit_held() is not None,
         )
         self._send_split: Callable[..., SplitCall[Any] | None] | None = None
         if self.capabilities.split_calls:
@@ -225,16 +219,15 @@ class SQLBroker:
         return self._run("submit", step, inline=len(items) <= INLINE_MAX_ROWS)
 
     def _store_alone(self, item: NewTask) -> dict[str, Any] | None:
-        """A single task stored by one statement in autocommit, where the dialect can: its row.
-        None when it cannot, or when its id is taken (nothing changed): the transaction runs."""
+        """A single task stored by one statement in autocommit, where the dialect can
+        (``dml_ctes``): its row. None when it cannot, or when its id is taken (nothing
+        changed): the transaction runs."""
         if self._traits.dml_ctes:
             return self._run(
                 "submit",
                 lambda tx: create.enqueue_one_in_one_statement(tx, item, self._channel),
                 one_statement=True,
             )
-        if self._traits.lone_inserts and self._held_statements is not None and _plain(item):
-            return self._run("submit", lambda tx: create.insert_alone(tx, item), one_statement=True)
         return None
 
     def _check_payloads(self, items: Sequence[NewTask]) -> None:
@@ -290,11 +283,12 @@ class SQLBroker:
         return self._read("queue_length", lambda tx: reads.queue_length(tx, queue))
 
     def _read(self, operation: str, step: Callable[[Tx], _T], *, inline: bool = False) -> _T:
-        """Run a read of ONE statement: in autocommit on a server (no BEGIN and COMMIT), in a
-        read-only transaction on SQLite (and on MySQL without a held connection, where a pooled
-        one's switch to autocommit costs more than the COMMIT). ``inline``: see `_run` (a read
-        that may return many rows is not attempted on an event loop)."""
-        one_statement = self._held_statements is not None or self._traits.cheap_autocommit
+        """Run a read of ONE statement: in autocommit where the driver switches a connection to
+        it for free (psycopg: no BEGIN and COMMIT), else in a read-only transaction (SQLite;
+        MySQL, where PyMySQL's switch costs a round trip each way, more than the COMMIT).
+        ``inline``: see `_run` (a read that may return many rows is not attempted on an event
+        loop)."""
+        one_statement = self._traits.cheap_autocommit
         return self._run(operation, step, read_only=True, one_statement=one_statement, inline=inline)
 
     # -- tasks: the worker's transitions ---------------------------------------------------
@@ -332,16 +326,9 @@ class SQLBroker:
         """The acks (quietly), then the claim, in ONE transaction (one commit where the two
         take two)."""
 
-        def claim(tx: Tx) -> builtins.list[Lease]:
-            if self._traits.dml_ctes:
-                # Durable: the claim's own statement would let the whole transaction, the acks
-                # included, commit without waiting for the server's disk.
-                return leases.claim_in_one_statement(tx, queue, limit, lease_ttl, durable=True)
-            return leases.claim(tx, queue, limit, lease_ttl)
-
         def step(tx: Tx) -> Claimed:
             acked = batch.ack_many(tx, acks, snapshots=False)
-            return Claimed(claim(tx), acked=acked)
+            return Claimed(leases.claim(tx, queue, limit, lease_ttl), acked=acked)
 
         return self._run("claim", step, inline=len(acks) + limit <= INLINE_MAX_ROWS)
 
@@ -519,7 +506,7 @@ class SQLBroker:
         # Keyed by SQLBroker's own functions: a subclass's override runs whole, in a thread.
         if planner is None or getattr(method, "__self__", None) is not self:
             return None
-        held, send = self._held_statements, self._send_split
+        held, send = self._autocommit_held(), self._send_split
         now = self._now_without_reading()
         if held is None or send is None or now is None or self._closed:
             return None
@@ -649,7 +636,7 @@ class SQLBroker:
         """One attempt of `_run`: ``step``'s answer, and the snapshots of the tasks it settled
         on its own (``tx.settled``) once its transaction committed."""
         if one_statement:
-            with self._statement_connection(read_only) as conn:
+            with self._statement_connection() as conn:
                 tx = self._tx(conn)
                 result = step(tx)
         else:
@@ -669,24 +656,26 @@ class SQLBroker:
         if sink is not None:
             sink(settled)
 
-    def _statement_connection(self, read_only: bool) -> AbstractContextManager[Connection]:
-        """A connection in autocommit for one statement: the held one when free. Else a pooled
-        one, in autocommit where the driver switches it without a round trip (psycopg), in a
-        transaction where that costs one each way (PyMySQL's ``SET autocommit``)."""
-        held = self._held_statements
-        if held is None:
-            return self._autocommit.connect()
-        if self._traits.cheap_autocommit:
-            return held.use()
-        return held.use(lambda: self._transaction(read_only))
+    def _autocommit_held(self) -> HeldConnection | None:
+        """The held connection when it is the one in autocommit (PostgreSQL's)."""
+        held = self._held
+        return held if held is not None and not held.transactions else None
+
+    def _statement_connection(self) -> AbstractContextManager[Connection]:
+        """A connection in autocommit for one statement: the held one when it is in autocommit
+        and free, else a pooled one (only dialects whose driver switches it to autocommit
+        without a round trip send statements alone: psycopg)."""
+        held = self._autocommit_held()
+        return self._autocommit.connect() if held is None else held.use()
 
     def _transaction(self, read_only: bool) -> AbstractContextManager[Connection]:
-        """A connection inside a new transaction: on a held one when free."""
+        """A connection inside a new transaction: a write's on the held one when it is for
+        transactions and free, anything else on a pooled one."""
         if read_only:
-            return self._reader.begin() if self._held_reads is None else self._held_reads.use()
-        if self._held_writes is not None:
-            spare = self._spare_writes
-            return self._held_writes.use(None if spare is None else spare.use)
+            return self._reader.begin()
+        held = self._held
+        if held is not None and held.transactions:
+            return held.use()
         return self._engine.begin()
 
     def _tx(self, conn: Connection) -> Tx:
@@ -731,9 +720,8 @@ class SQLBroker:
         if self._listener is not None:
             forks.keep_inherited(self._listener)
             self._listener = None
-        for held in (self._held_statements, self._held_writes, self._spare_writes, self._held_reads):
-            if held is not None:
-                held.after_fork_in_child()
+        if self._held is not None:
+            self._held.after_fork_in_child()
         # An in-memory SQLite database was copied with the process: its one connection is this
         # process's own. An application's engine is the application's to reset, as SQLAlchemy
         # advises for any engine that crosses a fork.
@@ -745,9 +733,8 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
-        for held in (self._held_statements, self._held_writes, self._spare_writes, self._held_reads):
-            if held is not None:
-                held.close()
+        if self._held is not None:
+            self._held.close()
         if self._owns_engine:
             self._engine.dispose()
 
@@ -804,11 +791,6 @@ def _no_shared_limits(what: str) -> str:
         f"SQLBroker does not keep shared limits yet: {what} is not honoured here "
         "(capabilities.shared_limits is False); count the queue's limits in this process instead"
     )
-
-
-def _plain(item: NewTask) -> bool:
-    """A task with neither parents nor business key: nothing to read or lock before inserting."""
-    return not item.depends_on and item.business_key is None
 
 
 def _check_poll_interval(value: object) -> float:

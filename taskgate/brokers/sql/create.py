@@ -1,4 +1,8 @@
-"""Creating executions: `enqueue` (a batch, all-or-nothing) and `replay`.
+"""Creating executions: `store_new` (a batch, all-or-nothing), a single task in one statement
+where the dialect can (`enqueue_one_in_one_statement`), and `replay`.
+
+Each table's rows go in by the dialect's one INSERT shape (`Traits.insert_rows`): on
+PostgreSQL the single task's statement is built around that same INSERT (`row_insert`).
 
 Uniqueness races are settled by constraints, not by reading first: the business-keys table's
 primary key lets exactly one of many racing submitters of a key win, and the unique
@@ -30,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import NewTask, Unset
-from taskgate.brokers.sql.dialects import Traits, ValueLimit, plain_insert
+from taskgate.brokers.sql.dialects import Traits, ValueLimit, row_insert, row_params
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
 from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
@@ -47,9 +51,7 @@ from taskgate.models import Models
 from taskgate.task import Status, Task
 
 __all__ = [
-    "check_free",
     "check_value_size",
-    "enqueue",
     "enqueue_one_in_one_statement",
     "enqueue_one_plan",
     "new_row",
@@ -71,11 +73,6 @@ def check_value_size(value: bytes | None, limit: ValueLimit | None, *, what: str
         )
 
 
-def enqueue(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list[Task]:
-    """`store_new`, answering the stored tasks' snapshots."""
-    return [snapshot(row) for row in store_new(tx, items, check_ids=check_ids)]
-
-
 def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list[dict[str, Any]]:
     """Insert ``items`` (already validated in themselves) after checking them against the store;
     the rows inserted, in order.
@@ -85,7 +82,7 @@ def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> li
     again WITH the check, which names the id in a `ValueError`.
     """
     _check_batch(items)
-    check_free(tx, items, check_ids=check_ids)
+    _check_free(tx, items, check_ids=check_ids)
     parents = _parent_statuses(tx, items)
     rows = []
     alike: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # the last parentless row
@@ -110,8 +107,8 @@ def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> li
     return rows
 
 
-def check_free(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> None:
-    """`enqueue`'s checks of ids (``check_ids``) and business keys against the store."""
+def _check_free(tx: Tx, items: Sequence[NewTask], *, check_ids: bool) -> None:
+    """`store_new`'s checks of ids (``check_ids``) and business keys against the store."""
     if check_ids:
         _check_ids_free(tx, [item.id for item in items])
     _check_keys_free(tx, [item.business_key for item in items if item.business_key is not None])
@@ -131,24 +128,15 @@ def enqueue_one_in_one_statement(tx: Tx, item: NewTask, channel: str) -> dict[st
     return tx.one(enqueue_one_plan(tx, item, channel))
 
 
-def insert_alone(tx: Tx, item: NewTask) -> dict[str, Any] | None:
-    """Store ``item``, a task without parents or business key, by its INSERT alone (run in
-    autocommit: the statement is the transaction); its row. None when its id is taken (nothing
-    changed): the caller then runs `store_new`, whose check names the id."""
-    row = new_row(item, tx.now, Status.PENDING, None)
-    try:
-        tx.write(plain_insert(table_of(tx.models.task)), row)
-    except IntegrityError:
-        return None
-    tx.woken.add(item.queue)
-    return row
-
-
 def enqueue_one_plan(tx: Tx, item: NewTask, channel: str) -> OneStatement[dict[str, Any] | None]:
     """`enqueue_one_in_one_statement`'s statement and the meaning of its rows."""
     parents = tuple(dict.fromkeys(item.depends_on))
     row = new_row(item, tx.now, Status.BLOCKED if parents else Status.PENDING, None)
-    params = {f"p_{name}": value for name, value in row.items()}
+    params = row_params(row)
+    if item.business_key is not None:
+        params.update(
+            row_params({"business_key": item.business_key, "execution_id": item.id}, prefix="p_key_")
+        )
     if parents:
         params.update(
             p_parents=list(parents),
@@ -174,12 +162,14 @@ def enqueue_one_plan(tx: Tx, item: NewTask, channel: str) -> OneStatement[dict[s
 def _insert_one(models: Models, traits: Traits, *, keyed: bool, child: bool) -> Select[Any]:
     """One task row (``keyed``: and its business-key row; ``child``: blocked, with its edges,
     only if its parents all exist and none is final) and, for a task without parents, the
-    ``pg_notify`` of its queue; one row back when the task went in. Built once per schema.
-    (A data-modifying WITH runs whole whether or not the statement reads it.)"""
+    ``pg_notify`` of its queue; one row back when the task went in. The task and key rows go
+    in by their tables' one INSERT shape (`row_insert`), the key's only where the task's did.
+    Built once per schema. (A data-modifying WITH runs whole whether or not the statement
+    reads it.)"""
     task, dependency = table_of(models.task), table_of(models.dependency)
-    values = {column.name: bindparam(f"p_{column.name}", type_=column.type) for column in task.c}
+    columns = tuple(column.name for column in task.c)
     if not child:
-        inserted = insert(task).values(values).returning(task.c.id, task.c.queue).cte("inserted")
+        inserted = row_insert(task, columns).returning(task.c.id, task.c.queue).cte("inserted")
         answer = select(func.pg_notify(bindparam("p_channel", type_=String), inserted.c.queue))
     else:
         parents = traits.lock_shared(
@@ -192,8 +182,7 @@ def _insert_one(models: Models, traits: Traits, *, keyed: bool, child: bool) -> 
             == bindparam("p_parent_count", type_=Integer),
             ~exists().where(parents.c.status.in_(final)),
         )
-        row = select(*(values[column.name] for column in task.c)).where(all_waiting)
-        inserted = insert(task).from_select(list(values), row).returning(task.c.id).cte("inserted")
+        inserted = row_insert(task, columns, where=all_waiting).returning(task.c.id).cte("inserted")
         edges = traits.unnest(
             "edges",
             position=("p_positions", dependency.c.position.type),
@@ -206,10 +195,8 @@ def _insert_one(models: Models, traits: Traits, *, keyed: bool, child: bool) -> 
         answer = select(inserted.c.id).add_cte(stored_edges.returning(dependency.c.child_id).cte("edges_in"))
     if keyed:
         key = table_of(models.business_key)
-        claimed_key = insert(key).from_select(
-            ["business_key", "execution_id"],
-            select(bindparam("p_business_key", type_=key.c.business_key.type), inserted.c.id),
-        )
+        went_in = exists(select(inserted.c.id))
+        claimed_key = row_insert(key, ("business_key", "execution_id"), prefix="p_key_", where=went_in)
         answer = answer.add_cte(claimed_key.returning(key.c.business_key).cte("keyed"))
     return answer
 

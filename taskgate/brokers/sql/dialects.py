@@ -1,8 +1,9 @@
 """Everything that differs between SQLite, PostgreSQL and MySQL/MariaDB, in one traits object.
 
 The transitions are written once against `Traits`; each subclass says how its database
-claims rows, takes row locks, inserts-if-missing, tells "now", serialises schema creation,
-which errors mean "run the transaction again", and how big a value may be.
+claims rows, takes row locks, inserts rows (one INSERT shape per table, `insert_rows`),
+inserts-if-missing, tells "now", serialises schema creation, which errors mean "run the
+transaction again", and how big a value may be.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from sqlalchemy import (
     any_,
     bindparam,
     cast,
-    false,
     func,
     insert,
-    literal_column,
     select,
     text,
     true,
@@ -53,6 +52,8 @@ __all__ = [
     "Traits",
     "ValueLimit",
     "plain_insert",
+    "row_insert",
+    "row_params",
     "traits_for",
 ]
 
@@ -73,26 +74,20 @@ class Traits:
 
     name = "generic"
     push_wakeups = False
+    # The database admits one writer at a time: a write transaction holds the write lock of the
+    # whole database (SQLite: the file) until it commits, so two writes never run side by side.
+    one_writer = False
+    # The database runs inside this process (SQLite: a file, no server): a transition is local
+    # work, with no network round trip to wait for.
+    in_process = False
+    # The driver sends a statement without waiting for its reply (PostgreSQL through psycopg).
+    nonblocking_protocol = False
     # UPDATE … RETURNING: mark rows and read them back in one statement.
     update_returning = False
     # UPDATE/INSERT … RETURNING inside WITH: a transition of several writes in one statement.
     dml_ctes = False
     # The driver switches a pooled connection to autocommit and back without a round trip.
     cheap_autocommit = False
-    # Calls of one statement run in autocommit on a connection held for them (a server;
-    # SQLite's writers take turns on one lock instead, which those calls would bypass).
-    statement_connection = False
-    # A task without parents or business key is stored by its INSERT alone, in autocommit on a
-    # held connection: the INSERT commits itself, one round trip where INSERT and COMMIT take
-    # two. (``dml_ctes`` dialects store every single task in one statement of their own.)
-    lone_inserts = False
-    # A second connection held for write transactions, for a claim and an ack that overlap
-    # (MySQL, where both are transactions and a pooled connection's return costs a round trip).
-    spare_writer = False
-    # A wide row's small columns come back packed in one JSON array
-    # (`taskgate.brokers.sql.json_rows`): the driver parses each column in Python (PyMySQL),
-    # json.loads the array in C.
-    json_rows = False
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         """``stmt`` taking write locks on the rows it reads (``SKIP LOCKED``: skip busy rows)."""
@@ -116,8 +111,8 @@ class Traits:
 
     @property
     def host_clock(self) -> bool:
-        """True when "the server's clock" is this host's (no server to ask)."""
-        return False
+        """True when "the server's clock" is this host's: a database in this process has none."""
+        return self.in_process
 
     @contextmanager
     def schema_transaction(self, engine: Engine, name: str) -> Iterator[Connection]:
@@ -147,18 +142,9 @@ class Traits:
         return None
 
     def insert_rows(self, tx: Tx, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-        """INSERT ``rows`` (each with every column of ``table``) in as few round trips as the
-        driver allows."""
-        tx.write_many(plain_insert(table), rows)
-
-    def insert_leases(
-        self, tx: Tx, table: Table, leases: Sequence[tuple[str, str]], expires_at: datetime
-    ) -> None:
-        """INSERT a lease row, not marked for cancel, for each ``(task id, token)``."""
-        rows = [
-            {"task_id": task_id, "token": token, "expires_at": expires_at, "cancel_requested": False}
-            for task_id, token in leases
-        ]
+        """INSERT ``rows`` (each with the same columns of ``table``) in one driver call, by the
+        table's one INSERT shape: ``INSERT … VALUES``, one row per parameter set (`plain_insert`;
+        PyMySQL sends a batch as one multi-row INSERT)."""
         tx.write_many(plain_insert(table), rows)
 
     def listed(self, column: SQLCoreOperations[str], name: str) -> ColumnElement[bool]:
@@ -185,10 +171,15 @@ class PostgreSQLTraits(Traits):
     update_returning = True
     dml_ctes = True
     cheap_autocommit = True  # psycopg: a client-side switch (PyMySQL sends SET autocommit)
-    statement_connection = True
     _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
-    # Below this many rows one multi-row INSERT costs no more than setting up a COPY.
+    # Below this many rows their INSERTs (pipelined by psycopg) cost no more than setting up a COPY.
     _COPY_FROM = 16
+
+    def __init__(self, driver: str = "") -> None:
+        # The driver sends a statement without waiting and reads its reply once the socket is
+        # readable (libpq's asynchronous API, through psycopg): a one-statement call can be
+        # sent from the event loop (`taskgate.brokers.sql.pg_split`).
+        self.nonblocking_protocol = driver == "psycopg"
 
     def lock(self, stmt: _S, *, skip_locked: bool = False) -> _S:
         # NO KEY UPDATE: we never change a primary key, and the weaker lock lets foreign-key
@@ -234,17 +225,20 @@ class PostgreSQLTraits(Traits):
         return select(func.set_config("synchronous_commit", "off", true())).scalar_subquery()
 
     def insert_rows(self, tx: Tx, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-        """``COPY … FROM STDIN`` for a batch: the server ingests rows without parsing an INSERT each.
+        """The table's one INSERT shape (`row_insert`), the one a single submit's statement is
+        built around, once per row (psycopg pipelines them). A batch of `_COPY_FROM` rows or
+        more goes in by ``COPY … FROM STDIN`` instead: the server ingests the rows without
+        parsing and running an INSERT each.
 
         psycopg's errors come out as SQLAlchemy's (`IntegrityError` for a taken key, and so on),
         like those of every other statement, so callers and retries need not know about COPY.
         """
-        if len(rows) < self._COPY_FROM or tx.conn.dialect.driver != "psycopg":
-            super().insert_rows(tx, table, rows)
-            return
-        from taskgate.brokers.sql.pg_copy import copy_rows  # psycopg is an optional dependency
+        if len(rows) >= self._COPY_FROM and tx.conn.dialect.driver == "psycopg":
+            from taskgate.brokers.sql.pg_copy import copy_rows  # psycopg is an optional dependency
 
-        copy_rows(tx.conn, table, rows)
+            copy_rows(tx.conn, table, rows)
+            return
+        tx.write_many(_row_insert(table, tuple(rows[0])), [row_params(row) for row in rows])
 
     def unnest(self, name: str, **columns: tuple[str, TypeEngine[Any]]) -> TableValuedAlias:
         """``unnest(array, array, …) AS name(column, …)`` over typed array parameters."""
@@ -256,10 +250,6 @@ class MySQLTraits(Traits):
     """MySQL 8 / MariaDB >= 10.6: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE`` by ids."""
 
     name = "mysql"
-    statement_connection = True
-    lone_inserts = True
-    spare_writer = True
-    json_rows = True
     # 1213 deadlock, 1205 lock wait timeout (the statement or whole transaction rolled back).
     _RETRYABLE_ERRNOS = frozenset({1213, 1205})
     # Room for the statement around the value inside one max_allowed_packet.
@@ -283,15 +273,6 @@ class MySQLTraits(Traits):
         if not self._driver_quotes_lists:
             return super().listed(column, name)
         return column.op("IN")(bindparam(name, type_=DriverQuotedList()))
-
-    def insert_leases(
-        self, tx: Tx, table: Table, leases: Sequence[tuple[str, str]], expires_at: datetime
-    ) -> None:
-        """``INSERT … SELECT`` from ``JSON_TABLE`` over the ``(task id, token)`` pairs sent as one
-        JSON text: two values for the driver to escape, where a row of VALUES per lease has
-        four (PyMySQL escapes each in Python)."""
-        params = {"p_leases": json.dumps(leases, ensure_ascii=False), "p_expires_at": expires_at}
-        tx.write(_leases_from_json(table), params)
 
     def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
         """``INSERT IGNORE`` (the values are ours and valid, so only the duplicate is ignored)."""
@@ -341,6 +322,8 @@ class SQLiteTraits(Traits):
     """
 
     name = "sqlite"
+    one_writer = True
+    in_process = True
     _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
     update_returning = sqlite3.sqlite_version_info >= (3, 35)  # RETURNING arrived in 3.35
 
@@ -376,17 +359,36 @@ class SQLiteTraits(Traits):
         """The host's clock: a database file has none, and every user runs on this host."""
         return datetime.now(UTC)
 
-    @property
-    def host_clock(self) -> bool:
-        """SQLite has no server: its clock is this host's."""
-        return True
-
 
 @functools.lru_cache(maxsize=64)
 def plain_insert(table: Table) -> Insert:
     """``INSERT INTO table``, built once per table: a Core statement built per call costs more
     (its cache key, then the compiled-cache look-up) than the single-row INSERT it runs."""
     return insert(table)
+
+
+def row_insert(
+    table: Table, columns: Sequence[str], *, prefix: str = "p_", where: ColumnElement[bool] | None = None
+) -> Insert:
+    """``INSERT INTO table (columns) SELECT :p_column, …``, one row of parameters named
+    ``prefix + column`` (`row_params`), inserted only if ``where`` holds when given:
+    PostgreSQL's one INSERT shape for a task or business-key row, sent alone (a batch as many
+    parameter sets) or as a CTE of a statement that does more (a single submit)."""
+    values = select(*(bindparam(f"{prefix}{name}", type_=table.c[name].type) for name in columns))
+    if where is not None:
+        values = values.where(where)
+    return insert(table).from_select(list(columns), values)
+
+
+def row_params(row: Mapping[str, Any], *, prefix: str = "p_") -> dict[str, Any]:
+    """`row_insert`'s parameters for ``row`` (column -> value)."""
+    return {f"{prefix}{name}": value for name, value in row.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _row_insert(table: Table, columns: tuple[str, ...]) -> Insert:
+    """`row_insert` of ``columns``, built once (so it runs prepared)."""
+    return row_insert(table, columns)
 
 
 class JSONList(TypeDecorator[list[str]]):
@@ -397,24 +399,6 @@ class JSONList(TypeDecorator[list[str]]):
 
     def process_bind_param(self, value: list[str] | None, dialect: Any) -> str | None:
         return None if value is None else json.dumps(list(value))
-
-
-@functools.lru_cache(maxsize=32)
-def _leases_from_json(table: Table) -> Insert:
-    """`MySQLTraits.insert_leases`' statement for ``table``, built once (so it runs prepared)."""
-    lengths = {name: table.c[name].type.length for name in ("task_id", "token")}  # type: ignore[attr-defined]
-    pairs = text(
-        "JSON_TABLE(:p_leases, '$[*]' COLUMNS ("
-        f"task_id VARCHAR({lengths['task_id']}) PATH '$[0]', token VARCHAR({lengths['token']}) PATH '$[1]'"
-        ")) AS pairs"
-    ).bindparams(bindparam("p_leases", type_=String()))
-    values = select(
-        literal_column("pairs.task_id"),
-        literal_column("pairs.token"),
-        bindparam("p_expires_at", type_=table.c.expires_at.type),
-        false(),
-    ).select_from(pairs)
-    return insert(table).from_select(["task_id", "token", "expires_at", "cancel_requested"], values)
 
 
 class DriverQuotedList(TypeDecorator[list[str]]):
@@ -434,7 +418,7 @@ def traits_for(dialect_name: str, driver: str = "") -> Traits:
     """The traits of a SQLAlchemy dialect (its name, and its driver's where it matters); an
     unsupported database fails loudly."""
     if dialect_name == "postgresql":
-        return PostgreSQLTraits()
+        return PostgreSQLTraits(driver)
     if dialect_name in ("mysql", "mariadb"):
         return MySQLTraits(driver)
     if dialect_name == "sqlite":

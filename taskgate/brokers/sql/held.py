@@ -1,4 +1,4 @@
-"""A connection the broker keeps checked out for its hottest calls, taken in turn.
+"""The connection the broker keeps checked out for its hottest writes, taken in turn.
 
 Checking a connection out of the pool and back in around each call costs SQLAlchemy a new
 `Connection`, the pool's bookkeeping and, for a call in autocommit, switching the driver's
@@ -7,10 +7,12 @@ this process, on SQLite two thirds of an empty write transaction. Here one conne
 checked out and the calls take turns on it; a call that finds it busy takes a pooled one as
 before, so calls in several threads never wait for each other here.
 
-`SQLBroker` keeps one for its write transactions (``transactions=True``; on MySQL a spare too,
-for a claim and an ack that overlap); on PostgreSQL and MySQL one for its one-statement calls
-(a submit, a read; on PostgreSQL a claim too) in autocommit; on SQLite one for its reads
-(read-only transactions).
+`SQLBroker` keeps ONE: on PostgreSQL in autocommit, for its one-statement calls (a claim, a
+single submit, a read; the split calls of `taskgate.brokers.sql.pg_split` take it too), on
+SQLite and MySQL for its write transactions (``transactions=True``). Everything else runs on
+the pool: a second held connection (one for PostgreSQL's write transactions, MySQL's spare
+writer and its autocommit statements, SQLite's reads) paid less than 10 % of
+``process_in_process(workers=10)`` each when measured, and was retired (issue 34).
 
 A held connection is detached from the pool (`Connection.detach`): it is one connection beyond
 the pool's size, as the PostgreSQL wake-up listener's is, and never counts against the
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from sqlalchemy import Connection, Engine
@@ -54,17 +56,10 @@ class HeldConnection:
         self.session: dict[str, object] = {}
 
     @contextmanager
-    def use(
-        self, overflow: Callable[[], AbstractContextManager[Connection]] | None = None
-    ) -> Iterator[Connection]:
-        """A connection for one call; given back (kept, or returned to the pool) on exit.
-
-        ``overflow``: where the call goes while the held connection is busy, instead of the
-        pool of ``engine`` (where switching a connection to autocommit and back can cost a
-        round trip each way).
-        """
+    def use(self) -> Iterator[Connection]:
+        """A connection for one call; given back (kept, or returned to the pool) on exit."""
         if self._closed or not self._lock.acquire(blocking=False):
-            with self._pooled() if overflow is None else overflow() as pooled:
+            with self._pooled() as pooled:
                 yield pooled
             return
         try:

@@ -57,7 +57,13 @@ CANCELED_ERROR = "canceled"
 
 
 def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
-    """Lease up to ``limit`` due tasks of ``queue``, oldest due first."""
+    """Lease up to ``limit`` due tasks of ``queue``, oldest due first, inside the caller's
+    transaction. With data-modifying CTEs (PostgreSQL) it is the one-statement claim, so lease
+    rows have one INSERT shape there (the server draws the tokens); durable, as the
+    transaction writes more than the claim (acks, quota), which would otherwise commit without
+    waiting for the server's disk."""
+    if tx.traits.dml_ctes:
+        return claim_in_one_statement(tx, queue, limit, lease_ttl, durable=True)
     now = tx.now
     if tx.traits.update_returning:
         rows = tx.fetch(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now))
@@ -73,8 +79,11 @@ def lease_running(tx: Tx, tasks: list[Task], lease_ttl: timedelta) -> list[Lease
         return []
     expires_at = tx.now + lease_ttl
     tokens = new_tokens(len(tasks))
-    pairs = [(task.id, token) for task, token in zip(tasks, tokens, strict=True)]
-    tx.traits.insert_leases(tx, table_of(tx.models.lease), pairs, expires_at)
+    rows = [
+        {"task_id": task.id, "token": token, "expires_at": expires_at, "cancel_requested": False}
+        for task, token in zip(tasks, tokens, strict=True)
+    ]
+    tx.traits.insert_rows(tx, table_of(tx.models.lease), rows)
     return [
         Lease(task=task, token=token, expires_at=expires_at)
         for task, token in zip(tasks, tokens, strict=True)
@@ -82,8 +91,10 @@ def lease_running(tx: Tx, tasks: list[Task], lease_ttl: timedelta) -> list[Lease
 
 
 def _lock_and_mark_running(tx: Tx, queue: str, limit: int) -> list[Task]:
-    """Without ``UPDATE … RETURNING`` (MySQL): lock the due rows whole, update them, and build
-    the snapshots from the locked values plus what the update wrote -- two statements."""
+    """Without ``UPDATE … RETURNING`` (MySQL): lock the due rows, update them, and build the
+    snapshots from the locked values plus what the update wrote -- two statements. The lock
+    reads only the columns the update does not write (PyMySQL parses each column of each row,
+    and each column's description, in Python)."""
     lock_due, mark_running = _lock_then_mark(tx.models, tx.traits)
     now = tx.now
     rows = tx.fetch(lock_due, claim_params(queue, limit, now))
@@ -99,13 +110,14 @@ def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update
     """`_lock_and_mark_running`'s two statements, built once per schema."""
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
+    values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
+    read = [column for column in task.c if column.name not in values or column.name == "claims"]
     due = (
-        select(task)
+        select(*read)
         .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
         .order_by(task.c.run_at, task.c.id)
         .limit(bindparam("p_limit", type_=Integer))
     )
-    values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
     mark = update(task).where(traits.listed(task.c.id, "p_ids")).values(values)
     return traits.lock(due, skip_locked=True), mark
 

@@ -12,7 +12,8 @@ Python values, as psycopg's cursor does: a split call reads exactly what the sam
 thread reads. Each statement is prepared on the server once per session, under a name of our
 own: the first call of it on a connection sends PREPARE, then from its reply the EXECUTE. A
 connection psycopg was told to prepare nothing on (``prepare_threshold=None``, as behind
-PgBouncer in transaction mode) splits nothing, and a request larger than
+PgBouncer in transaction mode) splits nothing, nor does an engine set to a paramstyle other
+than ``pyformat``; a request larger than
 `taskgate.brokers.split.MAX_SPLIT_REQUEST` (a big payload) is sent from a thread: the event loop
 never waits for the server to read what it sends.
 
@@ -24,8 +25,6 @@ held connection is replaced on its next use) and the call fails with `BrokerErro
 
 from __future__ import annotations
 
-import math
-import select
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -37,7 +36,7 @@ from psycopg.adapt import PyFormat, Transformer
 from sqlalchemy import Connection
 
 from taskgate.brokers import nowait
-from taskgate.brokers.split import MAX_SPLIT_REQUEST
+from taskgate.brokers.split import MAX_SPLIT_REQUEST, SplitCall
 from taskgate.brokers.sql.engine import driver_connection
 from taskgate.brokers.sql.held import HeldConnection
 from taskgate.brokers.sql.prepared import Prepared
@@ -80,15 +79,16 @@ def send(
     prepared: Prepared,
     params: Mapping[str, Any],
     answer: Callable[[list[dict[str, Any]]], T],
-) -> StatementCall[T] | None:
+) -> SplitCall[T] | None:
     """Send ``prepared`` with ``params`` on ``conn``, taken from ``held`` (`HeldConnection.take`);
     its rows go to ``answer``. The call gives ``conn`` back once its reply is read. None when
     nothing was sent (the connection was given back): run the method in a thread."""
     try:
         driver = driver_connection(conn)
-        if driver.prepare_threshold is None:
+        if driver.prepare_threshold is None or conn.dialect.paramstyle != "pyformat":
             # Told to prepare nothing (a pooler in transaction mode between us and the server
-            # would run our EXECUTE on a session that never saw our PREPARE).
+            # would run our EXECUTE on a session that never saw our PREPARE); or placeholders
+            # other than the ``%(name)s`` ones `Prepared.numbered` numbers for libpq.
             held.give_back(conn)
             return None
         session = held.session.get("pg_split")
@@ -121,7 +121,7 @@ def send(
         _drop(conn, exc)
         held.give_back(conn)
         return None
-    return call
+    return SplitCall(call.fileno(), call.receive, call.result)
 
 
 def _drop(conn: Connection, exc: Exception) -> None:
@@ -133,10 +133,9 @@ def _drop(conn: Connection, exc: Exception) -> None:
 
 
 class StatementCall(Generic[T]):
-    """One statement sent from the event loop; implements `taskgate.brokers.split.SplitCall`."""
-
-    # A statement in a thread waits as long as the server takes; so does a split one.
-    timeout = math.inf
+    """One statement sent from the event loop: what its `taskgate.brokers.split.SplitCall`
+    reads the reply with (no timeout: a statement in a thread waits as long as the server
+    takes, and so does a split one)."""
 
     def __init__(
         self,
@@ -204,14 +203,6 @@ class StatementCall(Generic[T]):
             self._lost(exc)
             raise BrokerError(f"PostgreSQL connection lost during a split call: {exc}") from exc
         return False
-
-    def finish(self) -> T:
-        """In a thread: wait for the rest of the reply, then `result`."""
-        poller = select.poll()
-        poller.register(self.fileno(), select.POLLIN)
-        while not self.receive():
-            poller.poll()
-        return self.result()
 
     def result(self) -> T:
         """The method's answer; `WouldBlock` when the server answered an error (nothing ran)."""

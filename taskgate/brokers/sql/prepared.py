@@ -219,9 +219,7 @@ class PreparedCache:
 
     MAX_ENTRIES = 256
 
-    def __init__(self, prepare: Callable[[Executable, Dialect], Prepared | None] | None = None) -> None:
-        # How a statement is prepared: `Prepared.of`, or a dialect's own way of reading rows.
-        self._prepare = Prepared.of if prepare is None else prepare
+    def __init__(self) -> None:
         self._by_id: dict[tuple[int, int], tuple[Executable, Dialect, Prepared | None]] = {}
 
     def __len__(self) -> int:
@@ -235,7 +233,7 @@ class PreparedCache:
             if len(self._by_id) >= self.MAX_ENTRIES:
                 self._by_id.clear()
             # The entry keeps the statement and dialect alive, so their ids stay theirs.
-            found = (statement, dialect, self._prepare(statement, dialect))
+            found = (statement, dialect, Prepared.of(statement, dialect))
             self._by_id[key] = found
         return found[2]
 
