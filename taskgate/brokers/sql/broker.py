@@ -102,8 +102,9 @@ class SQLBroker:
 
     Connections: those the engine's pool lends (SQLAlchemy's default for a URL: 5, and up to 10
     more for a burst), plus ONE kept checked out beyond the pool for the hottest writes
-    (`taskgate.brokers.sql.held`), plus on PostgreSQL one listening for wake-ups once a
-    worker waits for work. An in-memory SQLite database is one shared connection.
+    (`taskgate.brokers.sql.held`) -- on PostgreSQL two, one in autocommit for its one-statement
+    calls and one for its write transactions --, plus on PostgreSQL one listening for wake-ups
+    once a worker waits for work. An in-memory SQLite database is one shared connection.
     """
 
     def __init__(
@@ -142,6 +143,11 @@ class SQLBroker:
             else HeldConnection(self._autocommit, transactions=False)
             if self._traits.dml_ctes
             else HeldConnection(self._engine, transactions=True)
+        )
+        # PostgreSQL's write transactions (the ack batches) on a second held connection: taking
+        # a pooled one per batch cost process.w10 about 13 % there (measured, issue 34).
+        self._held_writes = (
+            HeldConnection(self._engine, transactions=True) if self._traits.dml_ctes and not memory else None
         )
         self._signals = Signals()
         self._listener: Listener | None = None
@@ -673,7 +679,7 @@ class SQLBroker:
         transactions and free, anything else on a pooled one."""
         if read_only:
             return self._reader.begin()
-        held = self._held
+        held = self._held if self._held_writes is None else self._held_writes
         if held is not None and held.transactions:
             return held.use()
         return self._engine.begin()
@@ -720,8 +726,9 @@ class SQLBroker:
         if self._listener is not None:
             forks.keep_inherited(self._listener)
             self._listener = None
-        if self._held is not None:
-            self._held.after_fork_in_child()
+        for held in (self._held, self._held_writes):
+            if held is not None:
+                held.after_fork_in_child()
         # An in-memory SQLite database was copied with the process: its one connection is this
         # process's own. An application's engine is the application's to reset, as SQLAlchemy
         # advises for any engine that crosses a fork.
@@ -733,8 +740,9 @@ class SQLBroker:
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()
-        if self._held is not None:
-            self._held.close()
+        for held in (self._held, self._held_writes):
+            if held is not None:
+                held.close()
         if self._owns_engine:
             self._engine.dispose()
 
