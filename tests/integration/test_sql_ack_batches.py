@@ -64,10 +64,9 @@ def test_a_batch_of_acks_on_a_lost_connection_fails_and_the_next_one_goes_throug
     try:
         steps.enqueue(broker, [new_task() for _ in range(2)])
         items = [(lease.task.id, lease.token, None) for lease in steps.claim(broker, "q", 2, LEASE)]
-        # PostgreSQL's write transactions run on the pool (its held connection is for statements
-        # in autocommit): on its one connection here.
-        steps.enqueue(broker, [new_task() for _ in range(2)])
-        with engine.connect() as writes:
+        steps.enqueue(broker, [new_task() for _ in range(2)])  # on the writes' held connection
+        assert broker._held_writes is not None
+        with broker._held_writes.use() as writes:
             writer_pid = writes.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         with admin.connect() as conn:
             conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": writer_pid})
