@@ -31,6 +31,7 @@ from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.task import TASK_FIELDS, Filter, Status, Task
 from taskgate.testing import steps
+from taskgate.testing.contract.surface import RETIRED
 
 TTL = timedelta(seconds=30)
 MINUTELY = QuotaSpec("k", 5, timedelta(minutes=1))
@@ -219,30 +220,6 @@ def test_a_pending_task_costs_the_broker_a_few_hundred_bytes() -> None:
 
 
 # -- the verbs' memory-specific answers -------------------------------------------------------
-
-RETIRED = (
-    "enqueue",
-    "enqueue_quiet",
-    "history",
-    "claim_within_quota",
-    "claim_after_acks",
-    "claim_within_quota_after_acks",
-    "claim_with_limits",
-    "claim_with_limits_after_acks",
-    "acquire_slots",
-    "take_rate",
-    "ack",
-    "ack_many",
-    "ack_many_quiet",
-    "retry",
-    "fail",
-    "requeue",
-    "finish_canceled",
-    "reserve_quota",
-    "release_quota",
-    "renew_slots",
-    "release_slots",
-)
 
 
 def test_the_broker_declares_what_it_honours_and_has_no_retired_method() -> None:
