@@ -24,7 +24,9 @@ from taskgate.models.columns import (
     BusinessKeyColumns,
     DependencyColumns,
     LeaseColumns,
+    QueueLimitColumns,
     QuotaWindowColumns,
+    SlotColumns,
     TaskColumns,
 )
 
@@ -37,7 +39,9 @@ __all__ = [
     "DependencyColumns",
     "LeaseColumns",
     "Models",
+    "QueueLimitColumns",
     "QuotaWindowColumns",
+    "SlotColumns",
     "TaskColumns",
     "build_models",
     "check_prefix",
@@ -46,4 +50,4 @@ __all__ = [
 ]
 
 # The alembic revision these models correspond to; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"

@@ -24,7 +24,9 @@ from taskgate.models.columns import (
     BusinessKeyColumns,
     DependencyColumns,
     LeaseColumns,
+    QueueLimitColumns,
     QuotaWindowColumns,
+    SlotColumns,
     TaskColumns,
 )
 
@@ -45,7 +47,7 @@ DEFAULT_PREFIX = "taskgate_"
 # stays within PostgreSQL's 63 and MySQL's 64 character limits.
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
 
-TABLE_NAMES = ("tasks", "task_deps", "leases", "quota_windows", "business_keys")
+TABLE_NAMES = ("tasks", "task_deps", "leases", "quota_windows", "business_keys", "queue_limits", "slots")
 
 # Every constraint taskgate declares is named explicitly (wrapped in `conv`, so an app's own
 # convention cannot rename it); this convention names anything added later the same way.
@@ -81,11 +83,21 @@ class Models:
     lease: type[LeaseColumns]
     quota_window: type[QuotaWindowColumns]
     business_key: type[BusinessKeyColumns]
+    queue_limit: type[QueueLimitColumns]
+    slot: type[SlotColumns]
 
     @property
     def tables(self) -> list[Table]:
         """taskgate's tables, parents before children (the order to create them in)."""
-        classes = (self.task, self.dependency, self.lease, self.quota_window, self.business_key)
+        classes = (
+            self.task,
+            self.dependency,
+            self.lease,
+            self.quota_window,
+            self.business_key,
+            self.queue_limit,
+            self.slot,
+        )
         return [cast(Table, cast(Any, cls).__table__) for cls in classes]
 
 
@@ -107,6 +119,8 @@ def build_models(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         lease=_map(base, LeaseColumns, f"{prefix}leases", _lease_args(prefix, tasks)),
         quota_window=_map(base, QuotaWindowColumns, f"{prefix}quota_windows", _window_args(prefix)),
         business_key=_map(base, BusinessKeyColumns, f"{prefix}business_keys", _key_args(prefix, tasks)),
+        queue_limit=_map(base, QueueLimitColumns, f"{prefix}queue_limits", _queue_limit_args(prefix)),
+        slot=_map(base, SlotColumns, f"{prefix}slots", _slot_args(prefix)),
     )
 
 
@@ -209,3 +223,15 @@ def _key_args(prefix: str, tasks: str) -> tuple[Any, ...]:
         Index(conv(f"ix_{t}_execution"), "execution_id"),
         _options(),
     )
+
+
+def _queue_limit_args(prefix: str) -> tuple[Any, ...]:
+    t = f"{prefix}queue_limits"
+    return (PrimaryKeyConstraint("queue", "group_name", name=conv(f"pk_{t}")), _options())
+
+
+def _slot_args(prefix: str) -> tuple[Any, ...]:
+    # A claim reads and clears a queue's slots by the key's first column; a queue has no more
+    # rows here than its workers (and the expired ones it clears), so no other index pays.
+    t = f"{prefix}slots"
+    return (PrimaryKeyConstraint("queue", "token", name=conv(f"pk_{t}")), _options())

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, Integer
+from sqlalchemy import BigInteger, Boolean, Integer
 from sqlalchemy.orm import Mapped, mapped_column
 
 from taskgate.ids import MAX_ID_LENGTH
 from taskgate.models.types import Blob, ExactString, LongText, UTCDateTime
 
-__all__ = ["BusinessKeyColumns", "DependencyColumns", "LeaseColumns", "QuotaWindowColumns", "TaskColumns"]
+__all__ = [
+    "BusinessKeyColumns",
+    "DependencyColumns",
+    "LeaseColumns",
+    "QueueLimitColumns",
+    "QuotaWindowColumns",
+    "SlotColumns",
+    "TaskColumns",
+]
 
 # Every string column compares exactly (trailing spaces included) on every database.
 Name = ExactString(MAX_ID_LENGTH)
@@ -52,6 +60,10 @@ class TaskColumns:
     depends_on: Mapped[str] = mapped_column(LongText)
     business_key: Mapped[str | None] = mapped_column(Name)
     replay_of: Mapped[str | None] = mapped_column(Name)
+    # The tenant (or any other share of the queue) whose own limits the task runs under.
+    group_name: Mapped[str | None] = mapped_column(Name)
+    # Milliseconds a run may take before its handler is cancelled; None: the queue's setting.
+    timeout_ms: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class DependencyColumns:
@@ -92,3 +104,31 @@ class BusinessKeyColumns:
 
     business_key: Mapped[str] = mapped_column(Name)
     execution_id: Mapped[str] = mapped_column(Name)
+
+
+class QueueLimitColumns:
+    """What one queue, or one group of it, shares across processes besides its slots.
+
+    ``group_name`` is ``''`` for the queue as a whole. ``rate_tat`` is the rate limiter's
+    theoretical arrival time (GCRA): starts are allowed while it is at most ``burst``
+    intervals ahead of now. ``held_until``: no claim before then (a pause or a queue-wide
+    throttle). ``waiters``: the claimers owed a turn at the next free slot, as a JSON object of
+    claimer id -> until when (microseconds since the epoch) -- a handful of entries, read and
+    written with the row the claim locks anyway, so turn-taking costs no statement of its own.
+    """
+
+    queue: Mapped[str] = mapped_column(Name)
+    group_name: Mapped[str] = mapped_column(Name)
+    rate_tat: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    held_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    waiters: Mapped[str | None] = mapped_column(LongText)
+
+
+class SlotColumns:
+    """One of a queue's shared concurrency slots, held under a lease's token until given back
+    or until ``expires_at`` (renewed with the lease), so a crashed holder's slot comes back."""
+
+    queue: Mapped[str] = mapped_column(Name)
+    token: Mapped[str] = mapped_column(ExactString(64))
+    group_name: Mapped[str | None] = mapped_column(Name)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -357,6 +357,8 @@ def _row(*, created_at: datetime, status: Status, error: str | None, **fields: A
         "finished_at": created_at if status.is_final else None,
         "result": None,
         "last_error": error,
+        "group_name": None,
+        "timeout_ms": None,
     }
 
 

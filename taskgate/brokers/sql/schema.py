@@ -35,11 +35,22 @@ def prepare_schema(engine: Engine, models: Models, traits: Traits, *, create: bo
     """Create missing tables (``create``) under a lock, then check the schema revision."""
     versions = version_table(models.prefix)
     with traits.schema_transaction(engine, f"{models.prefix}schema") as conn:
-        if create:
+        # A schema at another revision is left exactly as it is: tables of a newer revision
+        # made beside older ones would stop its migration (they would exist already), and DDL
+        # is not undone by a rollback on MySQL.
+        if create and _recorded_revision(conn, versions) in (None, SCHEMA_REVISION):
             models.metadata.create_all(conn, tables=models.tables, checkfirst=True)
             versions.create(conn, checkfirst=True)
             _stamp_if_new(conn, versions)
         _check_revision(conn, engine, models, versions)
+
+
+def _recorded_revision(conn: Connection, versions: Table) -> str | None:
+    """The revision in the version table; None when there is no table or no row yet."""
+    if not inspect(conn).has_table(versions.name):
+        return None
+    revision: str | None = conn.execute(versions.select().limit(1)).scalar()
+    return revision
 
 
 def _stamp_if_new(conn: Connection, versions: Table) -> None:
