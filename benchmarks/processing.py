@@ -22,8 +22,11 @@ from benchmarks.stores import Store, isolated_store
 __all__ = ["LIMIT_VARIANTS", "process_in_process", "process_two_procs"]
 
 # Limits set high enough never to bind: (queue options, depends_on a completed parent).
+# "none" is the default queue (its workers counted in the store where the broker can);
+# "local" counts them in the process (``shared_limits=False``): what sharing them costs.
 LIMIT_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
     "none": ({}, False),
+    "local": ({"shared_limits": False}, False),
     "rps": ({"rps": 1_000_000}, False),
     "quota": ({"quota_limit": 1_000_000_000, "quota_period": "24h"}, False),
     "deps": ({}, True),

@@ -59,6 +59,10 @@ class QueueConfig:
     - ``quota_limit``/``quota_period``/``quota_key``: at most ``quota_limit`` handler starts
       per epoch-aligned window of ``quota_period`` (>= 1 s), shared by queues with the same
       ``quota_key`` (default: the queue's name).
+    - ``shared_limits``: ``workers`` and ``rps``/``burst`` count every process sharing the
+      broker's store (True, the default, where the broker can count them: SQL and Redis);
+      False counts them in each process apart (for a CPU-bound queue scaled out on purpose).
+      The quota is always shared.
     """
 
     workers: int
@@ -69,6 +73,7 @@ class QueueConfig:
     quota_limit: int = 0
     quota_period: DurationLike | None = None
     quota_key: str | None = None
+    shared_limits: bool = True
 
     def __post_init__(self) -> None:
         owner = "QueueConfig"
@@ -83,8 +88,9 @@ class QueueConfig:
         if ttl <= timedelta(0):
             raise ConfigError(f"{owner}.lease_ttl must be > 0, got {self.lease_ttl!r}")
         object.__setattr__(self, "lease_ttl", ttl)
-        if not isinstance(self.manual_heartbeat, bool):
-            raise ConfigError(f"{owner}.manual_heartbeat must be a bool, got {self.manual_heartbeat!r}")
+        for flag in ("manual_heartbeat", "shared_limits"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{owner}.{flag} must be a bool, got {getattr(self, flag)!r}")
         self._check_quota(owner)
 
     def _check_quota(self, owner: str) -> None:

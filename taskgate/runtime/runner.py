@@ -326,7 +326,7 @@ class Runtime:
         )
 
     def _limits(self, name: str, conf: QueueConfig) -> Limits:
-        if self.broker.capabilities.shared_limits:
+        if conf.shared_limits and self.broker.capabilities.shared_limits:
             return SharedQueueLimits(self.broker, self.calls, name, conf, worker_deadline(conf))
         return LocalLimits(conf)
 

@@ -125,7 +125,7 @@ def carrying_broker(request: pytest.FixtureRequest) -> Broker:
 
 
 def _carrying(broker: Riding) -> frozenset[str]:
-    """What a claim carrying acks carries on ``broker``: the shared limits too on Redis."""
+    """What a claim carrying acks carries on ``broker``: the shared limits too where they are kept."""
     return frozenset({"acks", "shared"} if broker.capabilities.shared_limits else {"acks"})
 
 
@@ -171,7 +171,7 @@ async def test_acks_ride_on_claims_within_a_quota_which_counts_each_start_once(s
                 await gate.wait(task_id)
     taken = broker.written("claim")
     assert taken and sorted(taken + broker.written("settle")) == sorted(ids)
-    assert set(broker.carrying) == {frozenset({"acks", "quota"})}
+    assert set(broker.carrying) == {frozenset({"acks", "quota", "shared"})}
     assert units_left(sqlite_broker, "q", 100, timedelta(hours=1)) == 92
 
 

@@ -20,8 +20,10 @@ async def _flag(gate: Gate, queue: str, name: str) -> bool:
 
 
 async def test_workers_and_rate_hold_in_every_window(gate_broker):
+    """Counted in this process (``shared_limits=False``): the rate runs on the process's clock.
+    Counted in the store, it runs on the store's (`test_a_shared_rate_runs_on_the_store_clock`)."""
     rps, burst, workers, n = 5.0, 5, 2, 12
-    gate = make_gate(gate_broker, {"q": QueueConfig(workers=workers, rps=rps)})
+    gate = make_gate(gate_broker, {"q": QueueConfig(workers=workers, rps=rps, shared_limits=False)})
     starts: list[float] = []
     running = 0
     peak = 0
@@ -47,6 +49,57 @@ async def test_workers_and_rate_hold_in_every_window(gate_broker):
             assert j - i + 1 <= burst + rps * (window + EPSILON), (i, j, window)
     # the bucket starts full, then refills at rps: the run cannot be faster than that
     assert starts[-1] - starts[0] >= (n - burst) / rps - EPSILON
+
+
+SHARED_BACKENDS = ["sqlite", "postgresql", "mysql", "redis"]
+
+
+@pytest.mark.parametrize("backend", SHARED_BACKENDS, indirect=True)
+async def test_a_shared_rate_runs_on_the_store_clock(broker, clock):
+    """Shared limits are counted on the store's clock: with it frozen, the burst runs and the
+    rest waits, however long in real time; each second it moves lets one more start."""
+    gate = make_gate(broker, {"q": QueueConfig(workers=10, rps=1, burst=2)})
+    started: list[str] = []
+    gate.handle("q", lambda task: started.append(task.id))
+    async with gate:
+        ids = await gate.submit_many("q", range(5))
+        await until(lambda: _count(started, 2))
+        await gate.wait(ids[1], timeout=GUARD)
+        assert (await gate.get(ids[2])).status is Status.PENDING
+        for n in (3, 4, 5):
+            clock.advance(timedelta(seconds=1))
+            await until(lambda n=n: _count(started, n))
+        await gate.wait(ids[4], timeout=GUARD)
+    assert sorted(started) == sorted(ids)
+
+
+@pytest.mark.parametrize("backend", SHARED_BACKENDS, indirect=True)
+async def test_two_gates_on_one_store_share_the_queue_workers(broker):
+    """Two gates (as two processes would) with workers=1 each: one handler at a time in all."""
+    first, second = (make_gate(broker, {"q": QueueConfig(workers=1)}) for _ in range(2))
+    release = anyio.Event()
+    running: list[str] = []
+
+    async def hold(task: Task) -> None:
+        running.append(task.id)
+        await release.wait()
+        running.remove(task.id)
+
+    for gate in (first, second):
+        gate.handle("q", hold)
+    async with first, second:
+        ids = await first.submit_many("q", range(3))
+        await until(lambda: _count(running, 1))
+        for _ in range(20):  # both gates look for work, again and again: neither may start one
+            await anyio.sleep(0.01)
+            assert len(running) == 1
+        release.set()
+        for task_id in ids:
+            await first.wait(task_id, timeout=GUARD)
+
+
+async def _count(items: list[str], n: int) -> bool:
+    return len(items) >= n
 
 
 async def test_a_blocked_queue_does_not_delay_another(gate_broker):

@@ -97,7 +97,7 @@ async def _units_left(broker: Broker) -> int:
 
 
 async def _free_slots(broker: Broker, workers: int) -> int:
-    """Redis: how many of queue "q"'s ``workers`` shared slots are free (taking them)."""
+    """How many of queue "q"'s ``workers`` shared slots are free (taking them)."""
     return await anyio.to_thread.run_sync(free_slots, broker, "q", workers)
 
 
@@ -107,17 +107,15 @@ def _quota(workers: int, *, lease_ttl: float | str = "1h") -> QueueConfig:
 
 # -- a claim of the scheduler that answers after its deadline --------------------------------
 
-# (backend, what the held claim carries): every scheduler claim path -- with shared limits on
-# Redis, where every claim counts the queue's workers across processes. Acks ride on claims
-# only where the broker declares ``acks_in_claims``, but every broker's claim takes them.
+# (backend, what the held claim carries): every scheduler claim path -- with shared limits
+# where the broker keeps them (every backend but memory), so every claim counts the queue's
+# workers across processes. Acks ride on claims only where the broker declares
+# ``acks_in_claims``, but every broker's claim takes them.
 _EXTRAS = ((), ("acks",), ("quota",), ("quota", "acks"))
+SHARED = ("sqlite", "postgresql", "mysql", "redis")
 SCHEDULER_PATHS = [
-    *[
-        (backend, frozenset(extras))
-        for backend in ("memory", "sqlite", "postgresql", "mysql")
-        for extras in _EXTRAS
-    ],
-    *[("redis", frozenset({"shared", *extras})) for extras in _EXTRAS],
+    *[("memory", frozenset(extras)) for extras in _EXTRAS],
+    *[(backend, frozenset({"shared", *extras})) for backend in SHARED for extras in _EXTRAS],
 ]
 
 
@@ -155,14 +153,14 @@ async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(
         assert late.put_back.get(task_id, 0) >= 1
     if with_quota:
         assert await _units_left(broker) == LIMIT - len(ids)  # one unit per handler started
-    if backend == "redis":
+    if backend in SHARED:
         assert await _free_slots(broker, 1) == 1
 
 
 # -- shutdown, cancellation and the quota ----------------------------------------------------
 
 # What a claim within the quota carries on each backend.
-QUOTA_CLAIM = {"redis": frozenset({"quota", "shared"})}
+QUOTA_CLAIM = {backend: frozenset({"quota", "shared"}) for backend in SHARED}
 
 
 async def test_a_run_cancelled_during_a_claim_within_a_quota_gives_the_units_back(
@@ -181,7 +179,7 @@ async def test_a_run_cancelled_during_a_claim_within_a_quota_gives_the_units_bac
         task = await gate.get(task_id)
         assert (task.status, task.claims, task.attempts, task.lease_lost) == (Status.PENDING, 1, 0, 0)
     assert await _units_left(broker) == LIMIT  # no handler started: every unit is back
-    if backend == "redis":
+    if backend in SHARED:
         assert await _free_slots(broker, 2) == 2
 
 
@@ -216,5 +214,5 @@ async def test_after_the_shutdown_grace_a_task_that_never_started_gives_its_unit
     # The handler that started keeps its unit (it may have called the gateway); the task
     # claimed after the grace, whose handler never started, gives its unit back.
     assert await _units_left(broker) == LIMIT - 1
-    if backend == "redis":
+    if backend in SHARED:
         assert await _free_slots(broker, 2) == 2

@@ -59,6 +59,7 @@ from taskgate.brokers.sql import (
     quota_claim,
     quotas,
     reads,
+    slots,
 )
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, traits_for
 from taskgate.brokers.sql.edge import translated
@@ -157,6 +158,7 @@ class SQLBroker:
         self._sink: SettledSink | None = None
         self.capabilities = Capabilities(
             shared_quota=True,
+            shared_limits=True,
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
             # A database in this process: a transition is local work, worth trying on the loop.
@@ -304,18 +306,44 @@ class SQLBroker:
         ``claim.queue``, oldest due first (``run_at``, then id), within ``claim.quota`` if given.
 
         Acks and claim are ONE transaction on every dialect (``Claimed.failed`` is never set):
-        a failure of either rolls back both and raises. ``claim.shared`` raises `ValueError`,
-        changing nothing: shared limits are not kept here yet (``capabilities.shared_limits``).
+        a failure of either rolls back both and raises. With ``claim.shared`` the queue's
+        slots and start rate are counted for every process of the database
+        (`taskgate.brokers.sql.slots`).
         """
-        if claim.shared is not None:
-            raise ValueError(_no_shared_limits("Claim.shared"))
         acks = claim.acks
         self._check_results(acks)
+        if claim.shared is not None:
+            return self._claim_shared(claim)
         if claim.quota is not None:
             return self._claim_within_quota(acks, claim.queue, claim.limit, claim.lease_ttl, claim.quota)
         if acks:
             return self._claim_after_acks(acks, claim.queue, claim.limit, claim.lease_ttl)
         return Claimed(self._claim(claim.queue, claim.limit, claim.lease_ttl))
+
+    def _claim_shared(self, claim: Claim) -> Claimed:
+        """``claim.acks`` (quietly), then the claim under its shared limits (and quota), in one
+        transaction."""
+        queue, lease_ttl, quota, acks = claim.queue, claim.lease_ttl, claim.quota, claim.acks
+        # A crash may undo the claim together with its slots and starts; not acks or units.
+        durable = bool(acks) or quota is not None
+
+        def step(tx: Tx) -> Claimed:
+            answers = batch.ack_many(tx, acks, snapshots=False) if acks else []
+
+            def claim_tasks(n: int) -> builtins.list[Lease]:
+                return leases.claim(tx, queue, n, lease_ttl, durable=durable)
+
+            def take(n: int) -> Claimed:
+                if quota is None:
+                    return Claimed(claim_tasks(n))
+                grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, n)
+                return quota_claim.claim_within_grant(
+                    grant, claim_tasks, lambda unused_of, k: quotas.release_quota(tx, unused_of, k)
+                )
+
+            return _with_acks(slots.claim_shared(tx, claim, take), answers)
+
+        return self._run("claim", step, inline=len(acks) + claim.limit <= INLINE_MAX_ROWS)
 
     def _claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
         """A claim alone: one statement in autocommit on PostgreSQL, a transaction elsewhere."""
@@ -390,17 +418,17 @@ class SQLBroker:
         `LeaseLostError`/`TaskNotFoundError`. Only completions are set-based statements
         (`taskgate.brokers.sql.batch`): the rest, and a lone completion whose snapshot is
         asked for, are written one task at a time (`finish`). A result larger than the server
-        accepts raises `ValueError` before anything is written; so do ``give_back.slots``
-        (no shared slots are kept here yet, ``capabilities.shared_limits``).
+        accepts raises `ValueError` before anything is written. ``give_back.slots`` are freed
+        in the same transaction.
         """
         give_back = settle.give_back
         returned: builtins.list[tuple[QuotaGrant, int]] = []
+        slot_queue, slot_tokens = None, ()
         if give_back is not None:
-            if give_back.slots:
-                raise ValueError(_no_shared_limits("GiveBack.slots"))
             returned = [(grant, n) for grant, n in give_back.quota if n]
+            slot_queue, slot_tokens = give_back.queue, give_back.slots
         items, snapshots = settle.items, settle.snapshots
-        if not items and not returned:
+        if not items and not returned and not slot_tokens:
             return []
         self._check_results(items)
         write = _settle_write(items, snapshots)
@@ -409,6 +437,8 @@ class SQLBroker:
             answers = write(tx) if items else []
             for grant, n in returned:
                 quotas.release_quota(tx, grant, n)
+            if slot_queue is not None:
+                slots.give_back_slots(tx, slot_queue, slot_tokens)
             return answers
 
         return self._run("settle", step, inline=len(items) <= INLINE_MAX_ROWS)
@@ -426,12 +456,17 @@ class SQLBroker:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
 
         An expired lease that no reaper took back yet is still held and can be renewed.
-        ``slot_queue`` raises `ValueError`: no shared slots are kept here yet.
+        With ``slot_queue`` the lease's slot is renewed with it, when still held (else
+        ``slot_lost``).
         """
-        if heartbeat.slot_queue is not None:
-            raise ValueError(_no_shared_limits("Heartbeat.slot_queue"))
         task_id, token, lease_ttl = heartbeat.task_id, heartbeat.token, heartbeat.lease_ttl
-        return self._run("heartbeat", lambda tx: leases.heartbeat(tx, task_id, token, lease_ttl))
+        slot_queue = heartbeat.slot_queue
+
+        def step(tx: Tx) -> Renewal:
+            renewal = leases.heartbeat(tx, task_id, token, lease_ttl)
+            return renewal if slot_queue is None else slots.renew_slot(tx, slot_queue, renewal, token)
+
+        return self._run("heartbeat", step)
 
     # -- tasks: anyone's transitions -------------------------------------------------------
 
@@ -555,11 +590,9 @@ class SQLBroker:
         return task_of_plan(tx, task_id)
 
     def _plan_claim(self, tx: Tx, claim: Claim) -> OneStatement[Claimed] | None:
-        """A claim without acks: its one statement (within the quota, if given)."""
-        if claim.shared is not None:
-            raise ValueError(_no_shared_limits("Claim.shared"))
-        if claim.acks:
-            return None  # acks and claim are a transaction
+        """A claim without acks or shared limits: its one statement (within the quota, if given)."""
+        if claim.acks or claim.shared is not None:
+            return None  # a transaction
         if claim.quota is not None:
             plan = quota_claim.claim_within_quota_plan(
                 tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota
@@ -792,13 +825,6 @@ def _settle_write(items: tuple[Finish, ...], snapshots: bool) -> Callable[[Tx], 
 
 def _with_acks(claimed: Claimed, acked: builtins.list[ItemAnswer]) -> Claimed:
     return dataclasses.replace(claimed, acked=acked) if acked else claimed
-
-
-def _no_shared_limits(what: str) -> str:
-    return (
-        f"SQLBroker does not keep shared limits yet: {what} is not honoured here "
-        "(capabilities.shared_limits is False); count the queue's limits in this process instead"
-    )
 
 
 def _check_poll_interval(value: object) -> float:

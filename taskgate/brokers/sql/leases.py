@@ -56,14 +56,16 @@ __all__ = [
 CANCELED_ERROR = "canceled"
 
 
-def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta) -> list[Lease]:
+def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = True) -> list[Lease]:
     """Lease up to ``limit`` due tasks of ``queue``, oldest due first, inside the caller's
     transaction. With data-modifying CTEs (PostgreSQL) it is the one-statement claim, so lease
-    rows have one INSERT shape there (the server draws the tokens); durable, as the
-    transaction writes more than the claim (acks, quota), which would otherwise commit without
-    waiting for the server's disk."""
+    rows have one INSERT shape there (the server draws the tokens). ``durable`` (the default):
+    the commit waits for the server's disk, as it must when the transaction writes more than
+    the claim and what it writes must not be undone by a crash (acks, quota units); False for
+    a transaction whose every write a crash may undo together with the claim (see
+    `_one_statement_claim`)."""
     if tx.traits.dml_ctes:
-        return claim_in_one_statement(tx, queue, limit, lease_ttl, durable=True)
+        return claim_in_one_statement(tx, queue, limit, lease_ttl, durable=durable)
     now = tx.now
     if tx.traits.update_returning:
         rows = tx.fetch(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now))

@@ -1,0 +1,285 @@
+"""A queue's limits shared by every process of the database: slots, start rate, turn-taking.
+
+A claim carrying `SharedLimits` runs in ONE transaction that first locks the queue's row of
+``<prefix>queue_limits`` -- so the claims of one queue take turns at their limits, whichever
+process makes them, while claims of other queues go on -- and then:
+
+1. gives back the slots named by ``release`` and counts the queue's live slots
+   (``<prefix>slots``: one row per slot, under its lease's token, until ``expires_at``; a
+   crashed holder's row simply stops counting when it expires, and the next claim clears it);
+2. leaves one free slot to each other claimer owed a turn (the row's ``waiters``);
+3. asks the rate limiter (GCRA: the row's ``rate_tat``) how many starts it allows now;
+4. claims at most that many tasks (within the quota, when one is given);
+5. writes one slot row per task claimed and moves ``rate_tat`` on by the starts taken.
+
+Units, slots and starts are spent only for tasks claimed, in the transaction that claims
+them, so a claim that fails or finds nothing spends nothing. On SQLite the immediate write
+transaction already serializes every writer; the row lock is what does it on PostgreSQL and
+MySQL/MariaDB, where claims of one queue would otherwise count the same free slot twice.
+
+Turn-taking (the same rule the Redis broker applies): a claimer whose handlers finish gives
+their slots back in its next claim, so without a rule it would take them straight back and a
+claimer in another process would never see a free slot. A claimer that found no free slot
+while tasks were due is noted as owed one (until ``now + lease_ttl``, so one that went away
+is forgotten); every other claimer leaves one free slot per noted waiter; a waiter that gets
+a slot is struck off.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Delete, Integer, Select, Update, bindparam, case, delete, func, select, true, update
+
+from taskgate.brokers.base import Lease
+from taskgate.brokers.params import Claim, Claimed, Renewal, SharedLimits
+from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.models import Models
+
+__all__ = ["claim_shared", "give_back_slots", "renew_slot"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_QUEUE_ROW = ""  # ``group_name`` of the row that holds the queue's own limits
+# Rate arithmetic is in whole microseconds; a start is allowed this much before it is due so
+# that a time rounded to the microsecond never withholds one.
+_ROUNDING = 1e-6
+
+# Claims the queue's slots and starts allow: (how many tasks to claim) -> what was claimed.
+Take = Callable[[int], Claimed]
+
+
+def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
+    """``claim`` under its `SharedLimits`, in the caller's transaction (see the module docstring).
+
+    ``take(n)`` claims up to ``n`` due tasks (spending quota units, when the claim has a quota);
+    the answer is its `Claimed` with ``retry_after`` > 0 when the rate held due tasks back.
+    """
+    shared = claim.shared
+    assert shared is not None, "claim_shared needs Claim.shared"
+    queue, now = claim.queue, tx.now
+    row = _lock_queue_row(tx, queue)
+    unused = shared.workers - _live_slots(tx, queue, shared.release)
+    turns = _Turns(row.waiters, shared.claimer, _micros(now))
+    free = unused - turns.owed
+    wanted = min(claim.limit, free)
+    rate = _Rate(shared, row.rate_tat, now) if shared.rps > 0 else None
+    allowed = wanted if rate is None else min(wanted, rate.room())
+    claimed = take(allowed) if allowed > 0 else Claimed(leases=[])
+    taken = len(claimed.leases)
+    _hold_slots(tx, queue, claimed.leases)
+    retry_after = 0.0
+    if rate is not None:
+        rate.spend(taken)
+        if taken == allowed < wanted and _any_due(tx, queue):
+            retry_after = rate.wait()
+    if turns.active:
+        turns.settle(taken, lambda: free <= 0 and _any_due(tx, queue), claim.lease_ttl)
+        if shared.release and turns.owed and unused - taken > 0 and _any_due(tx, queue):
+            tx.woken.add(queue)  # slots given back and left to waiters: let them claim now
+    _write_queue_row(tx, queue, row, rate, turns)
+    return replace(claimed, retry_after=retry_after) if retry_after else claimed
+
+
+def give_back_slots(tx: Tx, queue: str, tokens: Sequence[str]) -> None:
+    """Free the slots of ``queue`` held under ``tokens``; a token not held is ignored."""
+    if tokens:
+        tx.write(_statements(tx.models, tx.traits).release, {"p_queue": queue, "p_tokens": list(tokens)})
+
+
+def renew_slot(tx: Tx, queue: str, renewal: Renewal, token: str) -> Renewal:
+    """Move the slot held under ``token`` to the lease's new end; ``slot_lost`` when it was
+    given back or had expired (an expired slot may be counted as free already: not renewed)."""
+    params = {"p_queue": queue, "p_token": token, "p_now": tx.now, "p_expires_at": renewal.expires_at}
+    renewed = tx.write(_statements(tx.models, tx.traits).renew, params)
+    return renewal if renewed else replace(renewal, slot_lost=True)
+
+
+# -- the queue's row ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _QueueRow:
+    rate_tat: datetime | None
+    waiters: dict[str, int]
+
+
+def _lock_queue_row(tx: Tx, queue: str) -> _QueueRow:
+    """The queue's limits row, locked until commit (made first if the queue has none yet)."""
+    statements = _statements(tx.models, tx.traits)
+    params = {"p_queue": queue, "p_group": _QUEUE_ROW}
+    rows = tx.fetch(statements.lock_row, params)
+    if not rows:
+        table = table_of(tx.models.queue_limit)
+        tx.conn.execute(tx.traits.insert_if_missing(table, {"queue": queue, "group_name": _QUEUE_ROW}))
+        rows = tx.fetch(statements.lock_row, params)
+    (row,) = rows
+    return _QueueRow(rate_tat=row["rate_tat"], waiters=_decode_waiters(row["waiters"]))
+
+
+def _write_queue_row(tx: Tx, queue: str, row: _QueueRow, rate: _Rate | None, turns: _Turns) -> None:
+    """Store what the claim changed: the rate's arrival time, the waiters (nothing if neither)."""
+    tat = rate.tat if rate is not None and rate.changed else row.rate_tat
+    waiters = turns.waiters if turns.changed else row.waiters
+    if tat == row.rate_tat and not turns.changed:
+        return
+    params = {"p_queue": queue, "p_group": _QUEUE_ROW, "p_tat": tat, "p_waiters": _encode_waiters(waiters)}
+    tx.write(_statements(tx.models, tx.traits).write_row, params)
+
+
+def _decode_waiters(stored: str | None) -> dict[str, int]:
+    if not stored:
+        return {}
+    decoded = json.loads(stored)
+    return {str(k): int(v) for k, v in decoded.items()} if isinstance(decoded, dict) else {}
+
+
+def _encode_waiters(waiters: dict[str, int]) -> str | None:
+    return json.dumps(waiters, separators=(",", ":"), sort_keys=True) if waiters else None
+
+
+# -- slots -------------------------------------------------------------------------------
+
+
+def _live_slots(tx: Tx, queue: str, release: Sequence[str]) -> int:
+    """Give back ``release``, then count the queue's slots still held; clears expired ones."""
+    statements = _statements(tx.models, tx.traits)
+    give_back_slots(tx, queue, release)
+    params = {"p_queue": queue, "p_now": tx.now}
+    (counts,) = tx.fetch(statements.count, params)
+    expired = int(counts["expired"] or 0)
+    if expired:
+        tx.write(statements.clear_expired, params)
+    return int(counts["held"] or 0) - expired
+
+
+def _hold_slots(tx: Tx, queue: str, leases: Sequence[Lease]) -> None:
+    """One slot per lease, under its token, expiring with it."""
+    if leases:
+        rows = [
+            {"queue": queue, "token": lease.token, "group_name": None, "expires_at": lease.expires_at}
+            for lease in leases
+        ]
+        tx.traits.insert_rows(tx, table_of(tx.models.slot), rows)
+
+
+def _any_due(tx: Tx, queue: str) -> bool:
+    """Whether a task of ``queue`` is due now and not claimed (by this transaction or another
+    that committed)."""
+    return bool(tx.fetch(_statements(tx.models, tx.traits).any_due, {"p_queue": queue, "p_now": tx.now}))
+
+
+# -- the rate (GCRA) ---------------------------------------------------------------------
+
+
+class _Rate:
+    """The queue's start rate as a generic cell rate algorithm: a start is allowed while the
+    theoretical arrival time ``tat`` is at most ``burst`` intervals ahead of now."""
+
+    def __init__(self, shared: SharedLimits, stored: datetime | None, now: datetime) -> None:
+        self._interval = 1.0 / shared.rps
+        self._burst = max(shared.burst, 1)
+        self._now = now
+        # Seconds the arrival time is ahead of now (never behind: idle time earns no extra burst).
+        self._ahead = max(0.0, (stored - now).total_seconds()) if stored is not None else 0.0
+        self.changed = False
+
+    def room(self) -> int:
+        """Starts allowed now."""
+        return max(0, math.floor((self._burst * self._interval - self._ahead) / self._interval + _ROUNDING))
+
+    def spend(self, starts: int) -> None:
+        """Move the arrival time on by ``starts``."""
+        if starts > 0:
+            self._ahead += starts * self._interval
+            self.changed = True
+
+    def wait(self) -> float:
+        """Seconds until the next start is allowed, rounded up to the microsecond."""
+        seconds = max(0.0, self._ahead - (self._burst - 1) * self._interval)
+        return math.ceil(seconds * 1_000_000 - _ROUNDING) / 1_000_000
+
+    @property
+    def tat(self) -> datetime:
+        """The arrival time to store."""
+        return self._now + timedelta(microseconds=round(self._ahead * 1_000_000))
+
+
+# -- turn-taking -------------------------------------------------------------------------
+
+
+class _Turns:
+    """The claimers owed a turn at a free slot, as this claim sees and leaves them."""
+
+    def __init__(self, stored: dict[str, int], claimer: str, now_us: int) -> None:
+        self.active = bool(claimer)
+        self._claimer, self._now_us = claimer, now_us
+        self.waiters = {c: until for c, until in stored.items() if until > now_us}
+        self.changed = len(self.waiters) != len(stored)
+        self._waiting = self.active and claimer in self.waiters
+        # A claimer owed a turn takes it; any other leaves one slot per waiter.
+        self.owed = len(self.waiters) if self.active and not self._waiting else 0
+
+    def settle(self, taken: int, found_no_slot: Callable[[], bool], lease_ttl: timedelta) -> None:
+        """Strike this claimer off once it got a slot; note it as owed one when it found none
+        while tasks were due."""
+        if taken > 0:
+            if self._waiting:
+                del self.waiters[self._claimer]
+                self.changed = True
+        elif found_no_slot():
+            self.waiters[self._claimer] = self._now_us + lease_ttl // timedelta(microseconds=1)
+            self.changed = True
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+# -- statements, built once per schema ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    lock_row: Select[Any]
+    write_row: Update
+    count: Select[Any]
+    clear_expired: Delete
+    release: Delete
+    renew: Update
+    any_due: Select[Any]
+
+
+@functools.lru_cache(maxsize=32)
+def _statements(models: Models, traits: Traits) -> _Statements:
+    limits, slot, task = table_of(models.queue_limit), table_of(models.slot), table_of(models.task)
+    at_row = (limits.c.queue == bindparam("p_queue"), limits.c.group_name == bindparam("p_group"))
+    now = bindparam("p_now", type_=slot.c.expires_at.type)
+    of_queue = slot.c.queue == bindparam("p_queue")
+    expired = case((slot.c.expires_at <= now, 1), else_=0)
+    return _Statements(
+        lock_row=traits.lock(select(limits.c.rate_tat, limits.c.waiters).where(*at_row)),
+        write_row=update(limits)
+        .where(*at_row)
+        .values(
+            rate_tat=bindparam("p_tat", type_=limits.c.rate_tat.type),
+            waiters=bindparam("p_waiters", type_=limits.c.waiters.type),
+        ),
+        count=select(func.count().label("held"), func.sum(expired, type_=Integer).label("expired")).where(
+            of_queue
+        ),
+        clear_expired=delete(slot).where(of_queue, slot.c.expires_at <= now),
+        release=delete(slot).where(of_queue, traits.listed(slot.c.token, "p_tokens")),
+        renew=update(slot)
+        .where(of_queue, slot.c.token == bindparam("p_token"), slot.c.expires_at > now)
+        .values(expires_at=bindparam("p_expires_at", type_=slot.c.expires_at.type)),
+        any_due=select(task.c.id)
+        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .limit(1),
+    )

@@ -1,0 +1,122 @@
+"""A worker process for ``test_shared_limits_multiprocess.py``: one `Gate` over a broker URL.
+
+The test starts children with multiprocessing's ``spawn`` context (`serve` is the target).
+Each child runs a Gate serving type ``t`` on queue ``q`` under the limits it is given, with a
+handler that holds its slot for ``hold`` seconds (a gateway call), until the store counts
+``total`` finished tasks -- or, with ``total=0``, until it is killed. Every handler start and
+end goes to a shared ledger file, one line each, appended with ``O_APPEND`` (atomic for lines
+this short) and stamped with ``time.monotonic_ns()``: one clock for every process of the host.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from taskgate import Config, Gate, QueueConfig, Status, Task
+from taskgate.brokers import open_broker
+
+__all__ = ["Ledger", "WorkerSpec", "serve"]
+
+QUEUE, TYPE = "q", "t"
+POLL = 0.02  # idle processes look for free slots and due tasks often
+CHILD_DEADLINE = 90.0  # a child still short of ``total`` by then is hung, not slow
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one child runs: where, under which limits, for how long."""
+
+    url: str
+    ledger: str
+    queue: dict[str, Any]  # QueueConfig keyword arguments
+    hold: float = 0.03
+    total: int = 0  # stop once this many tasks of type ``t`` are final; 0 = run until killed
+    broker_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ledger line: which process, start or end, which task, when (monotonic ns)."""
+
+    pid: int
+    event: str
+    task_id: str
+    at: int
+
+
+class Ledger:
+    """The shared file of handler starts and ends."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def record(self, event: str, task_id: str) -> None:
+        """Append one line (one ``write`` on an ``O_APPEND`` descriptor: never interleaved)."""
+        line = f"{os.getpid()} {event} {task_id} {time.monotonic_ns()}\n".encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def entries(self) -> list[Entry]:
+        """Every line so far, in file order."""
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, encoding="ascii") as f:
+            return [
+                Entry(int(p), e, t, int(a)) for p, e, t, a in (line.split() for line in f if line.strip())
+            ]
+
+    def runs(self) -> list[tuple[int, int, str, int]]:
+        """Each finished handler run as ``(start, end, task id, pid)``."""
+        started: dict[tuple[int, str], int] = {}
+        runs = []
+        for entry in self.entries():
+            key = (entry.pid, entry.task_id)
+            if entry.event == "start":
+                started[key] = entry.at
+            elif key in started:
+                runs.append((started.pop(key), entry.at, entry.task_id, entry.pid))
+        return runs
+
+    def starts(self) -> list[int]:
+        """Every handler start's time, sorted."""
+        return sorted(e.at for e in self.entries() if e.event == "start")
+
+
+def serve(spec: WorkerSpec, barrier: Any) -> None:
+    """Child process entry: run the gate until ``spec.total`` tasks are final (or killed)."""
+    anyio.run(_serve, spec, barrier)
+
+
+async def _serve(spec: WorkerSpec, barrier: Any) -> None:
+    broker = open_broker(spec.url, **spec.broker_options)
+    ledger = Ledger(spec.ledger)
+    gate = Gate(Config(broker=broker, queues={QUEUE: QueueConfig(**spec.queue)}), poll_interval=POLL)
+
+    @gate.handler(TYPE)
+    async def call_gateway(task: Task) -> None:
+        # Recorded after the claim and before the slot goes back: each run's [start, end] lies
+        # inside the time its slot was held, so overlapping runs never overstate concurrency.
+        ledger.record("start", task.id)
+        await anyio.sleep(spec.hold)
+        ledger.record("end", task.id)
+
+    await anyio.to_thread.run_sync(barrier.wait)
+    try:
+        async with gate:
+            with anyio.fail_after(CHILD_DEADLINE):
+                while not spec.total or _finished(await gate.overview()) < spec.total:
+                    await anyio.sleep(0.05)
+    finally:
+        broker.close()
+
+
+def _finished(counts: dict[str, dict[Status, int]]) -> int:
+    return sum(n for status, n in counts.get(TYPE, {}).items() if status.is_final)

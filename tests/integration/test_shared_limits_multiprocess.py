@@ -1,0 +1,183 @@
+"""A queue's ``workers`` and ``rps`` hold across real worker processes sharing one store.
+
+Three spawned processes each run a `Gate` with the same `QueueConfig` over one database (or
+Redis key prefix) and record every handler start and end in a shared ledger
+(`limits_worker.Ledger`, stamped with the host's monotonic clock). The ledger, not the
+brokers' own counts, is what is checked: it is what a gateway behind the handlers would see.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helpers.redis_servers import purge_keys
+from limits_worker import Ledger, WorkerSpec, serve
+
+from taskgate.brokers import open_broker
+from taskgate.brokers.base import Broker, NewTask
+from taskgate.brokers.redis.keys import KeySpace
+from taskgate.task import Filter, Status
+from taskgate.testing import steps
+
+pytestmark = pytest.mark.slow
+
+SPAWN = multiprocessing.get_context("spawn")
+PROCESSES = 3
+JOIN_TIMEOUT = 120.0
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(url, broker options)`` of a store every process of the test opens."""
+    backend = str(request.param)
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}", {}
+    elif backend == "redis":
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
+        yield url, {"key_prefix": prefix}
+        client = redis.Redis.from_url(url)
+        try:
+            purge_keys(client, KeySpace(prefix).pattern())
+        finally:
+            client.close()
+    else:
+        yield request.getfixturevalue(f"{backend}_url"), {}
+
+
+def _broker(store: tuple[str, dict[str, Any]]) -> Broker:
+    url, options = store
+    return open_broker(url, **options)
+
+
+def _submit(store: tuple[str, dict[str, Any]], n: int) -> list[str]:
+    broker = _broker(store)
+    try:
+        ids = [f"task-{i:03d}" for i in range(n)]
+        steps.enqueue(broker, [NewTask(id=task_id, type="t", queue="q") for task_id in ids])
+        return ids
+    finally:
+        broker.close()
+
+
+def _start(specs: list[WorkerSpec]) -> list[Any]:
+    barrier = SPAWN.Barrier(len(specs))
+    children = [SPAWN.Process(target=serve, args=(spec, barrier)) for spec in specs]
+    for child in children:
+        child.start()
+    return children
+
+
+def _run(specs: list[WorkerSpec]) -> None:
+    children = _start(specs)
+    for child in children:
+        child.join(JOIN_TIMEOUT)
+    assert [child.exitcode for child in children] == [0] * len(children)
+
+
+def _spec(store: tuple[str, dict[str, Any]], ledger: Path, total: int, **queue: Any) -> WorkerSpec:
+    url, options = store
+    return WorkerSpec(url=url, ledger=str(ledger), queue=queue, total=total, broker_options=options)
+
+
+def _most_at_once(runs: list[tuple[int, int, str, int]]) -> int:
+    """Most runs in progress at one instant; at equal times an end counts before a start."""
+    events = [(start, 1) for start, _, _, _ in runs] + [(end, -1) for _, end, _, _ in runs]
+    level = peak = 0
+    for _, delta in sorted(events):
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def _completed_once(store: tuple[str, dict[str, Any]], ids: list[str]) -> None:
+    broker = _broker(store)
+    try:
+        tasks = broker.list(Filter(type="t"))
+    finally:
+        broker.close()
+    assert sorted(t.id for t in tasks) == ids
+    assert {t.status for t in tasks} == {Status.COMPLETED}
+
+
+def test_workers_hold_across_three_processes(store: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    ids = _submit(store, 24)
+    ledger = Ledger(str(tmp_path / "ledger"))
+    _run([_spec(store, Path(ledger.path), len(ids), workers=2)] * PROCESSES)
+
+    runs = ledger.runs()
+    assert sorted(task_id for _, _, task_id, _ in runs) == ids  # each handler ran once
+    assert _most_at_once(runs) == 2  # reached, never passed, by three processes of 2 workers
+    assert len({pid for _, _, _, pid in runs}) >= 2  # the processes took turns at the slots
+    _completed_once(store, ids)
+
+
+def test_rate_holds_across_three_processes(store: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    rps, burst, slack = 10.0, 2, 0.05
+    ids = _submit(store, 16)
+    ledger = Ledger(str(tmp_path / "ledger"))
+    spec = _spec(store, Path(ledger.path), len(ids), workers=4, rps=rps, burst=burst)
+    _run([spec] * PROCESSES)
+
+    starts = ledger.starts()
+    assert len(starts) == len(ids)
+    # In every window, at most burst + rps x its length starts (``slack``: a start is recorded
+    # a little after its claim, which can bring two recorded starts closer than they were).
+    worst = max(
+        (j - i + 1) - (burst + rps * ((starts[j] - starts[i]) / 1e9 + slack))
+        for i in range(len(starts))
+        for j in range(i, len(starts))
+    )
+    assert worst <= 1e-9
+    # One rate for the three processes, not one each: the starts took their time.
+    assert (starts[-1] - starts[0]) / 1e9 >= (len(ids) - burst) / rps - slack
+    _completed_once(store, ids)
+
+
+def test_shared_limits_false_counts_workers_in_each_process(
+    store: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    ids = _submit(store, 12)
+    ledger = Ledger(str(tmp_path / "ledger"))
+    spec = _spec(store, Path(ledger.path), len(ids), workers=1, shared_limits=False)
+    _run([WorkerSpec(**{**spec.__dict__, "hold": 0.2})] * PROCESSES)
+
+    runs = ledger.runs()
+    assert sorted(task_id for _, _, task_id, _ in runs) == ids
+    assert _most_at_once(runs) > 1  # each process ran its own worker
+    _completed_once(store, ids)
+
+
+def test_a_killed_slot_holder_gives_its_slots_back_by_lease(
+    store: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    ids = _submit(store, 6)
+    ledger = Ledger(str(tmp_path / "ledger"))
+    queue = {"workers": 2, "lease_ttl": 1.0}
+    holder = WorkerSpec(**{**_spec(store, Path(ledger.path), 0, **queue).__dict__, "hold": 3600.0})
+    (child,) = _start([holder])
+    deadline = time.monotonic() + 60
+    while len(ledger.starts()) < 2:  # both slots taken by handlers that hang
+        assert time.monotonic() < deadline and child.is_alive(), "the holder never took its slots"
+        time.sleep(0.02)
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(JOIN_TIMEOUT)
+    held = {e.task_id for e in ledger.entries()}
+
+    _run([_spec(store, Path(ledger.path), len(ids), **queue)])
+
+    broker = _broker(store)
+    try:
+        tasks = {t.id: t for t in broker.list(Filter(type="t"))}
+    finally:
+        broker.close()
+    assert {t.status for t in tasks.values()} == {Status.COMPLETED}
+    assert {task_id for task_id, t in tasks.items() if t.lease_lost} == held  # reaped, then run
