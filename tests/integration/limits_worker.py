@@ -3,7 +3,8 @@
 The test starts children with multiprocessing's ``spawn`` context (`serve` is the target).
 Each child runs a Gate serving type ``t`` on queue ``q`` under the limits it is given, with a
 handler that holds its slot for ``hold`` seconds (a gateway call), until the store counts
-``total`` finished tasks -- or, with ``total=0``, until it is killed. Every handler start and
+``total`` finished tasks (each task submitted before it started) -- or, with ``total=0``,
+until it is killed. Every handler start and
 end goes to a shared ledger file, one line each, appended with ``O_APPEND`` (atomic for lines
 this short) and stamped with ``time.monotonic_ns()``: one clock for every process of the host.
 """
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from taskgate import Config, Gate, QueueConfig, Status, Task
+from taskgate import Config, Filter, Gate, QueueConfig, Task, TaskFailedError
 from taskgate.brokers import open_broker
 
 __all__ = ["Ledger", "WorkerSpec", "serve"]
@@ -112,11 +114,12 @@ async def _serve(spec: WorkerSpec, barrier: Any) -> None:
     try:
         async with gate:
             with anyio.fail_after(CHILD_DEADLINE):
-                while not spec.total or _finished(await gate.overview()) < spec.total:
-                    await anyio.sleep(0.05)
+                if not spec.total:
+                    await anyio.sleep_forever()
+                # Every task was submitted before the children started: wait for each to end,
+                # in whichever process it runs.
+                for task in await gate.list(Filter(type=TYPE)):
+                    with suppress(TaskFailedError):
+                        await gate.wait(task.id)
     finally:
         broker.close()
-
-
-def _finished(counts: dict[str, dict[Status, int]]) -> int:
-    return sum(n for status, n in counts.get(TYPE, {}).items() if status.is_final)

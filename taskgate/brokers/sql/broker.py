@@ -423,7 +423,8 @@ class SQLBroker:
         """
         give_back = settle.give_back
         returned: builtins.list[tuple[QuotaGrant, int]] = []
-        slot_queue, slot_tokens = None, ()
+        slot_queue: str | None = None
+        slot_tokens: tuple[str, ...] = ()
         if give_back is not None:
             returned = [(grant, n) for grant, n in give_back.quota if n]
             slot_queue, slot_tokens = give_back.queue, give_back.slots

@@ -249,7 +249,7 @@ def _micros(moment: datetime) -> int:
 class _Statements:
     lock_row: Select[Any]
     write_row: Update
-    count: Select[Any]
+    count: Select[int, int]
     clear_expired: Delete
     release: Delete
     renew: Update
