@@ -100,7 +100,8 @@ def serve(spec: WorkerSpec, barrier: Any) -> None:
 async def _serve(spec: WorkerSpec, barrier: Any) -> None:
     broker = open_broker(spec.url, **spec.broker_options)
     ledger = Ledger(spec.ledger)
-    gate = Gate(Config(broker=broker, queues={QUEUE: QueueConfig(**spec.queue)}), poll_interval=POLL)
+    config = Config(broker=broker, queues={QUEUE: QueueConfig(**spec.queue)}, routes={TYPE: QUEUE})
+    gate = Gate(config, poll_interval=POLL)
 
     @gate.handler(TYPE)
     async def call_gateway(task: Task) -> None:

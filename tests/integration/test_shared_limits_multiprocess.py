@@ -67,19 +67,22 @@ def _submit(store: tuple[str, dict[str, Any]], n: int) -> list[str]:
         broker.close()
 
 
-def _start(specs: list[WorkerSpec]) -> list[Any]:
+def _start(specs: list[WorkerSpec]) -> tuple[list[Any], Any]:
+    """The children, started, and the barrier releasing them together (keep it referenced
+    until they passed it: its semaphore goes with the object)."""
     barrier = SPAWN.Barrier(len(specs))
     children = [SPAWN.Process(target=serve, args=(spec, barrier)) for spec in specs]
     for child in children:
         child.start()
-    return children
+    return children, barrier
 
 
 def _run(specs: list[WorkerSpec]) -> None:
-    children = _start(specs)
+    children, barrier = _start(specs)
     for child in children:
         child.join(JOIN_TIMEOUT)
     assert [child.exitcode for child in children] == [0] * len(children)
+    del barrier
 
 
 def _spec(store: tuple[str, dict[str, Any]], ledger: Path, total: int, **queue: Any) -> WorkerSpec:
@@ -108,9 +111,10 @@ def _completed_once(store: tuple[str, dict[str, Any]], ids: list[str]) -> None:
 
 
 def test_workers_hold_across_three_processes(store: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
-    ids = _submit(store, 24)
+    ids = _submit(store, 30)
     ledger = Ledger(str(tmp_path / "ledger"))
-    _run([_spec(store, Path(ledger.path), len(ids), workers=2)] * PROCESSES)
+    spec = _spec(store, Path(ledger.path), len(ids), workers=2)
+    _run([WorkerSpec(**{**spec.__dict__, "hold": 0.08})] * PROCESSES)  # runs for a second or more
 
     runs = ledger.runs()
     assert sorted(task_id for _, _, task_id, _ in runs) == ids  # each handler ran once
@@ -120,7 +124,7 @@ def test_workers_hold_across_three_processes(store: tuple[str, dict[str, Any]], 
 
 
 def test_rate_holds_across_three_processes(store: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
-    rps, burst, slack = 10.0, 2, 0.05
+    rps, burst, slack = 10.0, 2, 0.1
     ids = _submit(store, 16)
     ledger = Ledger(str(tmp_path / "ledger"))
     spec = _spec(store, Path(ledger.path), len(ids), workers=4, rps=rps, burst=burst)
@@ -162,7 +166,7 @@ def test_a_killed_slot_holder_gives_its_slots_back_by_lease(
     ledger = Ledger(str(tmp_path / "ledger"))
     queue = {"workers": 2, "lease_ttl": 1.0}
     holder = WorkerSpec(**{**_spec(store, Path(ledger.path), 0, **queue).__dict__, "hold": 3600.0})
-    (child,) = _start([holder])
+    (child,), barrier = _start([holder])
     deadline = time.monotonic() + 60
     while len(ledger.starts()) < 2:  # both slots taken by handlers that hang
         assert time.monotonic() < deadline and child.is_alive(), "the holder never took its slots"
@@ -170,6 +174,7 @@ def test_a_killed_slot_holder_gives_its_slots_back_by_lease(
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
     child.join(JOIN_TIMEOUT)
+    del barrier
     held = {e.task_id for e in ledger.entries()}
 
     _run([_spec(store, Path(ledger.path), len(ids), **queue)])
