@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from taskgate.brokers.base import MAX_DELAY
 from taskgate.durations import DurationLike, parse_duration
 from taskgate.errors import ConfigError
 from taskgate.ids import MAX_ID_LENGTH
@@ -63,6 +64,9 @@ class QueueConfig:
       broker's store (True, the default, where the broker can count them: SQL and Redis);
       False counts them in each process apart (for a CPU-bound queue scaled out on purpose).
       The quota is always shared.
+    - ``timeout``: how long one run of a handler may take (> 0; None: no limit); a run past it
+      is cancelled and counts as a business failure (``TimeoutError``, retried as usual). A
+      task submitted with a ``timeout`` of its own uses that instead.
     """
 
     workers: int
@@ -74,6 +78,7 @@ class QueueConfig:
     quota_period: DurationLike | None = None
     quota_key: str | None = None
     shared_limits: bool = True
+    timeout: DurationLike | None = None
 
     def __post_init__(self) -> None:
         owner = "QueueConfig"
@@ -92,6 +97,7 @@ class QueueConfig:
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{owner}.{flag} must be a bool, got {getattr(self, flag)!r}")
         self._check_quota(owner)
+        self._check_timeout(owner)
 
     def _check_quota(self, owner: str) -> None:
         _int_field(owner, "quota_limit", self.quota_limit, minimum=0)
@@ -108,6 +114,16 @@ class QueueConfig:
         if period < MIN_QUOTA_PERIOD:
             raise ConfigError(f"{owner}.quota_period must be >= 1s, got {self.quota_period!r}")
 
+    def _check_timeout(self, owner: str) -> None:
+        if self.timeout is None:
+            return
+        limit = _duration_field(owner, "timeout", self.timeout)
+        if not timedelta(0) < limit <= MAX_DELAY:
+            raise ConfigError(
+                f"{owner}.timeout must be > 0 and at most {MAX_DELAY.days} days, got {self.timeout!r}"
+            )
+        object.__setattr__(self, "timeout", limit)
+
     @property
     def lease(self) -> timedelta:
         """``lease_ttl`` as a timedelta."""
@@ -119,6 +135,12 @@ class QueueConfig:
         """``quota_period`` as a timedelta, or None."""
         assert self.quota_period is None or isinstance(self.quota_period, timedelta)
         return self.quota_period
+
+    @property
+    def run_limit(self) -> timedelta | None:
+        """``timeout`` as a timedelta, or None (no limit)."""
+        assert self.timeout is None or isinstance(self.timeout, timedelta)
+        return self.timeout
 
     @property
     def effective_burst(self) -> int:

@@ -103,12 +103,16 @@ class Gate:
         max_retry: int | None = None,
         depends_on: Iterable[str] = (),
         ignore_parent_failure: bool = False,
+        timeout: DurationLike | None = None,  # noqa: ASYNC109 (SPEC name: the task's run-time limit)
     ) -> str:
         """Queue one task and return its execution id (a ULID).
 
         ``run_at`` wins over ``delay`` (timedelta, seconds or "10s"); ``max_retry`` defaults to
-        ``Config.max_retry``. Raises `ShutdownError`, `TaskNotFoundError` (unknown parent),
-        `TaskExistsError` (used business key), or `TypeError`/`ValueError` naming a bad argument.
+        ``Config.max_retry``. ``timeout`` (> 0, a duration like ``delay``) limits each run of
+        the task, instead of its queue's ``QueueConfig.timeout``: a run past it is cancelled
+        and counts as a business failure (``TimeoutError``). Raises `ShutdownError`,
+        `TaskNotFoundError` (unknown parent), `TaskExistsError` (used business key), or
+        `TypeError`/`ValueError` naming a bad argument.
         """
         ids = await self._submit(
             type,
@@ -119,6 +123,7 @@ class Gate:
             max_retry=max_retry,
             depends_on=depends_on,
             ignore_parent_failure=ignore_parent_failure,
+            timeout=timeout,
         )
         return ids[0]
 
@@ -133,6 +138,7 @@ class Gate:
         max_retry: int | None = None,
         depends_on: Iterable[str] = (),
         ignore_parent_failure: bool = False,
+        timeout: DurationLike | None = None,  # noqa: ASYNC109 (SPEC name: the task's run-time limit)
     ) -> builtins.list[str]:
         """Queue one task per payload in one all-or-nothing batch (one broker call); ids in payload order.
 
@@ -151,6 +157,7 @@ class Gate:
             max_retry=max_retry,
             depends_on=depends_on,
             ignore_parent_failure=ignore_parent_failure,
+            timeout=timeout,
         )
 
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -39,6 +39,9 @@ class Task:
 
     Datetimes are timezone-aware UTC. ``attempts`` counts business failures, ``throttled``
     gateway "busy" answers, ``lease_lost`` reaped leases and ``claims`` every claim.
+    ``timeout`` is the task's own run-time limit, as submitted (whole milliseconds): a run
+    still going after it is cancelled and counts as a business failure; None means its
+    queue's ``QueueConfig.timeout`` applies, whichever process claims it.
     """
 
     id: str
@@ -61,6 +64,7 @@ class Task:
     replay_of: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    timeout: timedelta | None = None
     cancel_requested: bool = field(default=False, compare=False)
 
     def json(self) -> Any:

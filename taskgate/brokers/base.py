@@ -126,7 +126,9 @@ class NewTask:
 
     ``run_at`` (absolute) wins over ``delay`` (relative to the broker's clock); with neither
     the task is due at once. ``depends_on`` names parents that must exist already or appear
-    earlier in the same `Broker.submit`.
+    earlier in the same `Broker.submit`. ``timeout`` is the task's own run-time limit (None:
+    its queue's applies), stored with it in whole milliseconds -- a finer one is rounded up,
+    so every backend gives back the same value.
     """
 
     id: str
@@ -139,6 +141,7 @@ class NewTask:
     depends_on: tuple[str, ...] = ()
     ignore_parent_failure: bool = False
     business_key: str | None = None
+    timeout: timedelta | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.id, what="task id")
@@ -165,6 +168,22 @@ class NewTask:
             check_identifier(parent, what="depends_on id")
         if self.id in self.depends_on:
             raise ValueError(f"task {self.id} cannot depend on itself")
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", _checked_timeout(self.timeout))
+
+
+_MILLISECOND = timedelta(milliseconds=1)
+
+
+def _checked_timeout(timeout: object) -> timedelta:
+    """``NewTask.timeout`` in whole milliseconds (rounded up), or raise naming the field."""
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"timeout must be a timedelta or None, got {type(timeout).__name__}: {timeout!r}")
+    if not timedelta(0) < timeout <= MAX_DELAY:
+        raise ValueError(
+            f"timeout must be a timedelta above 0 and at most {MAX_DELAY.days} days, got {timeout!r}"
+        )
+    return -(-timeout // _MILLISECOND) * _MILLISECOND
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,8 +300,8 @@ class Broker(Protocol):
     def replay(self, replay: Replay) -> Task:
         """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
 
-        The new execution copies type, queue, max_retry, business key, parents and (unless
-        given) payload, has ``replay_of=execution_id`` and fresh counters; its status follows
+        The new execution copies type, queue, max_retry, timeout, business key, parents and
+        (unless given) payload, has ``replay_of=execution_id`` and fresh counters; its status follows
         the `submit` rule. The old record never changes. Raises `ReplayNotFinalError`,
         `AlreadyReplayedError` (not the newest of its chain) or `CompletedNotAllowedError`; a
         ``new_id`` in use raises `ValueError`.

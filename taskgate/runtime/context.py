@@ -96,6 +96,8 @@ class RunContext:
     stop_reason: StopReason | None = None
     lease_deadline: float = 0.0
     kept: bool = False  # a `LeaseKeeper` renews this lease (automatic heartbeats)
+    # How long the handler may run (the task's own timeout, else its queue's); None: no limit.
+    timeout: timedelta | None = None
     # Gives the worker slot back (running count, concurrency slot, scheduler wake-up); called
     # once, as soon as the handler is done -- before its outcome is written, so the next claim
     # overlaps that write instead of waiting for it. It never waits: a global slot is only

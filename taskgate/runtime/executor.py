@@ -1,8 +1,9 @@
 """Running one claimed task: call its handler, keep its lease, and write the outcome.
 
 The handler runs inside its worker's cancel scope (`Lane`), next to the lease keeper.
-Whatever stopped it decides the write: the handler's own result or exception (`decide`), or
-the stop reason (cancel -> `Canceled`, shutdown -> `Requeue`, lease lost ->
+Whatever stopped it decides the write: the handler's own result or exception (`decide`), its
+run-time limit (the task's ``timeout``, else its queue's: a `TimeoutError`, decided as any
+other exception), or the stop reason (cancel -> `Canceled`, shutdown -> `Requeue`, lease lost ->
 nothing). A stopped handler's cancellation goes on up to the lane's scope, which ends it;
 the write happens shielded on the way, so a runtime being cancelled still puts its tasks back.
 
@@ -10,9 +11,9 @@ Nothing a handler returns or raises leaves `Executor.run` but a cancellation, an
 exit or an interrupt (a `BaseException` subclass of the handler's own is its failure): a result
 the codec or the broker refuses fails the task once with the reason (a retry would only compute
 it again), an exception whose text cannot be read or stored is described as well as it can
-be (`describe`), and a write that fails for any other reason is logged. A stopped plain
-``def`` handler cannot be interrupted: its thread is abandoned, but its worker slot stays
-taken until the thread returns (`_ThreadRun`), so ``workers`` still bounds what runs.
+be (`describe`), and a write that fails for any other reason is logged. A stopped or timed
+out plain ``def`` handler cannot be interrupted: its thread is abandoned, but its worker slot
+stays taken until the thread returns (`_ThreadRun`), so ``workers`` still bounds what runs.
 """
 
 from __future__ import annotations
@@ -131,7 +132,9 @@ class Executor:
         task = ctx.lease.task
         outcome: Outcome
         try:
-            if self._is_async(handler):
+            if ctx.timeout is not None:
+                value = await self._within(ctx.timeout, ctx, handler, task)
+            elif self._is_async(handler):
                 value = await handler(task)
             else:
                 value = await self._in_thread(ctx, handler, task)
@@ -149,6 +152,26 @@ class Executor:
             if lane.spent:
                 note_fenced(ctx)  # unless a stop gave its reason first: the fence deadline passed
         return outcome, finished
+
+    async def _within(self, limit: timedelta, ctx: RunContext, handler: Handler, task: Task) -> Any:
+        """The handler's value, or `TimeoutError` when it ran past ``limit`` (a business
+        failure, decided as any other).
+
+        Only a run with a limit pays for a cancel scope of its own. A sync handler's thread is
+        abandoned as on any stop (`_in_thread`), keeping its worker slot until it returns. What
+        a handler raises once its limit cancelled it (a cleanup's error) is the timeout too.
+        """
+        scope = anyio.move_on_after(limit.total_seconds())
+        try:
+            with scope:
+                if self._is_async(handler):
+                    return await handler(task)
+                return await self._in_thread(ctx, handler, task)
+        except Exception as exc:
+            if scope.cancel_called:
+                raise _timed_out(limit) from exc
+            raise
+        raise _timed_out(limit)
 
     def _decide(self, exc: BaseException, task: Task) -> Outcome:
         """`decide`, which never raises: whatever a handler raised, its task gets an outcome."""
@@ -300,6 +323,12 @@ class _ThreadRun:
 
 
 _WAITING, _RUNNING, _DONE, _ABANDONED = "waiting", "running", "done", "abandoned"
+
+
+def _timed_out(limit: timedelta) -> TimeoutError:
+    """The error of a run cancelled by its ``limit``: ``ran longer than 30s (timeout)``."""
+    seconds = f"{limit.total_seconds():.3f}".rstrip("0").rstrip(".")
+    return TimeoutError(f"ran longer than {seconds}s (timeout)")
 
 
 def _hand_to_writer(ctx: RunContext, outcome: Outcome) -> bool:

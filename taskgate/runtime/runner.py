@@ -372,6 +372,7 @@ class Runtime:
             slot_queue=scheduler.name if slot is not None else None,
             ack=scheduler.acks.put,
             lease_deadline=claimed_at + scheduler.lease_seconds,
+            timeout=lease.task.timeout if lease.task.timeout is not None else conf.run_limit,
             free_slot=free_slot,
         )
         key = (lease.task.id, lease.task.claims)

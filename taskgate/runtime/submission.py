@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from taskgate.brokers.base import NewTask, check_identifier
+from taskgate.brokers.base import MAX_DELAY, NewTask, check_identifier
 from taskgate.clock import utc
 from taskgate.codec import encode_value
 from taskgate.config import Config
@@ -37,6 +37,17 @@ def _delay(delay: DurationLike | None) -> timedelta | None:
     value = parse_duration(delay, field="delay")
     if value < timedelta(0):
         raise ValueError(f"delay must be >= 0, got {delay!r}")
+    return value
+
+
+def _timeout(timeout: DurationLike | None) -> timedelta | None:
+    if timeout is None:
+        return None
+    if not isinstance(timeout, timedelta | int | float | str) or isinstance(timeout, bool):
+        raise TypeError(f"timeout must be a timedelta, seconds or a string like '30s', got {timeout!r}")
+    value = parse_duration(timeout, field="timeout")
+    if not timedelta(0) < value <= MAX_DELAY:
+        raise ValueError(f"timeout must be > 0 and at most {MAX_DELAY.days} days, got {timeout!r}")
     return value
 
 
@@ -104,12 +115,13 @@ def build_tasks(
     max_retry: int | None = None,
     depends_on: Iterable[str] = (),
     ignore_parent_failure: bool = False,
+    timeout: DurationLike | None = None,
 ) -> list[NewTask]:
     """One `NewTask` per payload; raises `TypeError`/`ValueError`/`ConfigError` naming the argument.
 
-    ``run_at`` wins over ``delay``. ``business_key`` names the one task of a single submit;
-    ``business_keys`` gives one key (or None) per payload. Nothing is stored here, so bad
-    input changes nothing.
+    ``run_at`` wins over ``delay``; ``timeout`` (None: the queue's) is each task's own.
+    ``business_key`` names the one task of a single submit; ``business_keys`` gives one key
+    (or None) per payload. Nothing is stored here, so bad input changes nothing.
     """
     queue = route(config, task_type)
     if business_key is not None:
@@ -123,6 +135,7 @@ def build_tasks(
     if when is not None:
         wait = None
     retries = _max_retry(config, max_retry)
+    limit = _timeout(timeout)
     parents = _parents(depends_on)
     ids = new_ids(len(items))
     encoded = [encode_value(payload, what="payload") for payload in items]
@@ -142,6 +155,7 @@ def build_tasks(
         depends_on=parents,
         ignore_parent_failure=ignore_parent_failure,
         business_key=keys[0],
+        timeout=limit,
     )
     if len(items) == 1:
         return [first]

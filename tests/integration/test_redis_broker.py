@@ -39,7 +39,7 @@ from taskgate.brokers.params import (
     Submitted,
 )
 from taskgate.brokers.redis import RedisBroker, scripts
-from taskgate.brokers.redis.codec import SNAPSHOT_FIELDS, enqueue_args, from_us
+from taskgate.brokers.redis.codec import NEW_TASK_FIELDS, SNAPSHOT_FIELDS, enqueue_args, from_us
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.scripts import CHAINED, SCRIPT_NAMES, ScriptBook, function_library
 from taskgate.brokers.redis.waiter import SLICE
@@ -295,7 +295,13 @@ def test_a_batch_sharing_its_fields_is_sent_once_per_field_and_stored_task_by_ta
 ) -> None:
     broker = open_broker(clock=ManualClock())
     steps.enqueue(broker, [NewTask(id="parent", type="p", queue="p")])
-    options = {"type": "a", "queue": "q", "max_retry": 7, "delay": timedelta(seconds=5)}
+    options = {
+        "type": "a",
+        "queue": "q",
+        "max_retry": 7,
+        "delay": timedelta(seconds=5),
+        "timeout": timedelta(milliseconds=1500),
+    }
     shared = [
         NewTask(id=f"s{n}", payload=payload, depends_on=("parent",), **options)  # type: ignore[arg-type]
         for n, payload in enumerate([None, b"", b"x"])
@@ -304,7 +310,7 @@ def test_a_batch_sharing_its_fields_is_sent_once_per_field_and_stored_task_by_ta
         NewTask(id=f"r{n}", payload=payload, depends_on=("parent",), **options)  # type: ignore[arg-type]
         for n, payload in enumerate([None, b"", b"x"])
     ]
-    assert enqueue_args(shared)[1] == "shared" and len(enqueue_args(shared)) == 2 + 12 + 3 * 3
+    assert enqueue_args(shared)[1] == "shared" and len(enqueue_args(shared)) == 2 + NEW_TASK_FIELDS + 3 * 3
     snapshots = steps.enqueue(broker, shared)
     for task in one_by_one:
         steps.enqueue(broker, [task])  # one task: the "rows" shape
@@ -315,12 +321,18 @@ def test_a_batch_sharing_its_fields_is_sent_once_per_field_and_stored_task_by_ta
         assert broker.get(f"s{n}") == snapshots[n]
     assert [t.payload for t in snapshots] == [None, b"", b"x"]
     assert {t.status for t in snapshots} == {Status.BLOCKED}
+    assert {t.timeout for t in snapshots} == {timedelta(milliseconds=1500)}
 
 
 @pytest.mark.parametrize(
     "timing",
-    [{}, {"delay": timedelta(seconds=5)}, {"run_at": datetime(2031, 1, 1, tzinfo=UTC)}],
-    ids=["now", "delay", "run_at"],
+    [
+        {},
+        {"delay": timedelta(seconds=5)},
+        {"run_at": datetime(2031, 1, 1, tzinfo=UTC)},
+        {"timeout": timedelta(seconds=30)},
+    ],
+    ids=["now", "delay", "run_at", "timeout"],
 )
 def test_plain_tasks_are_stored_as_the_general_path_stores_them(
     open_broker: Factory, client: redis.Redis, unique_prefix: str, timing: dict[str, object]
@@ -364,6 +376,7 @@ def test_plain_tasks_are_stored_as_the_general_path_stores_them(
                 assert client.zscore(key, f"{path}{n}") == client.zscore(key, f"r{n}") is not None, key
         assert broker.get(f"s{n}") == snapshots[n] and broker.get(f"a{n}") == alone[n]
     assert [t.payload for t in snapshots] == [t.payload for t in alone] == payloads
+    assert {t.timeout for t in [*snapshots, *alone]} == {timing.get("timeout")}
     assert {t.status for t in [*snapshots, *alone]} == {Status.PENDING}
     assert broker.counts()["a"] == {Status.PENDING: 9}
 
@@ -382,6 +395,8 @@ def test_a_shared_batch_with_an_id_in_use_stores_nothing(open_broker: Factory, c
 def test_a_batch_that_differs_in_more_than_ids_and_payloads_goes_row_by_row() -> None:
     tasks = [NewTask(id="a", type="t", queue="q"), NewTask(id="b", type="t", queue="q", max_retry=9)]
     assert enqueue_args(tasks)[1] == "rows"
+    timed = [NewTask(id="a", type="t", queue="q"), NewTask(id="b", type="t", queue="q", timeout=timedelta(1))]
+    assert enqueue_args(timed)[1] == "rows"
     keyed = [NewTask(id=f"k{n}", type="t", queue="q", business_key=f"key{n}") for n in range(2)]
     assert enqueue_args(keyed)[1] == "rows"
 

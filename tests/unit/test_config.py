@@ -17,6 +17,7 @@ def test_queue_config_defaults_match_the_spec() -> None:
     q = QueueConfig(workers=2)
     assert q.lease == timedelta(seconds=60)
     assert (q.rps, q.burst, q.quota_limit, q.quota_period, q.manual_heartbeat) == (0, 0, 0, None, False)
+    assert q.timeout is q.run_limit is None
     assert q.effective_burst == 1
     assert QueueConfig(workers=1, rps=3.5).effective_burst == 3
     assert QueueConfig(workers=1, rps=3, burst=7).effective_burst == 7
@@ -27,6 +28,9 @@ def test_durations_accept_strings_seconds_and_timedeltas() -> None:
     assert q.lease == timedelta(hours=1, minutes=30)
     assert q.period == timedelta(hours=24)
     assert QueueConfig(workers=1, lease_ttl=5).lease == timedelta(seconds=5)
+    assert QueueConfig(workers=1, timeout="1m30s").run_limit == timedelta(seconds=90)
+    assert QueueConfig(workers=1, timeout=0.25).run_limit == timedelta(milliseconds=250)
+    assert QueueConfig(workers=1, timeout=timedelta(hours=2)).timeout == timedelta(hours=2)
 
 
 @pytest.mark.parametrize(
@@ -43,6 +47,15 @@ def test_durations_accept_strings_seconds_and_timedeltas() -> None:
         ({"workers": 1, "quota_limit": 5}, r"quota_limit=5 needs a quota_period"),
         ({"workers": 1, "quota_limit": 5, "quota_period": "500ms"}, r"quota_period must be >= 1s"),
         ({"workers": 1, "manual_heartbeat": "yes"}, r"manual_heartbeat must be a bool"),
+        ({"workers": 1, "timeout": 0}, r"QueueConfig\.timeout must be > 0 and at most 36500 days, got 0"),
+        ({"workers": 1, "timeout": -0.5}, r"QueueConfig\.timeout must be > 0 .*, got -0\.5"),
+        ({"workers": 1, "timeout": timedelta(0)}, r"QueueConfig\.timeout must be > 0"),
+        ({"workers": 1, "timeout": "40000d"}, r"QueueConfig\.timeout must be > 0 .*, got '40000d'"),
+        ({"workers": 1, "timeout": float("nan")}, r"QueueConfig\.timeout: duration must be finite, got nan"),
+        ({"workers": 1, "timeout": float("inf")}, r"QueueConfig\.timeout: duration must be finite, got inf"),
+        ({"workers": 1, "timeout": "soon"}, r"QueueConfig\.timeout: cannot read 'soon'"),
+        ({"workers": 1, "timeout": True}, r"QueueConfig\.timeout: expected a duration, got True"),
+        ({"workers": 1, "timeout": [30]}, r"QueueConfig\.timeout: expected a duration"),
     ],
 )
 def test_bad_queue_config_names_field_and_value(kwargs: dict[str, Any], match: str) -> None:
@@ -95,7 +108,7 @@ def test_from_mapping_reads_the_seed_yaml_shape() -> None:
                 "quota_period": "24h",
                 "quota_key": "my-gw",
             },
-            "cpu": {"workers": 4},
+            "cpu": {"workers": 4, "timeout": "90s"},
         },
         "routes": {"generate": "llm"},
         "default_queue": {"workers": 2},
@@ -105,6 +118,7 @@ def test_from_mapping_reads_the_seed_yaml_shape() -> None:
     conf = Config.from_mapping(data, broker=BROKER)
     assert conf.queues["llm"].period == timedelta(hours=24)
     assert conf.queues["llm"].quota_key == "my-gw"
+    assert (conf.queues["cpu"].run_limit, conf.queues["llm"].run_limit) == (timedelta(seconds=90), None)
     assert conf.default_queue == QueueConfig(workers=2)
     assert conf.queue_for("generate") == "llm"
 
@@ -115,6 +129,7 @@ def test_from_mapping_reads_the_seed_yaml_shape() -> None:
         ({"queuez": {}}, r"unknown key\(s\) queuez"),
         ({"queues": {"llm": {"workers": 1, "rsp": 3}}}, r"queues\.llm: unknown key\(s\) rsp"),
         ({"queues": {"llm": {"rps": 3}}}, r"queues\.llm: 'workers' is required"),
+        ({"queues": {"llm": {"workers": 1, "timeout": "0s"}}}, r"queues\.llm: QueueConfig\.timeout must be"),
         ({"queues": {"llm": {"workers": 0}}}, r"queues\.llm: QueueConfig\.workers must be >= 1"),
         ({"queues": ["llm"]}, r"config\.queues must be a mapping"),
         ({"routes": "llm"}, r"config\.routes must be a mapping"),

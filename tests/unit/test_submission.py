@@ -19,6 +19,7 @@ CONFIG = Config(broker=MemoryBroker(), queues={"t": QueueConfig(workers=1)})
         {"business_keys": ["a", None, "c"], "max_retry": 4},
         {"delay": "5s", "depends_on": ["parent-1", "parent-2"], "ignore_parent_failure": True},
         {"run_at": datetime(2030, 1, 1, tzinfo=UTC), "delay": timedelta(seconds=3)},
+        {"timeout": "1m30s"},
     ],
 )
 def test_every_task_of_a_batch_equals_one_built_and_checked_on_its_own(options: dict[str, object]) -> None:
@@ -35,6 +36,7 @@ def test_every_task_of_a_batch_equals_one_built_and_checked_on_its_own(options: 
             depends_on=t.depends_on,
             ignore_parent_failure=t.ignore_parent_failure,
             business_key=t.business_key,
+            timeout=t.timeout,
         )
         for t in tasks
     ]
@@ -53,3 +55,20 @@ def test_a_batch_shares_nothing_mutable_and_each_task_is_frozen() -> None:
 
 def test_an_empty_batch_builds_nothing() -> None:
     assert build_tasks(CONFIG, "t", []) == []
+
+
+@pytest.mark.parametrize(
+    ("timeout", "stored"),
+    [
+        (None, None),
+        ("30s", timedelta(seconds=30)),
+        (0.25, timedelta(milliseconds=250)),
+        (2, timedelta(seconds=2)),
+        (timedelta(microseconds=1), timedelta(milliseconds=1)),  # whole milliseconds, rounded up
+    ],
+)
+def test_a_timeout_is_read_like_every_duration_and_kept_in_milliseconds(
+    timeout: object, stored: timedelta | None
+) -> None:
+    tasks = build_tasks(CONFIG, "t", [1, 2], timeout=timeout)  # type: ignore[arg-type]
+    assert [t.timeout for t in tasks] == [stored, stored]

@@ -62,6 +62,7 @@ def test_a_task_from_fields_is_the_task_its_constructor_makes() -> None:
         "replay_of": None,
         "started_at": NOW,
         "finished_at": None,
+        "timeout": timedelta(seconds=30),
         "cancel_requested": True,
     }
     assert tuple(values) == TASK_FIELDS
@@ -144,6 +145,11 @@ def test_throttled_and_skip_retry_carry_their_reason() -> None:
         ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
         ({"delay": timedelta(seconds=-1)}, "delay"),
         ({"delay": timedelta(days=40_000)}, "delay must be a timedelta from 0 to 36500 days"),
+        ({"timeout": timedelta(0)}, r"timeout must be a timedelta above 0 .* got datetime.timedelta\(0\)"),
+        ({"timeout": timedelta(seconds=-1)}, "timeout must be a timedelta above 0"),
+        ({"timeout": timedelta(days=36_501)}, "timeout .* at most 36500 days"),
+        ({"timeout": 30}, "timeout must be a timedelta or None, got int: 30"),
+        ({"timeout": "30s"}, "timeout must be a timedelta or None, got str"),
         ({"depends_on": "abc"}, "not a single str"),
         ({"depends_on": ("id1",)}, "cannot depend on itself"),
     ],
@@ -152,6 +158,17 @@ def test_new_task_rejects_bad_fields_by_name(kwargs: dict[str, object], match: s
     fields: dict[str, object] = {"id": "id1", "type": "t", "queue": "q"} | kwargs
     with pytest.raises((TypeError, ValueError), match=match):
         NewTask(**fields)  # type: ignore[arg-type]
+
+
+def test_new_task_keeps_its_timeout_in_whole_milliseconds_rounded_up() -> None:
+    def timeout(value: timedelta) -> timedelta | None:
+        return NewTask(id="id1", type="t", queue="q", timeout=value).timeout
+
+    assert timeout(timedelta(seconds=30)) == timedelta(seconds=30)
+    assert timeout(timedelta(microseconds=1)) == timedelta(milliseconds=1)
+    assert timeout(timedelta(milliseconds=2, microseconds=1)) == timedelta(milliseconds=3)
+    assert timeout(timedelta(days=36_500)) == timedelta(days=36_500)
+    assert NewTask(id="id1", type="t", queue="q").timeout is None
 
 
 def test_identifiers_refuse_nul_characters() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from taskgate.task import Status, Task, task_from_fields
 
@@ -42,6 +42,7 @@ class Record:
     replay_of: str | None
     started_at: datetime | None
     finished_at: datetime | None
+    timeout: timedelta | None
     cancel_requested: bool
     # The lease's token and end while running; None otherwise.
     token: str | None
@@ -64,6 +65,7 @@ class Record:
         ignore_parent_failure: bool,
         business_key: str | None,
         replay_of: str | None,
+        timeout: timedelta | None,
         last_error: str | None = None,
         finished_at: datetime | None = None,
     ) -> None:
@@ -87,6 +89,7 @@ class Record:
         self.replay_of = replay_of
         self.started_at = None
         self.finished_at = finished_at
+        self.timeout = timeout
         self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None

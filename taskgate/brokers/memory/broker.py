@@ -536,6 +536,7 @@ def _new_record(item: NewTask, now: datetime, status: Status, error: str | None)
         ignore_parent_failure=item.ignore_parent_failure,
         business_key=item.business_key,
         replay_of=None,
+        timeout=item.timeout,
         last_error=error,
         finished_at=now if status.is_final else None,
     )
@@ -559,6 +560,7 @@ def _replay_record(
         ignore_parent_failure=old.ignore_parent_failure,
         business_key=old.business_key,
         replay_of=old.id,
+        timeout=old.timeout,
         last_error=error,
         finished_at=now if status.is_final else None,
     )

@@ -33,9 +33,10 @@ __all__ = [
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
+_MILLISECOND = timedelta(milliseconds=1)
 
 # enqueue.lua reads this many ARGV values per task; keep the two in step.
-NEW_TASK_FIELDS = 12
+NEW_TASK_FIELDS = 13
 
 
 def to_us(when: datetime) -> int:
@@ -82,6 +83,7 @@ SNAPSHOT_FIELDS = (
     "replay_of",
     "started_at",
     "finished_at",
+    "timeout_ms",
     "cancel_requested",
     "token",
     "lease_until",
@@ -94,6 +96,10 @@ def _text(raw: bytes | None) -> str | None:
 
 def _time(raw: bytes | None) -> datetime | None:
     return None if raw is None else from_us(raw)
+
+
+def _timeout(raw: bytes | None) -> timedelta | None:
+    return None if raw is None else timedelta(milliseconds=int(raw))
 
 
 def task_from_values(values: Sequence[Any]) -> Task:
@@ -120,6 +126,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
         replay_of,
         started_at,
         finished_at,
+        timeout_ms,
         cancel_requested,
         _token,
         _lease_until,
@@ -148,6 +155,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
             "replay_of": _text(replay_of),
             "started_at": _time(started_at),
             "finished_at": _time(finished_at),
+            "timeout": _timeout(timeout_ms),
             "cancel_requested": cancel_requested == b"1",
         }
     )
@@ -194,6 +202,7 @@ def _shared_fields(task: NewTask) -> tuple[object, ...]:
         task.ignore_parent_failure,
         task.business_key,
         task.depends_on,
+        task.timeout,
     )
 
 
@@ -212,6 +221,7 @@ def new_task_args(task: NewTask) -> list[str | bytes | int]:
         0 if task.business_key is None else 1,
         task.business_key or "",
         json.dumps(list(task.depends_on)) if task.depends_on else "[]",
+        "" if task.timeout is None else task.timeout // _MILLISECOND,
     ]
 
 
@@ -286,6 +296,7 @@ def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Tas
             "replay_of": None,
             "started_at": None,
             "finished_at": finished_at,
+            "timeout": item.timeout,
             "cancel_requested": False,
         }
     )

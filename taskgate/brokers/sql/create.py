@@ -37,7 +37,7 @@ from taskgate.brokers.base import NewTask, Unset
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, row_insert, row_params
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
-from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of
+from taskgate.brokers.sql.rows import chunks, encode_parents, snapshot, status_values, task_of, timeout_ms
 from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.clock import utc
 from taskgate.errors import (
@@ -96,7 +96,15 @@ def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> li
         # Without parents a task arrives pending, and the rows of a batch's parentless tasks
         # differ only in id, payload and business key: copying one is a third of building it.
         parents[item.id] = Status.PENDING
-        shape = (item.type, item.queue, item.max_retry, item.run_at, item.delay, item.ignore_parent_failure)
+        shape = (
+            item.type,
+            item.queue,
+            item.max_retry,
+            item.run_at,
+            item.delay,
+            item.ignore_parent_failure,
+            item.timeout,
+        )
         if alike is None or alike[0] != shape:
             alike = shape, new_row(item, tx.now, Status.PENDING, None)
             rows.append(alike[1])
@@ -319,6 +327,7 @@ def new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> 
         depends_on=encode_parents(item.depends_on),
         business_key=item.business_key,
         replay_of=None,
+        timeout_ms=timeout_ms(item.timeout),
         created_at=now,
         run_at=run_at,
         status=status,
@@ -339,6 +348,7 @@ def _replay_row(
         depends_on=encode_parents(old.depends_on),
         business_key=old.business_key,
         replay_of=old.id,
+        timeout_ms=timeout_ms(old.timeout),
         created_at=now,
         run_at=now,
         status=status,
@@ -346,7 +356,9 @@ def _replay_row(
     )
 
 
-def _row(*, created_at: datetime, status: Status, error: str | None, **fields: Any) -> dict[str, Any]:
+def _row(
+    *, created_at: datetime, status: Status, error: str | None, timeout_ms: int | None, **fields: Any
+) -> dict[str, Any]:
     counters = {"attempts": 0, "throttled": 0, "lease_lost": 0, "claims": 0}
     return {
         **fields,
@@ -358,7 +370,7 @@ def _row(*, created_at: datetime, status: Status, error: str | None, **fields: A
         "result": None,
         "last_error": error,
         "group_name": None,
-        "timeout_ms": None,
+        "timeout_ms": timeout_ms,
     }
 
 

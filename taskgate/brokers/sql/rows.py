@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Row, Select, Update, bindparam, select, update
@@ -24,6 +25,7 @@ __all__ = [
     "status_values",
     "task_of",
     "task_of_plan",
+    "timeout_ms",
     "write_task",
 ]
 
@@ -32,6 +34,7 @@ READY = frozenset({Status.PENDING, Status.RETRYING})
 # Bound parameters per IN list: far below every database's limit (SQLite's is 32766).
 _CHUNK = 500
 _NO_PARENTS = "[]"  # most tasks have no parents: no JSON round trip for them
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 def status_values(status: Status) -> dict[str, Any]:
@@ -52,6 +55,15 @@ def encode_parents(depends_on: Sequence[str]) -> str:
 def decode_parents(stored: str) -> tuple[str, ...]:
     """``depends_on`` from its stored form."""
     return () if stored == _NO_PARENTS else tuple(json.loads(stored))
+
+
+def timeout_ms(timeout: timedelta | None) -> int | None:
+    """The stored form of a task's ``timeout``: whole milliseconds (`NewTask` rounded it)."""
+    return None if timeout is None else timeout // _MILLISECOND
+
+
+def _timeout(stored: int | None) -> timedelta | None:
+    return None if stored is None else timedelta(milliseconds=stored)
 
 
 def chunks(items: Sequence[str], size: int = _CHUNK) -> Iterable[Sequence[str]]:
@@ -133,6 +145,7 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
             "replay_of": values["replay_of"],
             "started_at": values["started_at"],
             "finished_at": values["finished_at"],
+            "timeout": _timeout(values["timeout_ms"]),
             "cancel_requested": bool(values.get("cancel_requested")),
         }
     )

@@ -48,6 +48,7 @@ from taskgate.testing.contract.settled import SettledContract
 from taskgate.testing.contract.shared_limits import SharedLimitsContract
 from taskgate.testing.contract.submit import SubmitContract
 from taskgate.testing.contract.surface import SurfaceContract
+from taskgate.testing.contract.timeouts import TimeoutContract
 from taskgate.testing.contract.validation import ValidationContract
 
 __all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory"]
@@ -68,6 +69,7 @@ class BrokerContract(
     ReadContract,
     BusinessKeyContract,
     ReplayContract,
+    TimeoutContract,
     QuotaContract,
     SharedLimitsContract,
     ValidationContract,

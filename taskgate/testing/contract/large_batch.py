@@ -25,7 +25,7 @@ BATCH = 60  # past every broker's bulk threshold (PostgreSQL COPY starts at 16 r
 
 
 def _mixed_batch(parent_id: str) -> list[NewTask]:
-    """Plain, binary, delayed, keyed and dependent tasks, in an order that mixes them."""
+    """Plain, binary, delayed, keyed, timed and dependent tasks, in an order that mixes them."""
     items: list[NewTask] = []
     for n in range(BATCH):
         fields: dict[str, Any] = {"type": "t\tab" if n % 2 else "plain", "max_retry": n % 4}
@@ -39,6 +39,8 @@ def _mixed_batch(parent_id: str) -> list[NewTask]:
             fields["delay"] = timedelta(seconds=n)
         if n % 11 == 0:
             fields["depends_on"] = (parent_id,)
+        if n % 4 == 1:
+            fields["timeout"] = timedelta(milliseconds=250 * n + 1)
         if n % 13 == 5:
             fields["depends_on"] = (items[n - 1].id,)  # a parent earlier in this batch
         items.append(new_task(**fields))
@@ -57,6 +59,7 @@ class LargeBatchContract:
             assert broker.get(item.id) == task
             assert (task.type, task.queue, task.payload) == (item.type, item.queue, item.payload)
             assert (task.max_retry, task.business_key) == (item.max_retry, item.business_key)
+            assert task.timeout == item.timeout
             assert task.depends_on == item.depends_on
             assert task.run_at == clock.now() + (item.delay or timedelta(0))
             assert task.created_at == clock.now()

@@ -32,13 +32,14 @@ class LifecycleContract:
             business_key="order-1",
             depends_on=(parent.id,),
             ignore_parent_failure=True,
+            timeout=timedelta(seconds=90),
         )
         (stored,) = steps.enqueue(broker, [item])
         got = broker.get(item.id)
         assert got == stored
         assert (got.id, got.type, got.queue, got.payload) == (item.id, "email", "mail", b"\x00\xff binary")
         assert (got.max_retry, got.business_key, got.depends_on) == (4, "order-1", (parent.id,))
-        assert got.ignore_parent_failure is True
+        assert (got.ignore_parent_failure, got.timeout) == (True, timedelta(seconds=90))
         assert (got.attempts, got.throttled, got.lease_lost, got.claims) == (0, 0, 0, 0)
         assert (got.created_at, got.run_at) == (clock.now(), clock.now())
         assert (got.result, got.last_error, got.replay_of) == (None, None, None)

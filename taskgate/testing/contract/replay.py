@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from taskgate.brokers.base import Broker, FailureKind
@@ -19,6 +21,8 @@ from taskgate.testing.contract._support import claim_one, submit
 
 __all__ = ["ReplayContract"]
 
+MINUTE = timedelta(minutes=1)
+
 
 def _failed(broker: Broker, **fields: object) -> Task:
     task = submit(broker, **fields)
@@ -32,11 +36,11 @@ class ReplayContract:
     def test_replay_creates_a_fresh_execution_pointing_at_the_old_one(
         self, broker: Broker, clock: ManualClock
     ) -> None:
-        old = _failed(broker, payload=b"p", max_retry=3, business_key="bk", type="ty")
+        old = _failed(broker, payload=b"p", max_retry=3, business_key="bk", type="ty", timeout=MINUTE)
         clock.advance(10)
         new = steps.replay(broker, old.id, new_id="replay-1")
         assert (new.id, new.replay_of, new.status) == ("replay-1", old.id, Status.PENDING)
-        assert (new.type, new.queue, new.payload, new.max_retry) == ("ty", "q", b"p", 3)
+        assert (new.type, new.queue, new.payload, new.max_retry, new.timeout) == ("ty", "q", b"p", 3, MINUTE)
         assert (new.business_key, new.depends_on) == ("bk", ())
         assert (new.attempts, new.throttled, new.lease_lost, new.claims) == (0, 0, 0, 0)
         assert (new.result, new.last_error, new.started_at, new.finished_at) == (None, None, None, None)

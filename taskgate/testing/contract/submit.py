@@ -49,6 +49,7 @@ class SubmitContract:
             {"payload": b"\x00p"},
             {"delay": timedelta(minutes=5), "max_retry": 7},
             {"business_key": "order-1"},
+            {"timeout": timedelta(seconds=30)},
         ]
         loud, quiet = [], []
         for n, shape in enumerate(shapes):

@@ -87,6 +87,26 @@ BAD_CALLS: dict[str, tuple[BadCall, type[Exception], str]] = {
         ValueError,
         "business_key",
     ),
+    "NewTask.timeout zero": (
+        lambda b, _: b.submit(Submit((new_task(timeout=timedelta(0)),))),
+        ValueError,
+        "timeout",
+    ),
+    "NewTask.timeout negative": (
+        lambda b, _: b.submit(Submit((new_task(timeout=-MINUTE),))),
+        ValueError,
+        "timeout",
+    ),
+    "NewTask.timeout beyond the maximum": (
+        lambda b, _: b.submit(Submit((new_task(timeout=MAX_DELAY + timedelta(milliseconds=1)),))),
+        ValueError,
+        "timeout",
+    ),
+    "NewTask.timeout seconds": (
+        lambda b, _: b.submit(Submit((new_task(timeout=_any(30)),))),
+        TypeError,
+        "timeout",
+    ),
     # replay
     "Replay.execution_id": (lambda b, _: b.replay(Replay("", "new")), ValueError, "execution id"),
     "Replay.new_id": (lambda b, lease: b.replay(Replay(lease.task.id, "")), ValueError, "new id"),

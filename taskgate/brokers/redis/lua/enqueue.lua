@@ -3,11 +3,11 @@
 -- KEYS[1]  base (hash-tagged prefix, e.g. "tg:{tg}:")
 -- ARGV[1]  now in µs, or "" for the server's TIME
 -- ARGV[2]  number of tasks N
--- ARGV[3]  shape: "rows": then N groups of 12 values, one per task, in batch order:
+-- ARGV[3]  shape: "rows": then N groups of 13 values, one per task, in batch order:
 --          id, type, queue, has_payload (0/1), payload, max_retry, run_at (µs or ""),
 --          delay (µs or ""), ignore_parent_failure (0/1), has_business_key (0/1),
---          business_key, depends_on (JSON array of ids);
---          "shared": then one group of 12 whose every value but id and payload is every
+--          business_key, depends_on (JSON array of ids), timeout (ms or "" for none);
+--          "shared": then one group of 13 whose every value but id and payload is every
 --          task's (has_business_key 0), then N groups of 3: id, has_payload (0/1), payload
 -- Returns  {"ok", created_at (µs), arrival...} with one {status, run_at (µs), last_error or ""}
 --          per task, in batch order (every other field is what the caller sent), or
@@ -21,7 +21,7 @@
 --          bkey:<key> LIST, stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
 --          idx:status:<s> ZSET, queue:<q> ZSET, signal:<q> channel (PUBLISH).
 
-local FIELDS = 12
+local FIELDS = 13
 
 local function read_rows(count)
   local batch = {}
@@ -32,6 +32,7 @@ local function read_rows(count)
       has_payload = ARGV[a + 3] == '1', payload = ARGV[a + 4], max_retry = ARGV[a + 5],
       run_at = ARGV[a + 6], delay = ARGV[a + 7], ignore = ARGV[a + 8],
       has_key = ARGV[a + 9] == '1', key = ARGV[a + 10], depends_on = ARGV[a + 11],
+      timeout = ARGV[a + 12],
     }
   end
   return batch
@@ -46,7 +47,7 @@ local function read_shared(count)
       id = ARGV[a], type = ARGV[t + 1], queue = ARGV[t + 2],
       has_payload = ARGV[a + 1] == '1', payload = ARGV[a + 2], max_retry = ARGV[t + 5],
       run_at = ARGV[t + 6], delay = ARGV[t + 7], ignore = ARGV[t + 8],
-      has_key = false, key = '', depends_on = ARGV[t + 11],
+      has_key = false, key = '', depends_on = ARGV[t + 11], timeout = ARGV[t + 12],
     }
   end
   return batch
@@ -120,6 +121,9 @@ local function store(n)
   if n.has_payload then
     redis.call('HSET', key, 'payload', n.payload)
   end
+  if n.timeout ~= '' then
+    redis.call('HSET', key, 'timeout_ms', n.timeout)
+  end
   if n.has_key then
     redis.call('HSET', key, 'business_key', n.key)
     redis.call('RPUSH', B .. 'bkey:' .. n.key, n.id)
@@ -144,7 +148,7 @@ end
 -- shape of `submit_many`, or one task alone): every task arrives pending, due at the same
 -- time, in the same sets. The per-task work is the id check, one HSET and the set entries,
 -- with no table per task: the general path below costs a third more. The template of the
--- shared fields is at ARGV[4..15]; task i (0-based) has its id at ARGV[first + i * stride],
+-- shared fields is at ARGV[4..16]; task i (0-based) has its id at ARGV[first + i * stride],
 -- its has_payload flag (0/1) `flag` and its payload `payload` places after that.
 local function store_plain(count, first, stride, flag, payload)
   local t = 4  -- the template
@@ -164,6 +168,13 @@ local function store_plain(count, first, stride, flag, payload)
       'created_at', NOW_S, 'run_at', run_at, 'attempts', '0', 'max_retry', max_retry,
       'throttled', '0', 'lease_lost', '0', 'claims', '0', 'depends_on', '[]',
       'ignore_parent_failure', ignore, 'cancel_requested', '0', 'status', 'pending', ...)
+  end
+  local timeout = ARGV[t + 12]
+  if timeout ~= '' then  -- the batch's timeout, set once here rather than tested per task
+    local untimed = write
+    write = function(id, ...)
+      untimed(id, 'timeout_ms', timeout, ...)
+    end
   end
   local created, due = {}, {}
   for i = 0, count - 1 do

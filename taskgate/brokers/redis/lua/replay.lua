@@ -1,6 +1,6 @@
 -- replay.lua: create a new execution re-running a final one, atomically with the checks.
--- The new execution copies type, queue, max_retry, business key, parents and (unless
--- given) payload; replay_of points at the old one; its status follows the enqueue rule.
+-- The new execution copies type, queue, max_retry, timeout, business key, parents and
+-- (unless given) payload; replay_of points at the old one; its status follows the enqueue rule.
 -- The old task's hash never changes: the chain link is kept in the `replays` HASH.
 --
 -- KEYS[1]  base (hash-tagged prefix)
@@ -53,6 +53,9 @@ local function copy(old)
     redis.call('HSET', key, 'payload', ARGV[6])
   elseif mode == 'keep' and old.payload then
     redis.call('HSET', key, 'payload', old.payload)
+  end
+  if old.timeout_ms then
+    redis.call('HSET', key, 'timeout_ms', old.timeout_ms)
   end
   if old.business_key then
     redis.call('HSET', key, 'business_key', old.business_key)
