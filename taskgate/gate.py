@@ -18,7 +18,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from taskgate.brokers.base import UNSET, Capabilities, Unset, check_identifier
-from taskgate.brokers.params import Replay
+from taskgate.brokers.params import QueueQuery, Replay
 from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
 from taskgate.config import Config
@@ -194,10 +194,11 @@ class Gate:
             raise ConfigError(f"unknown queue {queue!r}: not in Config.queues and no default_queue")
         scheduler = self._runtime.schedulers.get(queue)
         quota = scheduler.quota if scheduler is not None else None
+        state = await self._runtime.calls(self.config.broker.queue_state, QueueQuery(queue))
         return QueueStats(
             workers=conf.workers,
             running=scheduler.running if scheduler is not None else 0,
-            queue_len=await self._runtime.calls(self.config.broker.queue_length, queue),
+            queue_len=state.queue_len,
             rps=float(conf.rps),
             quota_exhausted=bool(quota and quota.exhausted),
             quota_stalled=bool(quota and quota.stalled),
