@@ -23,6 +23,7 @@ from taskgate import Task
 from taskgate.brokers.base import NewTask
 from taskgate.brokers.params import Submit
 from taskgate.ids import new_id
+from taskgate.testing import steps
 
 __all__ = ["main"]
 
@@ -91,7 +92,7 @@ def _rss(options: dict[str, Any]) -> None:
         left -= count
     seconds = time.perf_counter() - started
     gc.collect()
-    assert broker.queue_length(QUEUE) == options["tasks"]
+    assert steps.queue_length(broker, QUEUE) == options["tasks"]
     _say(json.dumps({"before": before, "after": _rss_bytes(), "seconds": seconds}))
 
 

@@ -19,6 +19,7 @@ from benchmarks.settings import Settings
 from benchmarks.stores import isolated_store
 from taskgate.brokers.base import Broker
 from taskgate.brokers.params import Claim, Complete, Settle
+from taskgate.testing import steps
 
 __all__ = ["CLAIM_K", "ClaimRun", "claim_rates"]
 
@@ -51,7 +52,7 @@ def claim_rates(backend: str, s: Settings, finished: Sequence[int]) -> list[Clai
             brokers.append(store.open())
         for _ in range(s.repeats):
             for broker, run in zip(brokers, runs, strict=True):
-                left = broker.queue_length(QUEUE)  # a capped drain leaves some behind
+                left = steps.queue_length(broker, QUEUE)  # a capped drain leaves some behind
                 enqueue_noops(broker, max(0, s.n - left))
                 run.samples.append(_drain(broker, s.n, s.run_cap))
         return runs

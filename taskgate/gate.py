@@ -27,6 +27,7 @@ from taskgate.errors import ConfigError, TaskFailedError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.runner import Runtime
+from taskgate.runtime.stats import StatsReader
 from taskgate.runtime.submission import build_tasks, route
 from taskgate.task import Filter, QueueStats, Status, Task
 
@@ -63,6 +64,7 @@ class Gate:
         self._runtime = Runtime(
             config, self._handlers, poll_interval=poll_interval, reap_interval=reap_interval
         )
+        self._stats = StatsReader(config, self._runtime)
         self._task_group: TaskGroup | None = None
 
     # -- handlers --------------------------------------------------------------------------------
@@ -195,20 +197,17 @@ class Gate:
         return await self._runtime.calls(self.config.broker.list, Filter(business_key=business_key))
 
     async def stats(self, queue: str) -> QueueStats:
-        """``queue`` as this process sees it: workers, running here, backlog, rps, quota flags."""
+        """``queue``'s limits, its handlers running here, and its backlog and quota window as
+        the store holds them (the same from any process, one with no workers too).
+
+        Never raises for the store: while it does not answer (within the deadline of a
+        worker's broker call, ``lease_ttl/4`` up to 30 s) the last figures this gate read are
+        given with ``reachable=False``. Raises `ConfigError` for a queue not configured.
+        """
         conf = self.config.queue_config(check_identifier(queue, what="queue"))
         if conf is None:
             raise ConfigError(f"unknown queue {queue!r}: not in Config.queues and no default_queue")
-        scheduler = self._runtime.schedulers.get(queue)
-        quota = scheduler.quota if scheduler is not None else None
-        return QueueStats(
-            workers=conf.workers,
-            running=scheduler.running if scheduler is not None else 0,
-            queue_len=await self._runtime.calls(self.config.broker.queue_length, queue),
-            rps=float(conf.rps),
-            quota_exhausted=bool(quota and quota.exhausted),
-            quota_stalled=bool(quota and quota.stalled),
-        )
+        return await self._stats.read(queue, conf)
 
     async def overview(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status, from the broker's counters."""

@@ -101,10 +101,25 @@ class Filter:
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """A queue's state as one process sees it.
+    """A queue's state: its configured limits, this process's running count, and what the
+    shared store holds -- the backlog and the quota window, the same for every process.
 
-    ``running`` is this process's running count; ``queue_len`` = pending + retrying in the
-    broker; ``rps`` the configured rate; the two flags tell why a queue is not claiming.
+    - ``workers``, ``rps``: as configured.
+    - ``running``: handlers of the queue running in THIS process.
+    - ``queue_len``: pending + retrying tasks of the queue in the store (due or not).
+    - ``quota_limit``: units per window (0: the queue has no quota).
+    - ``quota_used``: units taken from the current window, in the store (never above the limit;
+      read by any process, including one that runs no workers).
+    - ``quota_window_end``: when the current window ends, on the store's clock, timezone-aware
+      UTC (None: no quota, or no figures read yet).
+    - ``quota_exhausted``: ``quota_used >= quota_limit``: the queue claims nothing until the
+      window ends (False without a quota).
+    - ``quota_stalled``: a worker of THIS process could not reach the quota's store and claims
+      nothing until it answers again (fails closed).
+    - ``reachable``: False when the store did not answer this read (or not within the deadline
+      of a worker's broker call): ``queue_len``, ``quota_used``, ``quota_window_end`` and
+      ``quota_exhausted`` are then the last this process read (0, None and False before any
+      read), not current; ``running`` and ``quota_stalled`` are current.
     """
 
     workers: int
@@ -113,6 +128,10 @@ class QueueStats:
     rps: float
     quota_exhausted: bool = False
     quota_stalled: bool = False
+    quota_limit: int = 0
+    quota_used: int = 0
+    quota_window_end: datetime | None = None
+    reachable: bool = True
 
 
 TASK_FIELDS = tuple(f.name for f in fields(Task))

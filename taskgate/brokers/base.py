@@ -46,6 +46,8 @@ if TYPE_CHECKING:
         Claimed,
         Heartbeat,
         ItemAnswer,
+        QueueQuery,
+        QueueState,
         Renewal,
         Replay,
         Settle,
@@ -326,8 +328,15 @@ class Broker(Protocol):
         """
         ...
 
-    def queue_length(self, queue: str) -> int:
-        """How many tasks of ``queue`` are pending or retrying (due or not)."""
+    def queue_state(self, query: QueueQuery) -> QueueState:
+        """How many tasks of ``query.queue`` are pending or retrying (due or not), and with
+        ``query.quota`` the figures of that budget's current window -- read only, one read.
+
+        The window is the epoch-aligned one holding ``now`` (the medium's clock): one nothing
+        was taken from yet answers ``used`` 0, one older than the newest kept (the clock
+        stepped back) answers ``used == limit``, as a claim would find it; ``used`` never
+        exceeds ``query.quota.limit``. Running, blocked and final tasks are not counted.
+        """
         ...
 
     def claim(self, claim: Claim) -> Claimed:

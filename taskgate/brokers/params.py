@@ -8,15 +8,17 @@ not a new method. Answers are plain frozen records too.
 Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` (with a
 `QuotaSpec`, `SharedLimits` and acks to carry); `Broker.settle` takes `Settle` (`Complete`,
 `Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
-`Heartbeat`; `Broker.replay` takes `Replay`.
+`Heartbeat`; `Broker.replay` takes `Replay`; `Broker.queue_state` takes `QueueQuery` and answers
+`QueueState` (with the figures of a quota's window, `QuotaUsage`).
 
 Where the coming features go: a priority or a group is a `NewTask` field and enters the claim
 order or `SharedLimits` (group slots and rates beside the queue's); shared limits on SQL are
 the broker honouring `Claim.shared`; a queue-wide hold is a field of `Retry` (hold the queue
 too) and of `Claim` (answered as held); a step of a pipeline is a `Complete` that submits the
-next task in the same unit. What is a new verb (about five in all): holding and resuming a
-queue by hand, reading quota figures, pruning finished tasks, and a submit inside the
-application's own transaction.
+next task in the same unit; a queue's quota figures are a field of `QueueQuery` (what
+replaced reading a queue's length). What is a new verb (about four in all): holding and
+resuming a queue by hand, pruning finished tasks, and a submit inside the application's own
+transaction.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ __all__ = [
     "GiveBack",
     "Heartbeat",
     "ItemAnswer",
+    "QueueQuery",
+    "QueueState",
+    "QuotaUsage",
     "Renewal",
     "Replay",
     "Requeue",
@@ -147,6 +152,51 @@ class Replay:
         check_identifier(self.new_id, what="new id")
         if not (self.payload is None or isinstance(self.payload, bytes | Unset)):
             raise TypeError(f"payload must be bytes or None, got {type(self.payload).__name__}")
+
+
+# -- queue state -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueQuery:
+    """What to read of ``queue``; see `Broker.queue_state`.
+
+    ``quota``: also read the figures of that budget's current window (`QuotaUsage`).
+    """
+
+    queue: str
+    quota: QuotaSpec | None = None
+
+    def __post_init__(self) -> None:
+        check_identifier(self.queue, what="QueueQuery.queue")
+        if self.quota is not None and not isinstance(self.quota, QuotaSpec):
+            raise TypeError(f"QueueQuery.quota must be a QuotaSpec, got {type(self.quota).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaUsage:
+    """A quota key's current window as the medium holds it: ``used`` of ``limit`` units.
+
+    The window is ``[window_start, window_end)``, epoch-aligned on the medium's clock; a window
+    nothing was taken from yet has ``used`` 0. ``used`` never exceeds ``limit``. A window older
+    than the newest one kept (the medium's clock stepped back) has ``used == limit``: claims get
+    nothing from it either.
+    """
+
+    key: str
+    limit: int
+    used: int
+    window_start: datetime
+    window_end: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """What `Broker.queue_state` read: ``queue_len`` (pending + retrying, due or not) and,
+    when a quota was asked, its window's figures."""
+
+    queue_len: int
+    quota: QuotaUsage | None = None
 
 
 # -- claim -------------------------------------------------------------------------------

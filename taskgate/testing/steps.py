@@ -24,6 +24,7 @@ from taskgate.brokers.params import (
     Finish,
     Heartbeat,
     ItemAnswer,
+    QueueQuery,
     Renewal,
     Replay,
     Requeue,
@@ -44,6 +45,7 @@ __all__ = [
     "finish_canceled",
     "heartbeat",
     "history",
+    "queue_length",
     "replay",
     "requeue",
     "retry",
@@ -141,3 +143,8 @@ def replay(
 def history(broker: Broker, business_key: str) -> list[Task]:
     """Every execution of ``business_key``, oldest first."""
     return broker.list(Filter(business_key=business_key))
+
+
+def queue_length(broker: Broker, queue: str) -> int:
+    """How many tasks of ``queue`` are pending or retrying (due or not)."""
+    return broker.queue_state(QueueQuery(queue)).queue_len

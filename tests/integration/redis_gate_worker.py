@@ -26,6 +26,7 @@ from taskgate import Config, Gate, QueueConfig, Status, Task
 from taskgate.brokers.params import Claim, Claimed, ItemAnswer, Settle
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
+from taskgate.testing import steps
 
 __all__ = ["CountingRedisBroker", "Probe", "WorkerSpec", "make_gate", "serve", "server_us"]
 
@@ -168,7 +169,7 @@ class CountingRedisBroker(RedisBroker):
         means the rate held at least one task back (counted as one refused start)."""
         got = len(taken.leases)
         held_by_rate = taken.retry_after > 0
-        short_of_slots = got < limit and not held_by_rate and self.queue_length(queue) > 0
+        short_of_slots = got < limit and not held_by_rate and steps.queue_length(self, queue) > 0
         self._count("slots", limit, got if short_of_slots else limit)
         if rps > 0:
             self._count("rate", got + (1 if held_by_rate else 0), got)

@@ -31,6 +31,7 @@ from taskgate.brokers.params import (
     Finish,
     GiveBack,
     Heartbeat,
+    QueueQuery,
     Requeue,
     Retry,
     Settle,
@@ -133,7 +134,7 @@ def test_closing_the_broker_leaves_a_callers_client_open(redis_url: str, unique_
         broker.close()
         assert own.ping() is True
         with pytest.raises(BrokerError, match="closed"):
-            broker.queue_length("q")
+            steps.queue_length(broker, "q")
     finally:
         own.close()
 
@@ -283,7 +284,20 @@ def test_counts_are_the_stats_hash_and_queue_length_the_queue_zset(
     stats = {str(k, "utf-8") if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
     assert {k: v for k, v in stats.items() if v} == {"pending:a": 2, "running:a": 1, "pending:b": 1}
     assert broker.counts() == {"a": {Status.PENDING: 2, Status.RUNNING: 1}, "b": {Status.PENDING: 1}}
-    assert broker.queue_length("q") == client.zcard(keys.queue("q")) == 3
+    assert steps.queue_length(broker, "q") == client.zcard(keys.queue("q")) == 3
+
+
+def test_queue_state_reads_the_quota_hash_as_claims_left_it(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    spec = QuotaSpec("llm", 5, timedelta(hours=1))
+    steps.enqueue(broker, [NewTask(id=f"t{i}", type="a", queue="q") for i in range(3)])
+    broker.claim(Claim("q", 2, TTL, quota=spec))
+    stored = client.hgetall(f"{KeySpace(unique_prefix).base}quota:llm")
+    state = broker.queue_state(QueueQuery("q", spec))
+    assert state.queue_len == 1 and state.quota is not None
+    assert (state.quota.used, state.quota.window_start) == (int(stored[b"used"]), from_us(stored[b"start"]))
 
 
 def _stored(client: redis.Redis, unique_prefix: str, task_id: str) -> dict[bytes, bytes]:
@@ -389,7 +403,7 @@ def test_a_shared_batch_with_an_id_in_use_stores_nothing(open_broker: Factory, c
         assert enqueue_args(batch)[1] == "shared"
         with pytest.raises(ValueError, match="taken" if "taken" in ids else "new1"):
             steps.enqueue(broker, batch)
-        assert broker.queue_length("q") == 1 and broker.counts() == {"a": {Status.PENDING: 1}}
+        assert steps.queue_length(broker, "q") == 1 and broker.counts() == {"a": {Status.PENDING: 1}}
 
 
 def test_a_batch_that_differs_in_more_than_ids_and_payloads_goes_row_by_row() -> None:

@@ -23,7 +23,16 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from taskgate.brokers.base import NewTask, QuotaSpec
-from taskgate.brokers.params import Claim, Heartbeat, Requeue, Settle, SharedLimits, Submit, Submitted
+from taskgate.brokers.params import (
+    Claim,
+    Heartbeat,
+    QueueQuery,
+    Requeue,
+    Settle,
+    SharedLimits,
+    Submit,
+    Submitted,
+)
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.redis.split import LOOP_CLIENT_NAME
@@ -70,7 +79,7 @@ def _outage_calls(broker: RedisBroker) -> dict[str, Callable[[], object]]:
         "claim": lambda: steps.claim(broker, "q", 1, TTL),
         "list": lambda: broker.list(Filter()),
         "counts": broker.counts,
-        "queue_length": lambda: broker.queue_length("q"),
+        "queue_state": lambda: broker.queue_state(QueueQuery("q", QUOTA)),
         "reap": lambda: broker.reap(lease_lost_max=3),
         "claim_quota": lambda: broker.claim(Claim("q", 1, TTL, quota=QUOTA)),
         "claim_shared": lambda: broker.claim(Claim("q", 1, TTL, shared=SharedLimits(workers=2, rps=5))),
@@ -243,7 +252,7 @@ def _quiet_submit(task_id: str) -> Submit:
 
 def _split_calls(broker: RedisBroker) -> BrokerCalls:
     """The runtime's broker door with the broker's split calls, one event-loop connection open."""
-    assert broker.split(broker.queue_length, "q") is None  # not split: nothing asked
+    assert broker.split(broker.counts) is None  # not split: nothing asked
     assert broker.split(broker.claim, Claim("warm-up", 1, TTL)) is None  # asks for a connection
     steps.claim(broker, "warm-up", 1, TTL)  # a thread's script run opens it
     return BrokerCalls(2, split=broker.split)
@@ -276,7 +285,7 @@ def test_split_calls_fail_within_the_socket_timeout_and_serve_again_after(
             os.kill(server.process.pid, signal.SIGCONT)
 
     async def serves_again() -> list[Status]:
-        await calls(broker.queue_length, "q")  # a thread call reconnects the pool
+        await calls(broker.counts)  # a thread call reconnects the pool
         submitted: Submitted = await calls(broker.submit, _quiet_submit("after"))
         return submitted.statuses
 
@@ -317,7 +326,7 @@ def test_a_call_that_failed_opens_no_event_loop_connection(server: RedisServer) 
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
         assert _CountingConnection.loop_connects == 0
-        broker.queue_length("q")  # a plain command: the pool reconnects, no script ran
+        broker.counts()  # a plain command: the pool reconnects, no script ran
         # A script answered: now it opens.
         assert broker.submit(_quiet_submit("after")).statuses == [Status.PENDING]
         assert _CountingConnection.loop_connects == 1

@@ -23,6 +23,7 @@ from taskgate.brokers.params import (
     Claimed,
     Complete,
     Heartbeat,
+    QueueQuery,
     Requeue,
     Settle,
     Submit,
@@ -307,7 +308,7 @@ async def test_a_cancelled_wait_leaves_the_reply_to_a_thread(
             group.cancel_scope.cancel()
     assert [lease.task.id for lease in late.wait()] == [task.id]
     # The connection went back once the thread read the reply: the next split call has one.
-    assert await calls(broker.queue_length, "q") == 0
+    assert (await calls(broker.queue_state, QueueQuery("q"))).queue_len == 0
     assert broker.split(broker.submit, _quiet([new_task()])) is not None
 
 

@@ -115,7 +115,7 @@ def test_an_in_memory_sqlite_broker_serves_many_threads() -> None:
             thread.start()
         for thread in threads:
             thread.join(10)
-        assert broker.queue_length("q") == 8
+        assert steps.queue_length(broker, "q") == 8
         assert broker.capabilities.cross_process is False
     finally:
         broker.close()

@@ -15,6 +15,8 @@ from gate_helpers import GUARD
 from psycopg import pq
 from sqlalchemy import Connection, create_engine, event, func, select, text
 
+from taskgate.brokers.base import QuotaSpec
+from taskgate.brokers.params import QueueQuery, QueueState
 from taskgate.brokers.sql import SQLBroker, dialects
 from taskgate.brokers.sql import engine as engine_module
 from taskgate.brokers.sql.engine import normalize_url
@@ -22,6 +24,8 @@ from taskgate.errors import TaskExistsError
 from taskgate.task import Filter, Status
 from taskgate.testing import steps
 from taskgate.testing.contract._support import claim_one, new_task
+
+QUOTA = QuotaSpec("budget", 10, timedelta(hours=1))
 
 
 def _kill_other_sessions(url: str) -> int:
@@ -145,7 +149,8 @@ def test_reads_on_postgresql_are_one_round_trip_each(postgresql_url):
             "list": lambda: broker.list(Filter(queue="q", limit=5)),
             "history": lambda: steps.history(broker, "k"),
             "counts": broker.counts,
-            "queue_length": lambda: broker.queue_length("q"),
+            "queue_state": lambda: steps.queue_length(broker, "q"),
+            "queue_state with a quota": lambda: broker.queue_state(QueueQuery("q", QUOTA)),
         }
         answers: dict[str, object] = {}
         for name, read in reads.items():
@@ -153,7 +158,10 @@ def test_reads_on_postgresql_are_one_round_trip_each(postgresql_url):
             assert len(flights) == 1, name
             assert "SELECT" in flights[0][0] and "BEGIN" not in flights[0][0], name
         assert answers["get"] == task and answers["list"] == [task] and answers["history"] == [task]
-        assert answers["queue_length"] == 1
+        assert answers["queue_state"] == 1
+        with_quota = answers["queue_state with a quota"]
+        assert isinstance(with_quota, QueueState) and with_quota.queue_len == 1
+        assert with_quota.quota is not None and (with_quota.quota.used, with_quota.quota.limit) == (0, 10)
     finally:
         broker.close()
         engine.dispose()

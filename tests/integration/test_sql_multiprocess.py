@@ -31,7 +31,7 @@ def claim_and_ack(url: str, start: Any, results: Any) -> None:
         start.wait(timeout=60)
         while True:
             leases = steps.claim(broker, "q", BATCH, timedelta(minutes=5))
-            if not leases and broker.queue_length("q") == 0:
+            if not leases and steps.queue_length(broker, "q") == 0:
                 break
             for lease in leases:
                 steps.ack(broker, lease.task.id, lease.token, None)

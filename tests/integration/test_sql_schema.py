@@ -154,7 +154,7 @@ def test_two_prefixes_keep_two_independent_stores(tmp_path: Path) -> None:
     first, second = SQLBroker(url, table_prefix="a_"), SQLBroker(url, table_prefix="b_")
     try:
         steps.enqueue(first, [NewTask(id="x", type="t", queue="q")])
-        assert second.queue_length("q") == 0
+        assert steps.queue_length(second, "q") == 0
         assert steps.enqueue(second, [NewTask(id="x", type="t", queue="q")])[0].id == "x"
     finally:
         first.close()

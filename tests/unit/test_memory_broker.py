@@ -236,7 +236,7 @@ def test_a_claim_with_shared_limits_is_refused_before_its_acks_are_written() -> 
     with pytest.raises(ValueError, match=r"Claim\.shared.*capabilities\.shared_limits"):
         broker.claim(carried)
     assert broker.get(lease.task.id) == lease.task
-    assert broker.queue_length("q") == 1
+    assert steps.queue_length(broker, "q") == 1
 
 
 def test_a_heartbeat_naming_a_slot_queue_is_refused_and_keeps_the_lease() -> None:

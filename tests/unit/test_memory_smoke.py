@@ -31,7 +31,7 @@ def test_a_task_goes_from_pending_to_completed_and_wakes_its_child() -> None:
     assert done.status is Status.COMPLETED and done.result == b"ok"
     assert broker.get("c").status is Status.PENDING
     assert broker.counts() == {"t": {Status.COMPLETED: 1, Status.PENDING: 1}}
-    assert broker.queue_length("q") == 1
+    assert steps.queue_length(broker, "q") == 1
 
 
 def test_a_reaped_lease_makes_the_old_token_stale() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from taskgate.brokers.base import QuotaGrant
+from taskgate.brokers.base import QuotaGrant, QuotaSpec
+from taskgate.brokers.params import QuotaUsage
 
 __all__ = ["QuotaBook", "window_bounds"]
 
@@ -45,6 +46,16 @@ class QuotaBook:
         granted = max(0, min(n, limit - used))
         self._used[(key, start)] = used + granted
         return QuotaGrant(key=key, window_start=start, window_end=end, granted=granted, limit=limit)
+
+    def usage(self, spec: QuotaSpec, now: datetime) -> QuotaUsage:
+        """The figures of ``spec``'s window containing ``now``, as `reserve` would find it."""
+        start, end = window_bounds(now, spec.period)
+        newest = self._newest.get(spec.key)
+        if newest is not None and start < newest:
+            used = spec.limit  # a forgotten window: `reserve` grants nothing from it
+        else:
+            used = min(self._used.get((spec.key, start), 0), spec.limit)
+        return QuotaUsage(key=spec.key, limit=spec.limit, used=used, window_start=start, window_end=end)
 
     def release(self, grant: QuotaGrant, n: int) -> None:
         """Return ``n`` units to the grant's window, if it is still kept (never below 0)."""

@@ -36,6 +36,8 @@ from taskgate.brokers.params import (
     GiveBack,
     Heartbeat,
     ItemAnswer,
+    QueueQuery,
+    QueueState,
     Renewal,
     Replay,
     Requeue,
@@ -214,12 +216,16 @@ class MemoryBroker:
             self._check_open()
             return self._table.counts()
 
-    def queue_length(self, queue: str) -> int:
-        """How many tasks of ``queue`` are pending or retrying (due or not)."""
-        check_identifier(queue, what="queue")
+    def queue_state(self, query: QueueQuery) -> QueueState:
+        """Pending plus retrying tasks of ``query.queue`` (due or not), from a maintained
+        count, and ``query.quota``'s current window as claims would find it."""
+        if not isinstance(query, QueueQuery):
+            raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
         with self._cond:
             self._check_open()
-            return self._table.queue_length(queue)
+            queue_len = self._table.queue_length(query.queue)
+            quota = query.quota
+            return QueueState(queue_len, None if quota is None else self._quota.usage(quota, self._now()))
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 

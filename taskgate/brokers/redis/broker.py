@@ -16,6 +16,9 @@ from taskgate.brokers.params import (
     Claimed,
     Heartbeat,
     ItemAnswer,
+    QueueQuery,
+    QueueState,
+    QuotaUsage,
     Renewal,
     Replay,
     Settle,
@@ -261,12 +264,20 @@ class RedisBroker:
                 result.setdefault(task_type, {})[Status(status)] = int(value)
         return result
 
-    def queue_length(self, queue: str) -> int:
-        """How many tasks of ``queue`` are pending or retrying (due or not): one ``ZCARD``."""
-        check_identifier(queue, what="queue")
-        self._check_open()
-        with redis_errors("queue_length"):
-            return int(self._client.zcard(self._keys.queue(queue)))
+    def queue_state(self, query: QueueQuery) -> QueueState:
+        """How many tasks of ``query.queue`` are pending or retrying (due or not) -- the
+        ``ZCARD`` of its queue -- and ``query.quota``'s current window: one read-only script."""
+        if not isinstance(query, QueueQuery):
+            raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
+        quota = query.quota
+        if quota is None:
+            (queue_len,) = self._run("queue_state", [query.queue, ""])
+            return QueueState(int(queue_len))
+        args = [query.queue, quota.key, quota.limit, ttl_us(quota.period)]
+        queue_len, start_us, used = self._run("queue_state", args)
+        start = from_us(start_us)
+        usage = QuotaUsage(quota.key, quota.limit, int(used), start, start + quota.period)
+        return QueueState(int(queue_len), usage)
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 

@@ -50,13 +50,14 @@ SCRIPT_NAMES = (
     "heartbeat",
     "list",
     "next_due",
+    "queue_state",
     "reap",
     "replay",
     "settle",
 )
 
 # Scripts that only read: registered 'no-writes', so Redis runs them when its memory is full.
-READ_ONLY = frozenset({"list", "next_due"})
+READ_ONLY = frozenset({"list", "next_due", "queue_state"})
 
 # Scripts made of two: the first's body, then -- only when it answered "ok" -- the second's,
 # in one FCALL (see ``lua/_chain.lua``).

@@ -44,6 +44,8 @@ from taskgate.brokers.params import (
     Finish,
     Heartbeat,
     ItemAnswer,
+    QueueQuery,
+    QueueState,
     Renewal,
     Replay,
     Settle,
@@ -285,10 +287,12 @@ class SQLBroker:
         """Task counts by type and status, from the (type, status) index; zero counts are absent."""
         return self._read("counts", reads.counts)
 
-    def queue_length(self, queue: str) -> int:
-        """How many tasks of ``queue`` are pending or retrying (due or not)."""
-        check_identifier(queue, what="queue")
-        return self._read("queue_length", lambda tx: reads.queue_length(tx, queue))
+    def queue_state(self, query: QueueQuery) -> QueueState:
+        """Pending plus retrying tasks of ``query.queue`` (due or not), from the claim index,
+        and ``query.quota``'s current window (its row, if any) -- one SELECT."""
+        if not isinstance(query, QueueQuery):
+            raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
+        return self._read("queue_state", lambda tx: reads.queue_state(tx, query.queue, query.quota))
 
     def _read(self, operation: str, step: Callable[[Tx], _T], *, inline: bool = False) -> _T:
         """Run a read of ONE statement: in autocommit where the driver switches a connection to

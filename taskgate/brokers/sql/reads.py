@@ -1,4 +1,4 @@
-"""Read-only queries: get, list, history, counts, queue length, and "is anything due?"."""
+"""Read-only queries: get, list, history, counts, a queue's state, and "is anything due?"."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ from typing import Any
 
 from sqlalchemy import BindParameter, Integer, Select, bindparam, func, select, true
 
+from taskgate.brokers.base import QuotaSpec
+from taskgate.brokers.params import QueueState, QuotaUsage
+from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.rows import snapshot, snapshot_select, task_of
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 from taskgate.task import Filter, Status, Task
 
-__all__ = ["anything_due", "counts", "get", "history", "list_tasks", "queue_length"]
+__all__ = ["anything_due", "counts", "get", "history", "list_tasks", "queue_state"]
 
 
 def get(tx: Tx, task_id: str) -> Task:
@@ -80,10 +83,23 @@ def counts(tx: Tx) -> dict[str, dict[Status, int]]:
     return result
 
 
-def queue_length(tx: Tx, queue: str) -> int:
-    """Pending plus retrying tasks of ``queue`` (due or not), from the claim index."""
-    (row,) = tx.fetch(_queue_length(tx.models), {"p_queue": queue})
-    return int(row["n"])
+def queue_state(tx: Tx, queue: str, quota: QuotaSpec | None) -> QueueState:
+    """Pending plus retrying tasks of ``queue`` (due or not), from the claim index, and with
+    ``quota`` its current window's row -- one statement either way."""
+    if quota is None:
+        (row,) = tx.fetch(_queue_length(tx.models), {"p_queue": queue})
+        return QueueState(int(row["n"]))
+    start, end = window_bounds(tx.now, quota.period)
+    params = {"p_queue": queue, "p_key": quota.key, "p_start": start}
+    (row,) = tx.fetch(_queue_and_window(tx.models), params)
+    if row["used"] is not None:
+        used = min(int(row["used"]), quota.limit)
+    else:
+        # No row: a window nothing was taken from yet, or -- with a newer row kept -- one the
+        # clock stepped back into, from which claims grant nothing (`quotas.reserve_quota`).
+        used = quota.limit if row["newer"] else 0
+    usage = QuotaUsage(key=quota.key, limit=quota.limit, used=used, window_start=start, window_end=end)
+    return QueueState(int(row["n"]), usage)
 
 
 # The statements of the reads, built once per schema (so they run prepared).
@@ -105,6 +121,22 @@ def _queue_length(models: Models) -> Select[Any]:
     task = table_of(models.task)
     ready = (task.c.queue == bindparam("p_queue"), task.c.ready == true())
     return select(func.count().label("n")).select_from(task).where(*ready)
+
+
+@functools.lru_cache(maxsize=32)
+def _queue_and_window(models: Models) -> Select[Any]:
+    """The queue's length, the window row's ``used`` (NULL: no row) and whether a newer window
+    row of the key is kept: three scalar subqueries in one SELECT, no FROM of its own."""
+    window = table_of(models.quota_window)
+    key: BindParameter[str] = bindparam("p_key")
+    start = bindparam("p_start", type_=window.c.window_start.type)
+    used = select(window.c.used).where(window.c.quota_key == key, window.c.window_start == start)
+    newer = select(window.c.window_start).where(window.c.quota_key == key, window.c.window_start > start)
+    return select(
+        _queue_length(models).scalar_subquery().label("n"),
+        used.scalar_subquery().label("used"),
+        newer.exists().label("newer"),
+    )
 
 
 def anything_due(tx: Tx, queues: Collection[str]) -> bool:

@@ -25,7 +25,8 @@ real threads released by a barrier, one broker object per thread, `RACE_ROUNDS` 
 There are no opt-in classes: a case of an optional capability reads ``broker.capabilities``.
 Where the broker declares ``shared_limits`` the shared-limits cases hold it to the limits;
 where it does not, the same cases hold it to refusing them (`ValueError`, nothing changed).
-Quota cases skip, naming ``shared_quota``, on a broker that does not declare it.
+Quota cases (and `queue_state`'s quota figures) skip, naming ``shared_quota``, on a broker
+that does not declare it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
+from taskgate.testing.contract.queue_state import QueueStateContract
 from taskgate.testing.contract.quota import QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
@@ -71,6 +73,7 @@ class BrokerContract(
     ReplayContract,
     TimeoutContract,
     QuotaContract,
+    QueueStateContract,
     SharedLimitsContract,
     ValidationContract,
     RaceContract,

@@ -26,7 +26,7 @@ class CancelContract:
         canceled = broker.cancel(task.id)
         assert (canceled.status, canceled.finished_at) == (Status.CANCELED, clock.now())
         assert broker.get(task.id) == canceled
-        assert broker.queue_length("q") == 0
+        assert steps.queue_length(broker, "q") == 0
         assert steps.claim(broker, "q", 1, TTL) == []
 
     def test_cancel_of_a_delayed_task_cancels_it_at_once(self, broker: Broker, clock: ManualClock) -> None:

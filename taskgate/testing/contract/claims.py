@@ -67,7 +67,7 @@ class ClaimContract:
         # Names compare exactly: a PAD SPACE collation (MySQL's utf8mb4_bin) took 'jobs ' for 'jobs'.
         plain = submit(broker, queue="jobs")
         assert steps.claim(broker, "jobs ", 5, TTL) == []
-        assert broker.queue_length("jobs ") == 0
+        assert steps.queue_length(broker, "jobs ") == 0
         padded = submit(broker, queue="jobs ")
         assert [lease.task.id for lease in steps.claim(broker, "jobs ", 5, TTL)] == [padded.id]
         assert [lease.task.id for lease in steps.claim(broker, "jobs", 5, TTL)] == [plain.id]
@@ -95,13 +95,13 @@ class ClaimContract:
         submit(broker)
         with pytest.raises(ValueError):
             steps.claim(broker, "q", limit, TTL)
-        assert broker.queue_length("q") == 1
+        assert steps.queue_length(broker, "q") == 1
 
     def test_claim_rejects_a_non_positive_lease_ttl(self, broker: Broker) -> None:
         submit(broker)
         with pytest.raises(ValueError):
             steps.claim(broker, "q", 1, timedelta(0))
-        assert broker.queue_length("q") == 1
+        assert steps.queue_length(broker, "q") == 1
 
 
 class WaitContract:

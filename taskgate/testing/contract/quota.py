@@ -85,7 +85,7 @@ class QuotaContract:
         taken = _claim(broker, 10, 4)
         assert (len(taken.leases), taken.exhausted) == (3, False)
         assert {lease.task.status for lease in taken.leases} == {Status.RUNNING}
-        assert broker.queue_length("q") == 1
+        assert steps.queue_length(broker, "q") == 1
 
     def test_units_are_spent_only_for_tasks_claimed(self, broker: Broker) -> None:
         _tasks(broker, 2)
@@ -102,7 +102,7 @@ class QuotaContract:
         taken = _claim(broker, 2, 3)
         assert (taken.leases, taken.exhausted) == ([], True)
         assert (_grant(taken).window_start, _grant(taken).window_end) == (START, START + MINUTE)
-        assert broker.queue_length("q") == 2
+        assert steps.queue_length(broker, "q") == 2
         clock.advance(30)
         assert len(_claim(broker, 2, 3).leases) == 2
 
@@ -186,7 +186,7 @@ class QuotaContract:
         claimed = [first.task.id, *(task_id for o in outcomes for task_id in (o.value or []))]
         assert len(claimed) == len(set(claimed)) == limit
         assert _claim(brokers[0], 1, limit, key="hot").exhausted
-        assert brokers[0].queue_length("q") == 40 - limit
+        assert steps.queue_length(brokers[0], "q") == 40 - limit
 
     def test_claimers_racing_across_a_window_edge_never_over_issue(
         self, broker_factory: BrokerFactory, clock: ManualClock

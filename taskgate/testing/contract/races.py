@@ -175,7 +175,7 @@ class RaceContract:
             claimed = [task_id for o in outcomes for task_id in o.value or []]
             assert len(claimed) == len(set(claimed)) == TASKS_TO_CLAIM
             assert set(claimed) == ids
-            assert main.queue_length(queue) == 0
+            assert steps.queue_length(main, queue) == 0
             assert len(main.list(Filter(queue=queue, status=Status.RUNNING))) == TASKS_TO_CLAIM
 
 

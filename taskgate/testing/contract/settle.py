@@ -199,7 +199,7 @@ class SettleContract:
         assert broker.get(both.id).status is Status.PENDING
         assert broker.get(with_held.id).status is Status.BLOCKED
         assert broker.get(grandchild.id).status is Status.BLOCKED
-        assert broker.queue_length("q") == 2
+        assert steps.queue_length(broker, "q") == 2
         woken = {lease.task.id for lease in steps.claim(broker, "q", 10, TTL)}
         assert woken == {only_one.id, both.id}
 

@@ -144,7 +144,7 @@ class SharedLimitsContract:
             assert all(o.ok for o in outcomes), [o.error for o in outcomes]
             claimed = [task_id for o in outcomes for task_id in o.value or []]
             assert len(claimed) == len(set(claimed)) == WORKERS
-            assert main.queue_length(queue) == 2 * WORKERS
+            assert steps.queue_length(main, queue) == 2 * WORKERS
 
     def test_a_slot_given_back_by_a_settle_frees_it_once(self, broker: Broker) -> None:
         ids = _pending(broker, 3)

@@ -31,6 +31,7 @@ RETIRED = (
     "release_quota",
     "renew_slots",
     "release_slots",
+    "queue_length",
 )
 
 

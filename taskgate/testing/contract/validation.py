@@ -23,6 +23,7 @@ from taskgate.brokers.params import (
     Fail,
     GiveBack,
     Heartbeat,
+    QueueQuery,
     Replay,
     Requeue,
     Retry,
@@ -114,6 +115,23 @@ BAD_CALLS: dict[str, tuple[BadCall, type[Exception], str]] = {
         lambda b, lease: b.replay(Replay(lease.task.id, "new", payload=_any("text"))),
         TypeError,
         "payload",
+    ),
+    # queue state
+    "QueueQuery.queue": (lambda b, _: b.queue_state(QueueQuery("")), ValueError, "QueueQuery.queue"),
+    "QueueQuery.queue a number": (
+        lambda b, _: b.queue_state(QueueQuery(_any(7))),
+        TypeError,
+        "QueueQuery.queue",
+    ),
+    "QueueQuery.quota": (
+        lambda b, _: b.queue_state(QueueQuery("q", quota=_any("api"))),
+        TypeError,
+        "QueueQuery.quota",
+    ),
+    "QueueQuery.quota limit": (
+        lambda b, _: b.queue_state(QueueQuery("q", quota=QuotaSpec("api", 0, MINUTE))),
+        ValueError,
+        "quota limit",
     ),
     # claim
     "Claim.queue": (lambda b, _: b.claim(Claim("", 1, TTL)), ValueError, "queue"),
