@@ -29,24 +29,25 @@ def route(config: Config, task_type: str) -> str:
     return queue
 
 
-def _delay(delay: DurationLike | None) -> timedelta | None:
-    if delay is None:
+def _duration(value: DurationLike | None, name: str, example: str) -> timedelta | None:
+    """A duration argument parsed (None stays None), or `TypeError` naming ``name``."""
+    if value is None:
         return None
-    if not isinstance(delay, timedelta | int | float | str) or isinstance(delay, bool):
-        raise TypeError(f"delay must be a timedelta, seconds or a string like '10s', got {delay!r}")
-    value = parse_duration(delay, field="delay")
-    if value < timedelta(0):
+    if not isinstance(value, timedelta | int | float | str) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a timedelta, seconds or a string like '{example}', got {value!r}")
+    return parse_duration(value, field=name)
+
+
+def _delay(delay: DurationLike | None) -> timedelta | None:
+    value = _duration(delay, "delay", "10s")
+    if value is not None and value < timedelta(0):
         raise ValueError(f"delay must be >= 0, got {delay!r}")
     return value
 
 
 def _timeout(timeout: DurationLike | None) -> timedelta | None:
-    if timeout is None:
-        return None
-    if not isinstance(timeout, timedelta | int | float | str) or isinstance(timeout, bool):
-        raise TypeError(f"timeout must be a timedelta, seconds or a string like '30s', got {timeout!r}")
-    value = parse_duration(timeout, field="timeout")
-    if not timedelta(0) < value <= MAX_DELAY:
+    value = _duration(timeout, "timeout", "30s")
+    if value is not None and not timedelta(0) < value <= MAX_DELAY:
         raise ValueError(f"timeout must be > 0 and at most {MAX_DELAY.days} days, got {timeout!r}")
     return value
 

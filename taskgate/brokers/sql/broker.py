@@ -334,16 +334,10 @@ class SQLBroker:
         def step(tx: Tx) -> Claimed:
             answers = batch.ack_many(tx, acks, snapshots=False) if acks else []
 
-            def claim_tasks(n: int) -> builtins.list[Lease]:
-                return leases.claim(tx, queue, n, lease_ttl, durable=durable)
-
             def take(n: int) -> Claimed:
                 if quota is None:
-                    return Claimed(claim_tasks(n))
-                grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, n)
-                return quota_claim.claim_within_grant(
-                    grant, claim_tasks, lambda unused_of, k: quotas.release_quota(tx, unused_of, k)
-                )
+                    return Claimed(leases.claim(tx, queue, n, lease_ttl, durable=durable))
+                return _claim_within_units(tx, queue, n, lease_ttl, quota)
 
             return _with_acks(slots.claim_shared(tx, claim, take), answers)
 
@@ -404,13 +398,7 @@ class SQLBroker:
 
         def step(tx: Tx) -> Claimed:
             answers = acked(tx)
-            grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, limit)
-            claimed = quota_claim.claim_within_grant(
-                grant,
-                lambda n: leases.claim(tx, queue, n, lease_ttl),
-                lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
-            )
-            return _with_acks(claimed, answers)
+            return _with_acks(_claim_within_units(tx, queue, limit, lease_ttl, quota), answers)
 
         return self._run("claim", step, inline=small)
 
@@ -826,6 +814,17 @@ def _settle_write(items: tuple[Finish, ...], snapshots: bool) -> Callable[[Tx], 
         acks = cast("tuple[Complete, ...]", items)
         return lambda tx: batch.ack_many(tx, acks, snapshots=snapshots)
     return lambda tx: finish.settle_each(tx, items, snapshots=snapshots)
+
+
+def _claim_within_units(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec) -> Claimed:
+    """Reserve up to ``limit`` units of ``quota``'s window, claim that many tasks, and give back
+    the units no task took -- in the caller's transaction (durable: units must survive a crash)."""
+    grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, limit)
+    return quota_claim.claim_within_grant(
+        grant,
+        lambda n: leases.claim(tx, queue, n, lease_ttl),
+        lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
+    )
 
 
 def _with_acks(claimed: Claimed, acked: builtins.list[ItemAnswer]) -> Claimed:

@@ -74,14 +74,17 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
     claimed = take(allowed) if allowed > 0 else Claimed(leases=[])
     taken = len(claimed.leases)
     _hold_slots(tx, queue, claimed.leases)
+    # Whether tasks are left due, asked at most once (nothing this claim does afterwards
+    # changes it), and only where an answer depends on it.
+    due = functools.cache(lambda: _any_due(tx, queue))
     retry_after = 0.0
     if rate is not None:
         rate.spend(taken)
-        if taken == allowed < wanted and _any_due(tx, queue):
+        if taken == allowed < wanted and due():
             retry_after = rate.wait()
     if turns.active:
-        turns.settle(taken, lambda: free <= 0 and _any_due(tx, queue), claim.lease_ttl)
-        if shared.release and turns.owed and unused - taken > 0 and _any_due(tx, queue):
+        turns.settle(taken, lambda: free <= 0 and due(), claim.lease_ttl)
+        if shared.release and turns.owed and unused - taken > 0 and due():
             tx.woken.add(queue)  # slots given back and left to waiters: let them claim now
     _write_queue_row(tx, queue, row, rate, turns)
     return replace(claimed, retry_after=retry_after) if retry_after else claimed
