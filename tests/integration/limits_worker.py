@@ -3,8 +3,8 @@
 The test starts children with multiprocessing's ``spawn`` context (`serve` is the target).
 Each child runs a Gate serving type ``t`` on queue ``q`` under the limits it is given, with a
 handler that holds its slot for ``hold`` seconds (a gateway call), until the store counts
-``total`` finished tasks (each task submitted before it started) -- or, with ``total=0``,
-until it is killed. Every handler start and
+``total`` finished tasks (submitted by the test once every child's gate runs) -- or, with
+``total=0``, until it is killed. Every handler start and
 end goes to a shared ledger file, one line each, appended with ``O_APPEND`` (atomic for lines
 this short) and stamped with ``time.monotonic_ns()``: one clock for every process of the host.
 """
@@ -92,12 +92,12 @@ class Ledger:
         return sorted(e.at for e in self.entries() if e.event == "start")
 
 
-def serve(spec: WorkerSpec, barrier: Any) -> None:
+def serve(spec: WorkerSpec, ready: Any, go: Any) -> None:
     """Child process entry: run the gate until ``spec.total`` tasks are final (or killed)."""
-    anyio.run(_serve, spec, barrier)
+    anyio.run(_serve, spec, ready, go)
 
 
-async def _serve(spec: WorkerSpec, barrier: Any) -> None:
+async def _serve(spec: WorkerSpec, ready: Any, go: Any) -> None:
     broker = open_broker(spec.url, **spec.broker_options)
     ledger = Ledger(spec.ledger)
     config = Config(broker=broker, queues={QUEUE: QueueConfig(**spec.queue)}, routes={TYPE: QUEUE})
@@ -111,14 +111,17 @@ async def _serve(spec: WorkerSpec, barrier: Any) -> None:
         await anyio.sleep(spec.hold)
         ledger.record("end", task.id)
 
-    await anyio.to_thread.run_sync(barrier.wait)
     try:
         async with gate:
+            # Every process's workers look for work before the test submits any (``ready``),
+            # so no process runs the queue alone for want of the others having started.
+            await anyio.to_thread.run_sync(ready.wait)
+            await anyio.to_thread.run_sync(go.wait)
             with anyio.fail_after(CHILD_DEADLINE):
                 if not spec.total:
                     await anyio.sleep_forever()
-                # Every task was submitted before the children started: wait for each to end,
-                # in whichever process it runs.
+                # Every task was submitted before ``go``: wait for each to end, in whichever
+                # process it runs.
                 for task in await gate.list(Filter(type=TYPE)):
                     with suppress(TaskFailedError):
                         await gate.wait(task.id)

@@ -12,9 +12,9 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -28,6 +28,8 @@ from taskgate.task import Filter, Status
 from taskgate.testing import steps
 
 pytestmark = pytest.mark.slow
+
+_T = TypeVar("_T")
 
 SPAWN = multiprocessing.get_context("spawn")
 PROCESSES = 3
@@ -67,22 +69,26 @@ def _submit(store: tuple[str, dict[str, Any]], n: int) -> list[str]:
         broker.close()
 
 
-def _start(specs: list[WorkerSpec]) -> tuple[list[Any], Any]:
-    """The children, started, and the barrier releasing them together (keep it referenced
-    until they passed it: its semaphore goes with the object)."""
-    barrier = SPAWN.Barrier(len(specs))
-    children = [SPAWN.Process(target=serve, args=(spec, barrier)) for spec in specs]
+def _start(specs: list[WorkerSpec], then: Callable[[], _T]) -> tuple[list[Any], _T]:
+    """Start one child per spec; once every child's gate runs, call ``then`` (submit the tasks)
+    and let the children go on. The children, and what ``then`` answered."""
+    ready, go = SPAWN.Barrier(len(specs) + 1), SPAWN.Barrier(len(specs) + 1)
+    children = [SPAWN.Process(target=serve, args=(spec, ready, go)) for spec in specs]
     for child in children:
         child.start()
-    return children, barrier
+    ready.wait(JOIN_TIMEOUT)
+    answer = then()
+    go.wait(JOIN_TIMEOUT)
+    return children, answer
 
 
-def _run(specs: list[WorkerSpec]) -> None:
-    children, barrier = _start(specs)
+def _run(specs: list[WorkerSpec], then: Callable[[], _T]) -> _T:
+    """`_start`, then wait for every child to end well."""
+    children, answer = _start(specs, then)
     for child in children:
         child.join(JOIN_TIMEOUT)
     assert [child.exitcode for child in children] == [0] * len(children)
-    del barrier
+    return answer
 
 
 def _spec(store: tuple[str, dict[str, Any]], ledger: Path, total: int, **queue: Any) -> WorkerSpec:
@@ -111,10 +117,10 @@ def _completed_once(store: tuple[str, dict[str, Any]], ids: list[str]) -> None:
 
 
 def test_workers_hold_across_three_processes(store: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
-    ids = _submit(store, 30)
     ledger = Ledger(str(tmp_path / "ledger"))
-    spec = _spec(store, Path(ledger.path), len(ids), workers=2)
-    _run([WorkerSpec(**{**spec.__dict__, "hold": 0.08})] * PROCESSES)  # runs for a second or more
+    spec = _spec(store, Path(ledger.path), 30, workers=2)
+    hold = WorkerSpec(**{**spec.__dict__, "hold": 0.08})  # runs for a second or more
+    ids = _run([hold] * PROCESSES, lambda: _submit(store, 30))
 
     runs = ledger.runs()
     assert sorted(task_id for _, _, task_id, _ in runs) == ids  # each handler ran once
@@ -125,10 +131,9 @@ def test_workers_hold_across_three_processes(store: tuple[str, dict[str, Any]], 
 
 def test_rate_holds_across_three_processes(store: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
     rps, burst, slack = 10.0, 2, 0.1
-    ids = _submit(store, 16)
     ledger = Ledger(str(tmp_path / "ledger"))
-    spec = _spec(store, Path(ledger.path), len(ids), workers=4, rps=rps, burst=burst)
-    _run([spec] * PROCESSES)
+    spec = _spec(store, Path(ledger.path), 16, workers=4, rps=rps, burst=burst)
+    ids = _run([spec] * PROCESSES, lambda: _submit(store, 16))
 
     starts = ledger.starts()
     assert len(starts) == len(ids)
@@ -148,10 +153,9 @@ def test_rate_holds_across_three_processes(store: tuple[str, dict[str, Any]], tm
 def test_shared_limits_false_counts_workers_in_each_process(
     store: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
-    ids = _submit(store, 12)
     ledger = Ledger(str(tmp_path / "ledger"))
-    spec = _spec(store, Path(ledger.path), len(ids), workers=1, shared_limits=False)
-    _run([WorkerSpec(**{**spec.__dict__, "hold": 0.2})] * PROCESSES)
+    spec = _spec(store, Path(ledger.path), 12, workers=1, shared_limits=False)
+    ids = _run([WorkerSpec(**{**spec.__dict__, "hold": 0.2})] * PROCESSES, lambda: _submit(store, 12))
 
     runs = ledger.runs()
     assert sorted(task_id for _, _, task_id, _ in runs) == ids
@@ -166,7 +170,7 @@ def test_a_killed_slot_holder_gives_its_slots_back_by_lease(
     ledger = Ledger(str(tmp_path / "ledger"))
     queue = {"workers": 2, "lease_ttl": 1.0}
     holder = WorkerSpec(**{**_spec(store, Path(ledger.path), 0, **queue).__dict__, "hold": 3600.0})
-    (child,), barrier = _start([holder])
+    (child,), _ = _start([holder], lambda: None)
     deadline = time.monotonic() + 60
     while len(ledger.starts()) < 2:  # both slots taken by handlers that hang
         assert time.monotonic() < deadline and child.is_alive(), "the holder never took its slots"
@@ -174,10 +178,9 @@ def test_a_killed_slot_holder_gives_its_slots_back_by_lease(
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
     child.join(JOIN_TIMEOUT)
-    del barrier
     held = {e.task_id for e in ledger.entries()}
 
-    _run([_spec(store, Path(ledger.path), len(ids), **queue)])
+    _run([_spec(store, Path(ledger.path), len(ids), **queue)], lambda: None)
 
     broker = _broker(store)
     try:

@@ -20,9 +20,11 @@ MySQL/MariaDB, where claims of one queue would otherwise count the same free slo
 Turn-taking (the same rule the Redis broker applies): a claimer whose handlers finish gives
 their slots back in its next claim, so without a rule it would take them straight back and a
 claimer in another process would never see a free slot. A claimer that found no free slot
-while tasks were due is noted as owed one (until ``now + lease_ttl``, so one that went away
-is forgotten); every other claimer leaves one free slot per noted waiter; a waiter that gets
-a slot is struck off.
+while tasks were due is noted as owed one (once, until ``now + lease_ttl``, so one that went
+away is forgotten); every other claimer leaves one free slot per noted waiter, and a waiter
+one per waiter noted before it -- first come, first served, so the claimer whose handlers just
+finished, which hears of the free slots first, does not jump the line. A waiter that gets a
+slot is struck off.
 """
 
 from __future__ import annotations
@@ -226,17 +228,24 @@ class _Turns:
         self.waiters = {c: until for c, until in stored.items() if until > now_us}
         self.changed = len(self.waiters) != len(stored)
         self._waiting = self.active and claimer in self.waiters
-        # A claimer owed a turn takes it; any other leaves one slot per waiter.
-        self.owed = len(self.waiters) if self.active and not self._waiting else 0
+        # One free slot left per waiter -- per waiter noted earlier, for a waiter (same ttl:
+        # noted earlier is due to expire earlier).
+        if not self.active:
+            self.owed = 0
+        elif self._waiting:
+            mine = self.waiters[claimer]
+            self.owed = sum(1 for until in self.waiters.values() if until < mine)
+        else:
+            self.owed = len(self.waiters)
 
     def settle(self, taken: int, found_no_slot: Callable[[], bool], lease_ttl: timedelta) -> None:
         """Strike this claimer off once it got a slot; note it as owed one when it found none
-        while tasks were due."""
+        while tasks were due (once: a waiter keeps its place in line)."""
         if taken > 0:
             if self._waiting:
                 del self.waiters[self._claimer]
                 self.changed = True
-        elif found_no_slot():
+        elif not self._waiting and found_no_slot():
             self.waiters[self._claimer] = self._now_us + lease_ttl // timedelta(microseconds=1)
             self.changed = True
 

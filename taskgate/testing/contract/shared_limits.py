@@ -305,6 +305,21 @@ class SharedLimitsContract:
         assert _ids(_limited(broker, 1, 1, release=released, claimer="b")) == []
         assert _ids(_limited(broker, 1, 1, claimer="a")) == [ids[2]]
 
+    def test_waiters_get_freed_slots_first_come_first_served(
+        self, broker: Broker, clock: ManualClock
+    ) -> None:
+        ids = _pending(broker, 4)
+        if (held := _limited(broker, 1, 1, claimer="h")) is None:
+            return
+        assert _ids(_limited(broker, 1, 1, claimer="early")) == []
+        clock.advance(MICROSECOND)  # noted later than "early"
+        assert _ids(_limited(broker, 1, 1, claimer="late")) == []
+        # h gives its slot back and leaves it to the two waiters (and is noted after them).
+        assert _ids(_limited(broker, 1, 1, release=(held.leases[0].token,), claimer="h")) == []
+        assert _ids(_limited(broker, 1, 1, claimer="late")) == []  # "early" was there first
+        assert _ids(_limited(broker, 1, 1, claimer="h")) == []  # so were both waiters
+        assert _ids(_limited(broker, 1, 1, claimer="early")) == [ids[1]]
+
     def test_a_claimer_that_never_comes_back_is_owed_a_slot_for_one_lease_ttl_only(
         self, broker: Broker, clock: ManualClock
     ) -> None:

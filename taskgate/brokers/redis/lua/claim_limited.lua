@@ -23,8 +23,10 @@
 -- Turn-taking: a claimer whose tasks finish gives their slots back in its next claim, so
 -- without a rule it would take them straight back and other processes would never see a free
 -- slot. A claimer that found no free slot while tasks were due is noted in slot_waiters:<q>
--- (until now + lease ttl); every other claimer leaves one free slot per noted waiter. A waiter
--- that gets a slot is struck off. A claimer that gave slots back (ARGV[11]) and left free ones
+-- (until now + lease ttl; noted once, so it keeps its place in line); every other claimer
+-- leaves one free slot per noted waiter, and a waiter one per waiter noted before it -- first
+-- come, first served, so the claimer whose own handlers just finished (and who hears of the
+-- free slots first) does not jump the line. A waiter that gets a slot is struck off. A claimer that gave slots back (ARGV[11]) and left free ones
 -- to waiters while tasks are still due publishes signal:<q>, so a waiter claims now instead of
 -- at its next look (only then: a waiter that died must not make every claim publish).
 -- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
@@ -56,9 +58,14 @@ local waiting = false
 local owed = 0
 if claimer ~= '' then
   redis.call('ZREMRANGEBYSCORE', waiters, '-inf', NOW_S)
-  waiting = redis.call('ZSCORE', waiters, claimer) ~= false
-  if not waiting then
+  local noted = redis.call('ZSCORE', waiters, claimer)
+  waiting = noted ~= false
+  if waiting then
+    owed = redis.call('ZCOUNT', waiters, '-inf', '(' .. noted)  -- noted before this claimer
+  else
     owed = redis.call('ZCARD', waiters)
+  end
+  if owed > 0 then
     free = free - owed
   end
 end
@@ -84,7 +91,7 @@ local function take_turn(claimed)
     if waiting then
       redis.call('ZREM', waiters, claimer)
     end
-  elseif free <= 0 and any_due() then
+  elseif free <= 0 and not waiting and any_due() then
     redis.call('ZADD', waiters, int_str(NOW + tonumber(ARGV[4])), claimer)
   end
 end
