@@ -330,6 +330,15 @@ class SQLBroker:
         queue, lease_ttl, quota, acks = claim.queue, claim.lease_ttl, claim.quota, claim.acks
         # A crash may undo the claim together with its slots and starts; not acks or units.
         durable = bool(acks) or quota is not None
+        small = len(acks) + claim.limit <= INLINE_MAX_ROWS
+        hand_over = slots.can_hand_over(claim)
+        if hand_over and self._traits.dml_ctes and not acks:
+            handed = self._run(
+                "claim", lambda tx: tx.one(slots.hand_over_plan(tx, claim)), one_statement=True, inline=small
+            )
+            if handed is not None:
+                return handed
+            hand_over = False  # nothing to hand over: count, in a transaction
 
         def step(tx: Tx) -> Claimed:
             answers = batch.ack_many(tx, acks, snapshots=False) if acks else []
@@ -339,9 +348,12 @@ class SQLBroker:
                     return Claimed(leases.claim(tx, queue, n, lease_ttl, durable=durable))
                 return _claim_within_units(tx, queue, n, lease_ttl, quota)
 
-            return _with_acks(slots.claim_shared(tx, claim, take), answers)
+            claimed = slots.hand_over(tx, claim, take) if hand_over else None
+            if claimed is None:
+                claimed = slots.claim_shared(tx, claim, take)
+            return _with_acks(claimed, answers)
 
-        return self._run("claim", step, inline=len(acks) + claim.limit <= INLINE_MAX_ROWS)
+        return self._run("claim", step, inline=small)
 
     def _claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
         """A claim alone: one statement in autocommit on PostgreSQL, a transaction elsewhere."""
@@ -583,9 +595,14 @@ class SQLBroker:
         return task_of_plan(tx, task_id)
 
     def _plan_claim(self, tx: Tx, claim: Claim) -> OneStatement[Claimed] | None:
-        """A claim without acks or shared limits: its one statement (within the quota, if given)."""
-        if claim.acks or claim.shared is not None:
+        """A claim without acks: its one statement (within the quota, if given; handing its
+        slots over, under shared limits that allow it)."""
+        if claim.acks:
             return None  # a transaction
+        if claim.shared is not None:
+            if not slots.can_hand_over(claim):
+                return None  # counted, in a transaction
+            return slots.hand_over_plan(tx, claim).then(_or_thread)  # None: count them instead
         if claim.quota is not None:
             plan = quota_claim.claim_within_quota_plan(
                 tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota

@@ -32,20 +32,38 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Delete, Integer, Select, Update, bindparam, case, delete, func, select, true, update
+from sqlalchemy import (
+    Delete,
+    Integer,
+    Select,
+    String,
+    Update,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    null,
+    select,
+    true,
+    update,
+)
 
 from taskgate.brokers.base import Lease
 from taskgate.brokers.params import Claim, Claimed, Renewal, SharedLimits
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.tx import Tx, table_of
+from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
+from taskgate.brokers.sql.rows import snapshot
+from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.models import Models
 
-__all__ = ["claim_shared", "give_back_slots", "renew_slot"]
+__all__ = ["can_hand_over", "claim_shared", "give_back_slots", "hand_over", "hand_over_plan", "renew_slot"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _QUEUE_ROW = ""  # ``group_name`` of the row that holds the queue's own limits
@@ -90,6 +108,55 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
             tx.woken.add(queue)  # slots given back and left to waiters: let them claim now
     _write_queue_row(tx, queue, row, rate, turns)
     return replace(claimed, retry_after=retry_after) if retry_after else claimed
+
+
+def can_hand_over(claim: Claim) -> bool:
+    """Whether ``claim`` may hand its released slots over (`hand_over`): no rate, no quota, and
+    at least as many slots given back as tasks asked for."""
+    shared = claim.shared
+    return (
+        shared is not None and shared.rps == 0 and claim.quota is None and len(shared.release) >= claim.limit
+    )
+
+
+def hand_over(tx: Tx, claim: Claim, take: Take) -> Claimed | None:
+    """The slots ``claim`` gives back, handed to the tasks it claims (see the module docstring),
+    in the caller's transaction; None when none could be: then nothing was written."""
+    shared = claim.shared
+    assert shared is not None and can_hand_over(claim), "hand_over needs a claim that can hand over"
+    queue = claim.queue
+    params = {"p_queue": queue, "p_group": _QUEUE_ROW, "p_tokens": list(shared.release), "p_now": tx.now}
+    handed = tx.write(_statements(tx.models, tx.traits).hand_back, params)
+    if handed <= 0:
+        return None
+    claimed = take(min(claim.limit, handed))
+    _hold_slots(tx, queue, claimed.leases)
+    return claimed
+
+
+def hand_over_plan(tx: Tx, claim: Claim) -> OneStatement[Claimed | None]:
+    """`hand_over` as ONE statement (data-modifying CTEs, ``traits.dml_ctes``), to run in
+    autocommit: its answer is None when nothing could be handed over (nothing was written)."""
+    shared = claim.shared
+    assert shared is not None and can_hand_over(claim), "hand_over_plan needs a claim that can hand over"
+    now = tx.now
+    expires_at = now + claim.lease_ttl
+    params = {
+        **claim_params(claim.queue, claim.limit, now),
+        "p_group": _QUEUE_ROW,
+        "p_tokens": list(shared.release),
+        "p_expires_at": expires_at,
+    }
+
+    def answer(rows: Sequence[Mapping[str, Any]]) -> Claimed | None:
+        if not rows or not rows[0]["handed"]:
+            return None
+        claimed = sorted((row for row in rows if row["id"] is not None), key=due_order)
+        return Claimed(
+            [Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at) for row in claimed]
+        )
+
+    return OneStatement(_hand_over_statement(tx.models, tx.traits), params, answer)
 
 
 def give_back_slots(tx: Tx, queue: str, tokens: Sequence[str]) -> None:
@@ -266,6 +333,7 @@ class _Statements:
     release: Delete
     renew: Update
     any_due: Select[Any]
+    hand_back: Delete
 
 
 @functools.lru_cache(maxsize=32)
@@ -294,4 +362,55 @@ def _statements(models: Models, traits: Traits) -> _Statements:
         any_due=select(task.c.id)
         .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
         .limit(1),
+        hand_back=_hand_back(models, traits),
     )
+
+
+def _hand_back(models: Models, traits: Traits) -> Delete:
+    """Delete the released slots still held, unless the queue's row names a waiter (whose turn
+    the hand-over would take); the rows deleted are the slots handed over."""
+    limits, slot = table_of(models.queue_limit), table_of(models.slot)
+    now = bindparam("p_now", type_=slot.c.expires_at.type)
+    waiting = exists().where(
+        limits.c.queue == bindparam("p_queue"),
+        limits.c.group_name == bindparam("p_group"),
+        limits.c.waiters.is_not(None),
+    )
+    return delete(slot).where(
+        slot.c.queue == bindparam("p_queue"),
+        traits.listed(slot.c.token, "p_tokens"),
+        slot.c.expires_at > now,
+        ~waiting,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _hand_over_statement(models: Models, traits: Traits) -> Select[Any]:
+    """`hand_back` (RETURNING), the claim of at most as many tasks as it handed over, and a slot
+    row per new lease, as data-modifying CTEs; one row at least, saying how many were handed."""
+    slot = table_of(models.slot)
+    handed = _hand_back(models, traits).returning(slot.c.token).cte("handed")
+    handed_count = select(func.count()).select_from(handed).scalar_subquery()
+    claimed, new_leases = one_statement_claim_parts(
+        models, traits, func.least(bindparam("p_limit", type_=Integer), handed_count)
+    )
+    held = (
+        insert(slot)
+        .from_select(
+            ["queue", "token", "group_name", "expires_at"],
+            select(
+                bindparam("p_queue", type_=String),
+                new_leases.c.token,
+                null(),
+                bindparam("p_expires_at", type_=slot.c.expires_at.type),
+            ),
+        )
+        .cte("held")
+    )
+    count_row = select(handed_count.label("handed")).cte("handed_count")
+    with_leases = claimed.join(new_leases, new_leases.c.task_id == claimed.c.id)
+    columns: list[Any] = [count_row.c.handed, claimed, new_leases.c.token.label("lease_token")]
+    no_flush_wait = traits.commit_without_flush_wait()
+    if no_flush_wait is not None:
+        columns.append(no_flush_wait.label("no_flush_wait"))
+    return select(*columns).select_from(count_row.outerjoin(with_leases, true())).add_cte(held)

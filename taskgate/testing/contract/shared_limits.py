@@ -254,6 +254,31 @@ class SharedLimitsContract:
         done = tuple(lease.token for lease in first.leases)
         assert _ids(_limited(broker, 2, 2, release=done)) == ids[2:4]
 
+    def test_a_claim_giving_back_more_slots_than_it_takes_frees_the_rest(
+        self, broker_factory: BrokerFactory
+    ) -> None:
+        one, two = broker_factory(), broker_factory()
+        ids = _pending(one, 5)
+        if (first := _limited(one, 3, 3)) is None:
+            return
+        done = tuple(lease.token for lease in first.leases)
+        assert _ids(_limited(one, 1, 3, release=done)) == ids[3:4]
+        assert _ids(_limited(two, 3, 3)) == ids[4:5]  # two of the three came free
+        assert _ids(_limited(one, 3, 3)) == []
+
+    def test_a_slot_that_expired_and_was_taken_is_not_given_to_its_old_holder(
+        self, broker_factory: BrokerFactory, clock: ManualClock
+    ) -> None:
+        one, two = broker_factory(), broker_factory()
+        ids = _pending(one, 3)
+        if (stale := _limited(one, 1, 1)) is None:
+            return
+        clock.advance(TTL)  # the holder stalled: its slot ran out with its lease
+        (theirs,) = _leases(_limited(two, 1, 1))
+        assert theirs.task.id == ids[1]
+        assert _ids(_limited(one, 1, 1, release=(stale.leases[0].token,))) == []
+        assert _slot_heartbeat(two, theirs).slot_lost is False
+
     def test_acks_and_released_slots_ride_on_one_shared_claim(self, broker: Broker) -> None:
         ids = _pending(broker, 4)
         if not broker.capabilities.shared_limits:
