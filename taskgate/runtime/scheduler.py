@@ -177,7 +177,9 @@ class QueueScheduler:
             await self.signal.wait(self._paused_until - now)
             return
         if free <= 0:
-            await self.limits.flush()
+            # Slots noted free here are those of runs whose acks hold claims back: the claim
+            # that follows the acks' write hands them over (kept meanwhile, they only make the
+            # queue run fewer tasks at once, never more).
             await self.signal.wait(None)
             return
         if self._idle and self._metered and not await self._work_due():
