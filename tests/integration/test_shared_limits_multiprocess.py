@@ -189,3 +189,31 @@ def test_a_killed_slot_holder_gives_its_slots_back_by_lease(
         broker.close()
     assert {t.status for t in tasks.values()} == {Status.COMPLETED}
     assert {task_id for task_id, t in tasks.items() if t.lease_lost} == held  # reaped, then run
+
+
+def test_quota_and_shared_workers_together_never_over_issue(
+    store: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    limit, period = 3, 1.0
+    ledger = Ledger(str(tmp_path / "ledger"))
+    spec = _spec(store, Path(ledger.path), 10, workers=2, quota_limit=limit, quota_period=period)
+    ids = _run([WorkerSpec(**{**spec.__dict__, "hold": 0.05})] * PROCESSES, lambda: _submit(store, 10))
+
+    runs = ledger.runs()
+    assert sorted(task_id for _, _, task_id, _ in runs) == ids
+    assert _most_at_once(runs) <= 2
+    broker = _broker(store)
+    try:
+        tasks = broker.list(Filter(type="t"))
+    finally:
+        broker.close()
+    # Each claim stamps ``started_at`` on the store's clock, the one the quota's epoch-aligned
+    # windows are counted on: no window saw more starts than the quota allows.
+    per_window: dict[int, int] = {}
+    for task in tasks:
+        assert task.started_at is not None
+        window = int(task.started_at.timestamp() // period)
+        per_window[window] = per_window.get(window, 0) + 1
+    assert max(per_window.values()) <= limit
+    assert len(per_window) >= len(ids) // limit  # the quota, not the workers, set the pace
+    _completed_once(store, ids)
