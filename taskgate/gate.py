@@ -106,13 +106,15 @@ class Gate:
         depends_on: Iterable[str] = (),
         ignore_parent_failure: bool = False,
         timeout: DurationLike | None = None,  # noqa: ASYNC109 (SPEC name: the task's run-time limit)
+        group: str | None = None,
     ) -> str:
         """Queue one task and return its execution id (a ULID).
 
         ``run_at`` wins over ``delay`` (timedelta, seconds or "10s"); ``max_retry`` defaults to
         ``Config.max_retry``. ``timeout`` (> 0, a duration like ``delay``) limits each run of
         the task, instead of its queue's ``QueueConfig.timeout``: a run past it is cancelled
-        and counts as a business failure (``TimeoutError``). Raises `ShutdownError`,
+        and counts as a business failure (``TimeoutError``). ``group`` puts the task in a group
+        of its queue (a tenant, a user) limited by the queue's ``group_*`` limits. Raises `ShutdownError`,
         `TaskNotFoundError` (unknown parent), `TaskExistsError` (used business key), or
         `TypeError`/`ValueError` naming a bad argument.
         """
@@ -126,6 +128,7 @@ class Gate:
             depends_on=depends_on,
             ignore_parent_failure=ignore_parent_failure,
             timeout=timeout,
+            group=group,
         )
         return ids[0]
 
@@ -141,6 +144,7 @@ class Gate:
         depends_on: Iterable[str] = (),
         ignore_parent_failure: bool = False,
         timeout: DurationLike | None = None,  # noqa: ASYNC109 (SPEC name: the task's run-time limit)
+        group: str | None = None,
     ) -> builtins.list[str]:
         """Queue one task per payload in one all-or-nothing batch (one broker call); ids in payload order.
 
@@ -160,6 +164,7 @@ class Gate:
             depends_on=depends_on,
             ignore_parent_failure=ignore_parent_failure,
             timeout=timeout,
+            group=group,
         )
 
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:

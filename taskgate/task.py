@@ -41,7 +41,9 @@ class Task:
     gateway "busy" answers, ``lease_lost`` reaped leases and ``claims`` every claim.
     ``timeout`` is the task's own run-time limit, as submitted (whole milliseconds): a run
     still going after it is cancelled and counts as a business failure; None means its
-    queue's ``QueueConfig.timeout`` applies, whichever process claims it.
+    queue's ``QueueConfig.timeout`` applies, whichever process claims it. ``group`` is the
+    group of its queue the task was submitted in (None: none), whose own limits
+    (``QueueConfig.group_workers`` and the like) it counts against.
     """
 
     id: str
@@ -65,6 +67,7 @@ class Task:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     timeout: timedelta | None = None
+    group: str | None = None
     cancel_requested: bool = field(default=False, compare=False)
 
     def json(self) -> Any:
@@ -87,6 +90,7 @@ class Filter:
     queue: str | None = None
     status: Status | None = None
     business_key: str | None = None
+    group: str | None = None
     limit: int = 0
     offset: int = 0
 

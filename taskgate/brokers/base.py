@@ -130,7 +130,8 @@ class NewTask:
     the task is due at once. ``depends_on`` names parents that must exist already or appear
     earlier in the same `Broker.submit`. ``timeout`` is the task's own run-time limit (None:
     its queue's applies), stored with it in whole milliseconds -- a finer one is rounded up,
-    so every backend gives back the same value.
+    so every backend gives back the same value. ``group`` puts the task in a group of its
+    queue (a tenant, a user), whose own limits a claim may apply (`SharedLimits`).
     """
 
     id: str
@@ -144,6 +145,7 @@ class NewTask:
     ignore_parent_failure: bool = False
     business_key: str | None = None
     timeout: timedelta | None = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.id, what="task id")
@@ -151,6 +153,8 @@ class NewTask:
         check_identifier(self.queue, what="queue")
         if self.business_key is not None:
             check_identifier(self.business_key, what="business_key")
+        if self.group is not None:
+            check_identifier(self.group, what="group")
         if self.payload is not None and not isinstance(self.payload, bytes):
             raise TypeError(f"payload must be bytes or None, got {type(self.payload).__name__}")
         if isinstance(self.max_retry, bool) or not isinstance(self.max_retry, int):

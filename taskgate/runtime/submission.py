@@ -117,16 +117,20 @@ def build_tasks(
     depends_on: Iterable[str] = (),
     ignore_parent_failure: bool = False,
     timeout: DurationLike | None = None,
+    group: str | None = None,
 ) -> list[NewTask]:
     """One `NewTask` per payload; raises `TypeError`/`ValueError`/`ConfigError` naming the argument.
 
-    ``run_at`` wins over ``delay``; ``timeout`` (None: the queue's) is each task's own.
+    ``run_at`` wins over ``delay``; ``timeout`` (None: the queue's) is each task's own;
+    ``group`` is every task's.
     ``business_key`` names the one task of a single submit; ``business_keys`` gives one key
     (or None) per payload. Nothing is stored here, so bad input changes nothing.
     """
     queue = route(config, task_type)
     if business_key is not None:
         check_identifier(business_key, what="business_key")
+    if group is not None:
+        check_identifier(group, what="group")
     items = list(payloads)
     keys = _keys(business_keys, len(items)) if business_key is None else [business_key] * len(items)
     if not isinstance(ignore_parent_failure, bool):
@@ -157,6 +161,7 @@ def build_tasks(
         ignore_parent_failure=ignore_parent_failure,
         business_key=keys[0],
         timeout=limit,
+        group=group,
     )
     if len(items) == 1:
         return [first]

@@ -20,6 +20,7 @@ CONFIG = Config(broker=MemoryBroker(), queues={"t": QueueConfig(workers=1)})
         {"delay": "5s", "depends_on": ["parent-1", "parent-2"], "ignore_parent_failure": True},
         {"run_at": datetime(2030, 1, 1, tzinfo=UTC), "delay": timedelta(seconds=3)},
         {"timeout": "1m30s"},
+        {"group": "user-42"},
     ],
 )
 def test_every_task_of_a_batch_equals_one_built_and_checked_on_its_own(options: dict[str, object]) -> None:
@@ -37,6 +38,7 @@ def test_every_task_of_a_batch_equals_one_built_and_checked_on_its_own(options: 
             ignore_parent_failure=t.ignore_parent_failure,
             business_key=t.business_key,
             timeout=t.timeout,
+            group=t.group,
         )
         for t in tasks
     ]
@@ -72,3 +74,17 @@ def test_a_timeout_is_read_like_every_duration_and_kept_in_milliseconds(
 ) -> None:
     tasks = build_tasks(CONFIG, "t", [1, 2], timeout=timeout)  # type: ignore[arg-type]
     assert [t.timeout for t in tasks] == [stored, stored]
+
+
+def test_every_task_of_a_batch_is_in_the_group_given() -> None:
+    assert [t.group for t in build_tasks(CONFIG, "t", [1, 2], group="tenant-7")] == ["tenant-7"] * 2
+    assert [t.group for t in build_tasks(CONFIG, "t", [1])] == [None]
+
+
+@pytest.mark.parametrize(
+    ("group", "error"),
+    [("", ValueError), ("g" * 256, ValueError), (42, TypeError), ("a\x00b", ValueError)],
+)
+def test_a_bad_group_is_refused_naming_it(group: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="group"):
+        build_tasks(CONFIG, "t", [1], group=group)  # type: ignore[arg-type]

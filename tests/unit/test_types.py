@@ -63,6 +63,7 @@ def test_a_task_from_fields_is_the_task_its_constructor_makes() -> None:
         "started_at": NOW,
         "finished_at": None,
         "timeout": timedelta(seconds=30),
+        "group": "tenant-1",
         "cancel_requested": True,
     }
     assert tuple(values) == TASK_FIELDS

@@ -43,6 +43,7 @@ class Record:
     started_at: datetime | None
     finished_at: datetime | None
     timeout: timedelta | None
+    group: str | None
     cancel_requested: bool
     # The lease's token and end while running; None otherwise.
     token: str | None
@@ -66,6 +67,7 @@ class Record:
         business_key: str | None,
         replay_of: str | None,
         timeout: timedelta | None,
+        group: str | None,
         last_error: str | None = None,
         finished_at: datetime | None = None,
     ) -> None:
@@ -90,6 +92,7 @@ class Record:
         self.started_at = None
         self.finished_at = finished_at
         self.timeout = timeout
+        self.group = group
         self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None

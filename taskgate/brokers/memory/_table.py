@@ -172,6 +172,7 @@ def _matches(record: Record, flt: Filter) -> bool:
     return (
         (flt.type is None or record.type == flt.type)
         and (flt.queue is None or record.queue == flt.queue)
+        and (flt.group is None or record.group == flt.group)
         and (flt.status is None or record.status is flt.status)
         and (flt.business_key is None or record.business_key == flt.business_key)
     )

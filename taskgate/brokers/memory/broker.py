@@ -543,6 +543,7 @@ def _new_record(item: NewTask, now: datetime, status: Status, error: str | None)
         business_key=item.business_key,
         replay_of=None,
         timeout=item.timeout,
+        group=item.group,
         last_error=error,
         finished_at=now if status.is_final else None,
     )
@@ -567,6 +568,7 @@ def _replay_record(
         business_key=old.business_key,
         replay_of=old.id,
         timeout=old.timeout,
+        group=old.group,
         last_error=error,
         finished_at=now if status.is_final else None,
     )

@@ -246,7 +246,7 @@ class RedisBroker:
         if filter.business_key is not None:
             check_identifier(filter.business_key, what="business_key")
         args: builtins.list[Any] = [filter.offset, filter.limit]
-        for name in ("type", "queue", "status", "business_key"):
+        for name in ("type", "queue", "status", "business_key", "group"):
             value = getattr(filter, name)
             if value is not None:
                 args.extend([name, str(value)])

@@ -36,7 +36,7 @@ _MICROSECOND = timedelta(microseconds=1)
 _MILLISECOND = timedelta(milliseconds=1)
 
 # enqueue.lua reads this many ARGV values per task; keep the two in step.
-NEW_TASK_FIELDS = 13
+NEW_TASK_FIELDS = 14
 
 
 def to_us(when: datetime) -> int:
@@ -84,6 +84,7 @@ SNAPSHOT_FIELDS = (
     "started_at",
     "finished_at",
     "timeout_ms",
+    "group",
     "cancel_requested",
     "token",
     "lease_until",
@@ -127,6 +128,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
         started_at,
         finished_at,
         timeout_ms,
+        group,
         cancel_requested,
         _token,
         _lease_until,
@@ -156,6 +158,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
             "started_at": _time(started_at),
             "finished_at": _time(finished_at),
             "timeout": _timeout(timeout_ms),
+            "group": _text(group),
             "cancel_requested": cancel_requested == b"1",
         }
     )
@@ -203,6 +206,7 @@ def _shared_fields(task: NewTask) -> tuple[object, ...]:
         task.business_key,
         task.depends_on,
         task.timeout,
+        task.group,
     )
 
 
@@ -222,6 +226,7 @@ def new_task_args(task: NewTask) -> list[str | bytes | int]:
         task.business_key or "",
         json.dumps(list(task.depends_on)) if task.depends_on else "[]",
         "" if task.timeout is None else task.timeout // _MILLISECOND,
+        task.group or "",
     ]
 
 
@@ -297,6 +302,7 @@ def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Tas
             "started_at": None,
             "finished_at": finished_at,
             "timeout": item.timeout,
+            "group": item.group,
             "cancel_requested": False,
         }
     )

@@ -817,7 +817,7 @@ def _submitted(rows: Sequence[Mapping[str, Any]], snapshots: bool) -> Submitted:
 
 def _key_alone(filter: Filter) -> str | None:
     """The business key of a filter that names nothing else (no other field, offset or limit)."""
-    if filter.type is None and filter.queue is None and filter.status is None:
+    if filter.type is None and filter.queue is None and filter.status is None and filter.group is None:
         if not filter.limit and not filter.offset:
             return filter.business_key
     return None

@@ -104,6 +104,7 @@ def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> li
             item.delay,
             item.ignore_parent_failure,
             item.timeout,
+            item.group,
         )
         if alike is None or alike[0] != shape:
             alike = shape, new_row(item, tx.now, Status.PENDING, None)
@@ -328,6 +329,7 @@ def new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> 
         business_key=item.business_key,
         replay_of=None,
         timeout_ms=timeout_ms(item.timeout),
+        group_name=item.group,
         created_at=now,
         run_at=run_at,
         status=status,
@@ -349,6 +351,7 @@ def _replay_row(
         business_key=old.business_key,
         replay_of=old.id,
         timeout_ms=timeout_ms(old.timeout),
+        group_name=old.group,
         created_at=now,
         run_at=now,
         status=status,
@@ -369,7 +372,6 @@ def _row(
         "finished_at": created_at if status.is_final else None,
         "result": None,
         "last_error": error,
-        "group_name": None,
         "timeout_ms": timeout_ms,
     }
 

@@ -31,6 +31,7 @@ def list_tasks(tx: Tx, filter: Filter) -> list[Task]:
         "queue": filter.queue,
         "status": None if filter.status is None else filter.status.value,
         "business_key": filter.business_key,
+        "group_name": filter.group,
     }
     matched = tuple(name for name, value in values.items() if value is not None)
     params: dict[str, Any] = {f"p_{name}": values[name] for name in matched}

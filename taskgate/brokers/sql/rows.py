@@ -146,6 +146,7 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
             "started_at": values["started_at"],
             "finished_at": values["finished_at"],
             "timeout": _timeout(values["timeout_ms"]),
+            "group": values["group_name"],
             "cancel_requested": bool(values.get("cancel_requested")),
         }
     )

@@ -37,6 +37,7 @@ from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claim_acks import ClaimAcksContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
+from taskgate.testing.contract.groups import GroupContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
@@ -72,6 +73,7 @@ class BrokerContract(
     BusinessKeyContract,
     ReplayContract,
     TimeoutContract,
+    GroupContract,
     QuotaContract,
     QueueStateContract,
     SharedLimitsContract,

@@ -88,6 +88,21 @@ BAD_CALLS: dict[str, tuple[BadCall, type[Exception], str]] = {
         ValueError,
         "business_key",
     ),
+    "NewTask.group empty": (
+        lambda b, _: b.submit(Submit((new_task(group=""),))),
+        ValueError,
+        "group",
+    ),
+    "NewTask.group too long": (
+        lambda b, _: b.submit(Submit((new_task(group="g" * 256),))),
+        ValueError,
+        "group",
+    ),
+    "NewTask.group not a str": (
+        lambda b, _: b.submit(Submit((new_task(group=_any(42)),))),
+        TypeError,
+        "group",
+    ),
     "NewTask.timeout zero": (
         lambda b, _: b.submit(Submit((new_task(timeout=timedelta(0)),))),
         ValueError,

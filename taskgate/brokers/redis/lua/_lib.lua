@@ -20,8 +20,8 @@
 --                             [result] [last_error] attempts max_retry throttled lease_lost
 --                             claims depends_on(JSON array) ignore_parent_failure(0/1)
 --                             [business_key] [replay_of] [started_at] [finished_at]
---                             [timeout_ms] cancel_requested(0/1) [token] [lease_until];
---                             times in µs, timeout_ms in ms
+--                             [timeout_ms] [group] cancel_requested(0/1) [token]
+--                             [lease_until]; times in µs, timeout_ms in ms
 --   queue:<queue>      ZSET   pending+retrying ids, score run_at (µs): the claim order
 --   leases             ZSET   running ids, score lease end (µs): what reap scans
 --   children:<id>      SET    ids of the tasks that depend on <id>
@@ -31,6 +31,7 @@
 --   idx:all            ZSET   every id, score created_at (µs)
 --   idx:type:<type>    ZSET   ids of one type, score created_at
 --   idx:queue:<queue>  ZSET   ids of one queue, score created_at
+--   idx:group:<group>  ZSET   ids of one group (of any queue), score created_at
 --   idx:status:<st>    ZSET   ids in one status but running (`leases` holds those), score
 --                             created_at
 --   signal:<queue>     Pub/Sub CHANNEL (not a key): PUBLISHed when a task of <queue> becomes

@@ -3,11 +3,12 @@
 -- KEYS[1]  base (hash-tagged prefix, e.g. "tg:{tg}:")
 -- ARGV[1]  now in µs, or "" for the server's TIME
 -- ARGV[2]  number of tasks N
--- ARGV[3]  shape: "rows": then N groups of 13 values, one per task, in batch order:
+-- ARGV[3]  shape: "rows": then N groups of 14 values, one per task, in batch order:
 --          id, type, queue, has_payload (0/1), payload, max_retry, run_at (µs or ""),
 --          delay (µs or ""), ignore_parent_failure (0/1), has_business_key (0/1),
---          business_key, depends_on (JSON array of ids), timeout (ms or "" for none);
---          "shared": then one group of 13 whose every value but id and payload is every
+--          business_key, depends_on (JSON array of ids), timeout (ms or "" for none),
+--          group ("" for none);
+--          "shared": then one group of 14 whose every value but id and payload is every
 --          task's (has_business_key 0), then N groups of 3: id, has_payload (0/1), payload
 -- Returns  {"ok", created_at (µs), arrival...} with one {status, run_at (µs), last_error or ""}
 --          per task, in batch order (every other field is what the caller sent), or
@@ -19,9 +20,9 @@
 --
 -- Touches: task:<id> HASH (write), task:<parent> HASH (read), children:<parent> SET,
 --          bkey:<key> LIST, stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
---          idx:status:<s> ZSET, queue:<q> ZSET, signal:<q> channel (PUBLISH).
+--          idx:status:<s> / idx:group:<g> ZSET, queue:<q> ZSET, signal:<q> channel (PUBLISH).
 
-local FIELDS = 13
+local FIELDS = 14
 
 local function read_rows(count)
   local batch = {}
@@ -32,7 +33,7 @@ local function read_rows(count)
       has_payload = ARGV[a + 3] == '1', payload = ARGV[a + 4], max_retry = ARGV[a + 5],
       run_at = ARGV[a + 6], delay = ARGV[a + 7], ignore = ARGV[a + 8],
       has_key = ARGV[a + 9] == '1', key = ARGV[a + 10], depends_on = ARGV[a + 11],
-      timeout = ARGV[a + 12],
+      timeout = ARGV[a + 12], group = ARGV[a + 13],
     }
   end
   return batch
@@ -48,6 +49,7 @@ local function read_shared(count)
       has_payload = ARGV[a + 1] == '1', payload = ARGV[a + 2], max_retry = ARGV[t + 5],
       run_at = ARGV[t + 6], delay = ARGV[t + 7], ignore = ARGV[t + 8],
       has_key = false, key = '', depends_on = ARGV[t + 11], timeout = ARGV[t + 12],
+      group = ARGV[t + 13],
     }
   end
   return batch
@@ -124,6 +126,10 @@ local function store(n)
   if n.timeout ~= '' then
     redis.call('HSET', key, 'timeout_ms', n.timeout)
   end
+  if n.group ~= '' then
+    redis.call('HSET', key, 'group', n.group)
+    zset_later(B .. 'idx:group:' .. n.group, n.id, NOW_S)
+  end
   if n.has_key then
     redis.call('HSET', key, 'business_key', n.key)
     redis.call('RPUSH', B .. 'bkey:' .. n.key, n.id)
@@ -148,7 +154,7 @@ end
 -- shape of `submit_many`, or one task alone): every task arrives pending, due at the same
 -- time, in the same sets. The per-task work is the id check, one HSET and the set entries,
 -- with no table per task: the general path below costs a third more. The template of the
--- shared fields is at ARGV[4..16]; task i (0-based) has its id at ARGV[first + i * stride],
+-- shared fields is at ARGV[4..17]; task i (0-based) has its id at ARGV[first + i * stride],
 -- its has_payload flag (0/1) `flag` and its payload `payload` places after that.
 local function store_plain(count, first, stride, flag, payload)
   local t = 4  -- the template
@@ -169,12 +175,20 @@ local function store_plain(count, first, stride, flag, payload)
       'throttled', '0', 'lease_lost', '0', 'claims', '0', 'depends_on', '[]',
       'ignore_parent_failure', ignore, 'cancel_requested', '0', 'status', 'pending', ...)
   end
-  local timeout = ARGV[t + 12]
+  local timeout, group = ARGV[t + 12], ARGV[t + 13]
   if timeout ~= '' then  -- the batch's timeout, set once here rather than tested per task
     local untimed = write
     write = function(id, ...)
       untimed(id, 'timeout_ms', timeout, ...)
     end
+  end
+  local indexes = { 'idx:all', 'idx:type:' .. task_type, 'idx:queue:' .. queue, 'idx:status:pending' }
+  if group ~= '' then  -- the batch's group, likewise
+    local ungrouped = write
+    write = function(id, ...)
+      ungrouped(id, 'group', group, ...)
+    end
+    indexes[#indexes + 1] = 'idx:group:' .. group
   end
   local created, due = {}, {}
   for i = 0, count - 1 do
@@ -190,7 +204,7 @@ local function store_plain(count, first, stride, flag, payload)
     due[#due + 1] = run_at
     due[#due + 1] = id
   end
-  for _, index in ipairs({ 'idx:all', 'idx:type:' .. task_type, 'idx:queue:' .. queue, 'idx:status:pending' }) do
+  for _, index in ipairs(indexes) do
     call_chunked('ZADD', B .. index, created)
   end
   call_chunked('ZADD', B .. 'queue:' .. queue, due)

@@ -12,10 +12,12 @@
 -- ARGV[1]  now ("" or µs; unused)
 -- ARGV[2]  offset
 -- ARGV[3]  limit (0 = all)
--- ARGV[4..] filter pairs: "type" <t>, "queue" <q>, "status" <s>, "business_key" <k>
+-- ARGV[4..] filter pairs: "type" <t>, "queue" <q>, "status" <s>, "business_key" <k>,
+--          "group" <g>
 -- Returns  {"ok", snapshot...}
 --
--- Touches (read only): idx:all / idx:type:<t> / idx:queue:<q> / idx:status:<s> / leases
+-- Touches (read only): idx:all / idx:type:<t> / idx:queue:<q> / idx:status:<s> /
+--          idx:group:<g> / leases
 --          ZSET, bkey:<key> LIST, task:<id> HASH.
 
 local offset, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -52,8 +54,8 @@ end
 
 -- A business key's executions in the order of its LIST: the order they were created in, the
 -- replay chain's, which times cannot tell apart when they tie (a coarse or frozen clock).
--- Alone, the key reads only the page of its LIST; with other filters, the three filtered
--- fields of each execution pick the ones to page.
+-- Alone, the key reads only the page of its LIST; with other filters, the
+-- filtered fields of each execution pick the ones to page.
 local function by_business_key()
   local key = B .. 'bkey:' .. want.business_key
   if #indexes == 0 then
@@ -61,9 +63,9 @@ local function by_business_key()
   end
   local ids = {}
   for _, id in ipairs(redis.call('LRANGE', key, 0, -1)) do
-    local f = redis.call('HMGET', task_key(id), 'type', 'queue', 'status')
+    local f = redis.call('HMGET', task_key(id), 'type', 'queue', 'status', 'group')
     if (not want.type or f[1] == want.type) and (not want.queue or f[2] == want.queue)
-        and (not want.status or f[3] == want.status) then
+        and (not want.status or f[3] == want.status) and (not want.group or f[4] == want.group) then
       ids[#ids + 1] = id
     end
   end

@@ -1,5 +1,5 @@
 -- replay.lua: create a new execution re-running a final one, atomically with the checks.
--- The new execution copies type, queue, max_retry, timeout, business key, parents and
+-- The new execution copies type, queue, max_retry, timeout, group, business key, parents and
 -- (unless given) payload; replay_of points at the old one; its status follows the enqueue rule.
 -- The old task's hash never changes: the chain link is kept in the `replays` HASH.
 --
@@ -56,6 +56,10 @@ local function copy(old)
   end
   if old.timeout_ms then
     redis.call('HSET', key, 'timeout_ms', old.timeout_ms)
+  end
+  if old.group then
+    redis.call('HSET', key, 'group', old.group)
+    redis.call('ZADD', B .. 'idx:group:' .. old.group, NOW_S, new_id)
   end
   if old.business_key then
     redis.call('HSET', key, 'business_key', old.business_key)
