@@ -25,6 +25,13 @@ DEFAULT_LEASE_TTL = timedelta(seconds=60)
 MIN_QUOTA_PERIOD = timedelta(seconds=1)
 
 
+def _rate_field(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{owner}.{name} must be a finite number, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"{owner}.{name} must be >= 0, got {value!r}")
+
+
 def _int_field(owner: str, name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{owner}.{name} must be an integer, got {value!r}")
@@ -67,6 +74,12 @@ class QueueConfig:
     - ``timeout``: how long one run of a handler may take (> 0; None: no limit); a run past it
       is cancelled and counts as a business failure (``TimeoutError``, retried as usual). A
       task submitted with a ``timeout`` of its own uses that instead.
+    - ``group_workers``, ``group_rps``/``group_burst``, ``group_quota_limit``: the same limits
+      for each group of the queue on its own (``submit(..., group=...)``; 0: no such limit;
+      ``group_burst=0`` means ``max(1, int(group_rps))``; the group quota counts starts per
+      window of ``quota_period``). A group at its limit never holds up another group's tasks;
+      tasks without a group count against the queue's limits only. Counted in the store
+      across processes: they need ``shared_limits`` and a broker that counts groups.
     """
 
     workers: int
@@ -79,15 +92,15 @@ class QueueConfig:
     quota_key: str | None = None
     shared_limits: bool = True
     timeout: DurationLike | None = None
+    group_workers: int = 0
+    group_rps: float = 0
+    group_burst: int = 0
+    group_quota_limit: int = 0
 
     def __post_init__(self) -> None:
         owner = "QueueConfig"
         _int_field(owner, "workers", self.workers, minimum=1)
-        rps = self.rps
-        if isinstance(rps, bool) or not isinstance(rps, int | float) or not math.isfinite(rps):
-            raise ConfigError(f"{owner}.rps must be a finite number, got {rps!r}")
-        if rps < 0:
-            raise ConfigError(f"{owner}.rps must be >= 0, got {rps!r}")
+        _rate_field(owner, "rps", self.rps)
         _int_field(owner, "burst", self.burst, minimum=0)
         ttl = _duration_field(owner, "lease_ttl", self.lease_ttl)
         if ttl <= timedelta(0):
@@ -98,6 +111,7 @@ class QueueConfig:
                 raise ConfigError(f"{owner}.{flag} must be a bool, got {getattr(self, flag)!r}")
         self._check_quota(owner)
         self._check_timeout(owner)
+        self._check_groups(owner)
 
     def _check_quota(self, owner: str) -> None:
         _int_field(owner, "quota_limit", self.quota_limit, minimum=0)
@@ -113,6 +127,19 @@ class QueueConfig:
             raise ConfigError(f"{owner}.quota_limit={self.quota_limit} needs a quota_period")
         if period < MIN_QUOTA_PERIOD:
             raise ConfigError(f"{owner}.quota_period must be >= 1s, got {self.quota_period!r}")
+
+    def _check_groups(self, owner: str) -> None:
+        _int_field(owner, "group_workers", self.group_workers, minimum=0)
+        _rate_field(owner, "group_rps", self.group_rps)
+        _int_field(owner, "group_burst", self.group_burst, minimum=0)
+        _int_field(owner, "group_quota_limit", self.group_quota_limit, minimum=0)
+        if self.group_quota_limit and self.quota_period is None:
+            raise ConfigError(f"{owner}.group_quota_limit={self.group_quota_limit} needs a quota_period")
+        if self.has_group_limits and not self.shared_limits:
+            raise ConfigError(
+                f"{owner}: group limits are counted in the store across processes: they need "
+                "shared_limits=True"
+            )
 
     def _check_timeout(self, owner: str) -> None:
         if self.timeout is None:
@@ -146,6 +173,16 @@ class QueueConfig:
     def effective_burst(self) -> int:
         """The bucket size: ``burst``, or ``max(1, int(rps))`` when burst is 0."""
         return self.burst or max(1, int(self.rps))
+
+    @property
+    def has_group_limits(self) -> bool:
+        """True when a group limit is set."""
+        return bool(self.group_workers or self.group_rps or self.group_quota_limit)
+
+    @property
+    def effective_group_burst(self) -> int:
+        """A group's bucket size: ``group_burst``, or ``max(1, int(group_rps))`` when it is 0."""
+        return self.group_burst or max(1, int(self.group_rps))
 
     @property
     def has_quota(self) -> bool:

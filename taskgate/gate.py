@@ -354,6 +354,17 @@ def _check_broker(config: Config) -> None:
             raise ConfigError(
                 f"Config.default_queue.quota_limit={default.quota_limit}: broker cannot share quota counts"
             )
+    if not (caps.shared_limits and caps.group_limits):
+        queues = [
+            *config.queues.items(),
+            *([("default", config.default_queue)] if config.default_queue else []),
+        ]
+        for name, queue in queues:
+            if queue.has_group_limits:
+                raise ConfigError(
+                    f"queue {name!r} sets group limits: broker {type(config.broker).__name__} cannot "
+                    "count groups across processes (capabilities.group_limits)"
+                )
     if config.on_state_change is not None and not callable(getattr(config.broker, "report_settled", None)):
         raise ConfigError(
             f"broker {type(config.broker).__name__} has no report_settled(sink): an on_state_change "

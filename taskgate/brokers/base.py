@@ -249,6 +249,9 @@ class Capabilities:
     - ``shared_limits``: `Claim.shared` is honoured -- the queue's workers and rate counted
       across every process. A broker without it refuses a `Claim` carrying ``shared`` with a
       `ValueError` naming the field, and `Gate` counts the limits in each process.
+    - ``group_limits``: the group limits of `SharedLimits` (``group_workers`` and the like) are
+      honoured. A broker without it refuses a `Claim` setting them with a `ValueError` naming
+      the field, and `Gate` refuses a queue configured with them.
     - ``cross_process``: several processes can share the tasks.
     - ``push_wakeups``: `Broker.wait_for_work` is woken by other processes' submits, not polled.
 
@@ -270,6 +273,7 @@ class Capabilities:
 
     shared_quota: bool = False
     shared_limits: bool = False
+    group_limits: bool = False
     cross_process: bool = False
     push_wakeups: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)

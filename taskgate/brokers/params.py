@@ -89,6 +89,13 @@ def _duration(value: object, *, what: str, positive: bool, maximum: timedelta | 
         raise ValueError(f"{what} must be at most {maximum.days} days, got {value!r}")
 
 
+def _rate(value: object, *, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    if not 0 <= value < math.inf:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+
+
 def _lease_ref(task_id: object, token: object, what: str) -> None:
     # The message names its item, so it is built only for an item that fails: this runs per ack.
     if not is_identifier(task_id):
@@ -212,6 +219,13 @@ class SharedLimits:
     ``burst`` (0: no rate). ``release`` names slots to give back first, so they count as free
     for this claim. A ``claimer`` id makes claimers take turns: one that found no free slot
     while tasks were due is owed one, which every other claimer leaves free until it came back.
+
+    Each group of the queue (`NewTask.group`) is limited on its own too (brokers declaring
+    ``group_limits``; 0: no such limit): ``group_workers`` of the queue's slots at once,
+    ``group_rps`` starts a second with bursts of ``group_burst``, and ``group_quota_limit``
+    starts per epoch-aligned ``group_quota_period``. A claim passes over the tasks of a group
+    at its limit -- they never hold up another group's -- and tasks without a group count
+    against the queue's limits only.
     """
 
     workers: int
@@ -219,17 +233,32 @@ class SharedLimits:
     burst: int = 0
     release: tuple[str, ...] = ()
     claimer: str = ""
+    group_workers: int = 0
+    group_rps: float = 0.0
+    group_burst: int = 0
+    group_quota_limit: int = 0
+    group_quota_period: timedelta | None = None
 
     def __post_init__(self) -> None:
         _count(self.workers, what="SharedLimits.workers", minimum=1)
-        if isinstance(self.rps, bool) or not isinstance(self.rps, int | float):
-            raise TypeError(f"SharedLimits.rps must be a number, got {self.rps!r}")
-        if not 0 <= self.rps < math.inf:
-            raise ValueError(f"SharedLimits.rps must be a finite number >= 0, got {self.rps!r}")
+        _rate(self.rps, what="SharedLimits.rps")
         _count(self.burst, what="SharedLimits.burst", minimum=0)
         object.__setattr__(self, "release", _tuple_of(self.release, str, what="SharedLimits.release"))
         if not isinstance(self.claimer, str):
             raise TypeError(f"SharedLimits.claimer must be a str, got {type(self.claimer).__name__}")
+        _count(self.group_workers, what="SharedLimits.group_workers", minimum=0)
+        _rate(self.group_rps, what="SharedLimits.group_rps")
+        _count(self.group_burst, what="SharedLimits.group_burst", minimum=0)
+        _count(self.group_quota_limit, what="SharedLimits.group_quota_limit", minimum=0)
+        if self.group_quota_period is not None:
+            _duration(self.group_quota_period, what="SharedLimits.group_quota_period", positive=True)
+        if self.group_quota_limit and self.group_quota_period is None:
+            raise ValueError("SharedLimits.group_quota_limit needs a group_quota_period")
+
+    @property
+    def grouped(self) -> bool:
+        """Whether any group limit is set."""
+        return bool(self.group_workers or self.group_rps or self.group_quota_limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,8 @@ class QueueLimitColumns:
     throttle). ``waiters``: the claimers owed a turn at the next free slot, as a JSON object of
     claimer id -> until when (microseconds since the epoch) -- a handful of entries, read and
     written with the row the claim locks anyway, so turn-taking costs no statement of its own.
+    ``quota_window``/``quota_used``: a group's quota, the start of the window its units were
+    last taken from and how many (a queue's own quota is a `QuotaWindowColumns` row).
     """
 
     queue: Mapped[str] = mapped_column(Name)
@@ -122,6 +124,8 @@ class QueueLimitColumns:
     rate_tat: Mapped[datetime | None] = mapped_column(UTCDateTime())
     held_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     waiters: Mapped[str | None] = mapped_column(LongText)
+    quota_window: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    quota_used: Mapped[int | None] = mapped_column(Integer)
 
 
 class SlotColumns:

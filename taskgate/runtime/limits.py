@@ -126,6 +126,11 @@ class SharedQueueLimits:
             burst=conf.effective_burst,
             release=tuple(release),
             claimer=self._claimer,
+            group_workers=conf.group_workers,
+            group_rps=conf.group_rps,
+            group_burst=conf.effective_group_burst if conf.group_rps else 0,
+            group_quota_limit=conf.group_quota_limit,
+            group_quota_period=conf.period if conf.group_quota_limit else None,
         )
 
     def give_back(self, slots: Sequence[Slot]) -> None:

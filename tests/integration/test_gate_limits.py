@@ -8,7 +8,7 @@ import anyio
 import pytest
 from gate_helpers import GUARD, Faulty, eventually, make_gate, until
 
-from taskgate import BrokerError, Gate, QueueConfig, Status, Task
+from taskgate import BrokerError, Filter, Gate, QueueConfig, Status, Task
 
 pytestmark = pytest.mark.anyio
 
@@ -183,3 +183,35 @@ async def test_stats_show_running_here_and_the_backlog(gate_broker):
         stats = await gate.stats("q")
         assert (stats.workers, stats.running, stats.queue_len, stats.rps) == (1, 1, 2, 2.5)
         release.set()
+
+
+async def test_a_group_at_its_limit_holds_up_only_its_own_tasks(broker):
+    """group_workers=1: tenant a's second task waits for its first, tenant b's runs meanwhile."""
+    if not broker.capabilities.group_limits:
+        pytest.skip(f"{type(broker).__name__} does not count groups (capabilities.group_limits)")
+    gate = make_gate(broker, {"q": QueueConfig(workers=3, group_workers=1)})
+    release = anyio.Event()
+    started: list[str] = []
+
+    async def call(task: Task) -> None:
+        started.append(task.id)
+        if task.id == first_a:
+            await release.wait()
+
+    gate.handle("q", call)
+    async with gate:
+        try:
+            first_a, second_a = await gate.submit_many("q", [1, 2], group="a")
+            only_b = await gate.submit("q", 3, group="b")
+            await gate.wait(only_b, timeout=GUARD)  # b ran although a is at its limit
+            await until(lambda: _started(started, first_a))  # claimed with b, maybe started after
+            assert second_a not in started
+            assert (await gate.get(second_a)).status is Status.PENDING
+        finally:
+            release.set()  # a failure must not leave the gate's exit waiting on a held handler
+        await gate.wait(second_a, timeout=GUARD)
+    assert [t.group for t in await gate.list(Filter(group="a"))] == ["a", "a"]
+
+
+async def _started(started: list[str], task_id: str) -> bool:
+    return task_id in started

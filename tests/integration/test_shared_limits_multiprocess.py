@@ -217,3 +217,46 @@ def test_quota_and_shared_workers_together_never_over_issue(
     assert max(per_window.values()) <= limit
     assert len(per_window) >= len(ids) // limit  # the quota, not the workers, set the pace
     _completed_once(store, ids)
+
+
+@pytest.fixture
+def grouped_store(store: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """``store``, on the backends that count groups so far (Redis refuses group limits)."""
+    broker = _broker(store)
+    try:
+        if not broker.capabilities.group_limits:
+            pytest.skip(f"{type(broker).__name__} does not count groups yet (capabilities.group_limits)")
+    finally:
+        broker.close()
+    return store
+
+
+def test_a_group_at_its_limit_holds_only_its_own_tasks_across_processes(
+    grouped_store: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    store = grouped_store
+    ledger = Ledger(str(tmp_path / "ledger"))
+    spec = _spec(store, Path(ledger.path), 16, workers=4, group_workers=1)
+
+    def submit() -> list[str]:
+        broker = _broker(store)
+        try:
+            # The busy tenant's tasks first: the other's queue up behind them.
+            tasks = [NewTask(id=f"a-{i:02d}", type="t", queue="q", group="a") for i in range(8)]
+            tasks += [NewTask(id=f"b-{i:02d}", type="t", queue="q", group="b") for i in range(8)]
+            steps.enqueue(broker, tasks)
+            return [task.id for task in tasks]
+        finally:
+            broker.close()
+
+    ids = _run([WorkerSpec(**{**spec.__dict__, "hold": 0.1})] * PROCESSES, submit)
+
+    runs = ledger.runs()
+    assert sorted(task_id for _, _, task_id, _ in runs) == sorted(ids)
+    for group in ("a", "b"):
+        assert _most_at_once([run for run in runs if run[2].startswith(group)]) == 1
+    # b's tasks ran beside a's, not after them: a group at its limit held up no other.
+    a_ends = max(end for _, end, task_id, _ in runs if task_id.startswith("a"))
+    assert min(start for start, _, task_id, _ in runs if task_id.startswith("b")) < a_ends
+    assert _most_at_once(runs) == 2
+    _completed_once(store, sorted(ids))

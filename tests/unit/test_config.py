@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from taskgate import Config, ConfigError, QueueConfig
+from taskgate import Config, ConfigError, Gate, QueueConfig
 from taskgate.brokers.memory import MemoryBroker
 
 BROKER = MemoryBroker()
@@ -56,6 +56,12 @@ def test_durations_accept_strings_seconds_and_timedeltas() -> None:
         ({"workers": 1, "timeout": "soon"}, r"QueueConfig\.timeout: cannot read 'soon'"),
         ({"workers": 1, "timeout": True}, r"QueueConfig\.timeout: expected a duration, got True"),
         ({"workers": 1, "timeout": [30]}, r"QueueConfig\.timeout: expected a duration"),
+        ({"workers": 1, "group_workers": -1}, r"QueueConfig\.group_workers must be >= 0, got -1"),
+        ({"workers": 1, "group_rps": float("nan")}, r"QueueConfig\.group_rps must be a finite number"),
+        ({"workers": 1, "group_rps": -2}, r"QueueConfig\.group_rps must be >= 0, got -2"),
+        ({"workers": 1, "group_burst": 1.5}, r"QueueConfig\.group_burst must be an integer"),
+        ({"workers": 1, "group_quota_limit": 3}, r"group_quota_limit=3 needs a quota_period"),
+        ({"workers": 1, "group_workers": 1, "shared_limits": False}, r"group limits .* shared_limits=True"),
     ],
 )
 def test_bad_queue_config_names_field_and_value(kwargs: dict[str, Any], match: str) -> None:
@@ -188,3 +194,9 @@ def test_from_mapping_either_builds_or_raises_config_error(data: dict[str, Any])
     else:
         for queue in conf.queues.values():
             assert queue.workers >= 1 and queue.rps >= 0 and queue.lease > timedelta(0)
+
+
+def test_group_limits_on_a_broker_that_cannot_count_groups_are_refused() -> None:
+    config = Config(broker=MemoryBroker(), queues={"q": QueueConfig(workers=2, group_workers=1)})
+    with pytest.raises(ConfigError, match=r"queue 'q' sets group limits: broker MemoryBroker .*group_limits"):
+        Gate(config)

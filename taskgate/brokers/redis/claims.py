@@ -54,6 +54,11 @@ def _claim_part(claim: Claim) -> tuple[str, list[Any], Reading]:
     tokens = new_tokens(claim.limit)
     ttl = ttl_us(claim.lease_ttl)
     if claim.shared is not None:
+        if claim.shared.grouped:
+            # Before anything is sent: no group limits here yet (capabilities.group_limits).
+            raise ValueError(
+                "SharedLimits.group_workers/group_rps/group_quota_limit: RedisBroker has no group limits"
+            )
         return "claim_limited", _limited_args(claim, claim.shared, ttl, tokens), _limited_reading(claim.quota)
     if claim.quota is not None:
         quota = claim.quota

@@ -161,6 +161,7 @@ class SQLBroker:
         self.capabilities = Capabilities(
             shared_quota=True,
             shared_limits=True,
+            group_limits=True,
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
             # A database in this process: a transition is local work, worth trying on the loop.
@@ -343,10 +344,12 @@ class SQLBroker:
         def step(tx: Tx) -> Claimed:
             answers = batch.ack_many(tx, acks, snapshots=False) if acks else []
 
-            def take(n: int) -> Claimed:
+            def take(n: int, lease_up_to: slots.LeaseUpTo | None) -> Claimed:
+                if lease_up_to is None:
+                    lease_up_to = lambda k: leases.claim(tx, queue, k, lease_ttl, durable=durable)  # noqa: E731
                 if quota is None:
-                    return Claimed(leases.claim(tx, queue, n, lease_ttl, durable=durable))
-                return _claim_within_units(tx, queue, n, lease_ttl, quota)
+                    return Claimed(lease_up_to(n))
+                return _claim_within_units(tx, quota, n, lease_up_to)
 
             claimed = slots.hand_over(tx, claim, take) if hand_over else None
             if claimed is None:
@@ -410,7 +413,8 @@ class SQLBroker:
 
         def step(tx: Tx) -> Claimed:
             answers = acked(tx)
-            return _with_acks(_claim_within_units(tx, queue, limit, lease_ttl, quota), answers)
+            claimed = _claim_within_units(tx, quota, limit, lambda k: leases.claim(tx, queue, k, lease_ttl))
+            return _with_acks(claimed, answers)
 
         return self._run("claim", step, inline=small)
 
@@ -833,14 +837,14 @@ def _settle_write(items: tuple[Finish, ...], snapshots: bool) -> Callable[[Tx], 
     return lambda tx: finish.settle_each(tx, items, snapshots=snapshots)
 
 
-def _claim_within_units(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec) -> Claimed:
-    """Reserve up to ``limit`` units of ``quota``'s window, claim that many tasks, and give back
+def _claim_within_units(
+    tx: Tx, quota: QuotaSpec, limit: int, lease_up_to: Callable[[int], builtins.list[Lease]]
+) -> Claimed:
+    """Reserve up to ``limit`` units of ``quota``'s window, lease that many tasks, and give back
     the units no task took -- in the caller's transaction (durable: units must survive a crash)."""
     grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, limit)
     return quota_claim.claim_within_grant(
-        grant,
-        lambda n: leases.claim(tx, queue, n, lease_ttl),
-        lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
+        grant, lease_up_to, lambda unused_of, n: quotas.release_quota(tx, unused_of, n)
     )
 
 

@@ -49,6 +49,8 @@ __all__ = [
     "heartbeat",
     "lease_lost_error",
     "lease_running",
+    "locked_due_columns",
+    "mark_locked_running",
     "one_statement_claim_parts",
     "reap",
 ]
@@ -97,14 +99,28 @@ def _lock_and_mark_running(tx: Tx, queue: str, limit: int) -> list[Task]:
     snapshots from the locked values plus what the update wrote -- two statements. The lock
     reads only the columns the update does not write (PyMySQL parses each column of each row,
     and each column's description, in Python)."""
-    lock_due, mark_running = _lock_then_mark(tx.models, tx.traits)
-    now = tx.now
-    rows = tx.fetch(lock_due, claim_params(queue, limit, now))
+    lock_due, _ = _lock_then_mark(tx.models, tx.traits)
+    return mark_locked_running(tx, tx.fetch(lock_due, claim_params(queue, limit, tx.now)))
+
+
+def mark_locked_running(tx: Tx, rows: Sequence[Mapping[str, Any]]) -> list[Task]:
+    """Mark due rows this transaction locked running; their snapshots, built from the locked
+    values (every column `locked_due_columns` names) plus what the update wrote."""
     if not rows:
         return []
+    _, mark_running = _lock_then_mark(tx.models, tx.traits)
+    now = tx.now
     tx.write(mark_running, {"p_ids": [row["id"] for row in rows], "p_now": now})
     running = {**status_values(Status.RUNNING), "started_at": now}
     return [snapshot(row, {**running, "claims": row["claims"] + 1}) for row in rows]
+
+
+def locked_due_columns(models: Models) -> list[Any]:
+    """The columns a lock of due rows reads for `mark_locked_running`: those the update does
+    not write, and ``claims``."""
+    task = table_of(models.task)
+    written = {**status_values(Status.RUNNING), "claims": 0, "started_at": None}
+    return [column for column in task.c if column.name not in written or column.name == "claims"]
 
 
 @functools.lru_cache(maxsize=32)
@@ -113,9 +129,8 @@ def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
     values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
-    read = [column for column in task.c if column.name not in values or column.name == "claims"]
     due = (
-        select(*read)
+        select(*locked_due_columns(models))
         .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
         .order_by(task.c.run_at, task.c.id)
         .limit(bindparam("p_limit", type_=Integer))

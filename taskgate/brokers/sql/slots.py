@@ -58,6 +58,7 @@ from sqlalchemy import (
 from taskgate.brokers.base import Lease
 from taskgate.brokers.params import Claim, Claimed, Renewal, SharedLimits
 from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.groups import GroupLimits
 from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
 from taskgate.brokers.sql.rows import snapshot
 from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
@@ -71,8 +72,11 @@ _QUEUE_ROW = ""  # ``group_name`` of the row that holds the queue's own limits
 # that a time rounded to the microsecond never withholds one.
 _ROUNDING = 1e-6
 
-# Claims the queue's slots and starts allow: (how many tasks to claim) -> what was claimed.
-Take = Callable[[int], Claimed]
+# How to lease up to n tasks, when not the oldest due: the groups' pick (`GroupLimits`).
+LeaseUpTo = Callable[[int], list[Lease]]
+# Claims the queue's slots and starts allow: (how many tasks to claim, how to lease them; None:
+# the oldest due) -> what was claimed (within the quota, when the claim has one).
+Take = Callable[[int, LeaseUpTo | None], Claimed]
 
 
 def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
@@ -86,14 +90,19 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
     queue, now = claim.queue, tx.now
     row = _lock_queue_row(tx, queue)
     unused = shared.workers - _live_slots(tx, queue, shared.release)
+    groups = GroupLimits(tx, queue, shared, claim.lease_ttl) if shared.grouped else None
+    if groups is not None:
+        groups.load()
     turns = _Turns(row.waiters, shared.claimer, _micros(now))
     free = unused - turns.owed
     wanted = min(claim.limit, free)
     rate = _Rate(shared, row.rate_tat, now) if shared.rps > 0 else None
     allowed = wanted if rate is None else min(wanted, rate.room())
-    claimed = take(allowed) if allowed > 0 else Claimed(leases=[])
+    claimed = take(allowed, None if groups is None else groups.lease_up_to) if allowed > 0 else Claimed([])
     taken = len(claimed.leases)
     _hold_slots(tx, queue, claimed.leases)
+    if groups is not None:
+        groups.write()
     # Whether tasks are left due, asked at most once (nothing this claim does afterwards
     # changes it), and only where an answer depends on it.
     due = functools.cache(lambda: _any_due(tx, queue))
@@ -111,8 +120,8 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
 
 
 def can_hand_over(claim: Claim) -> bool:
-    """Whether ``claim`` may hand its released slots over (`hand_over`): no rate, no quota, and
-    at least as many slots given back as tasks asked for."""
+    """Whether ``claim`` may hand its released slots over (`hand_over`): no rate, no quota, no
+    group limits, and at least as many slots given back as tasks asked for."""
     shared = claim.shared
     return (
         shared is not None and shared.rps == 0 and claim.quota is None and len(shared.release) >= claim.limit
@@ -129,7 +138,7 @@ def hand_over(tx: Tx, claim: Claim, take: Take) -> Claimed | None:
     handed = tx.write(_statements(tx.models, tx.traits).hand_back, params)
     if handed <= 0:
         return None
-    claimed = take(min(claim.limit, handed))
+    claimed = take(min(claim.limit, handed), None)
     _hold_slots(tx, queue, claimed.leases)
     return claimed
 
@@ -235,7 +244,12 @@ def _hold_slots(tx: Tx, queue: str, leases: Sequence[Lease]) -> None:
     """One slot per lease, under its token, expiring with it."""
     if leases:
         rows = [
-            {"queue": queue, "token": lease.token, "group_name": None, "expires_at": lease.expires_at}
+            {
+                "queue": queue,
+                "token": lease.token,
+                "group_name": lease.task.group,
+                "expires_at": lease.expires_at,
+            }
             for lease in leases
         ]
         tx.traits.insert_rows(tx, table_of(tx.models.slot), rows)

@@ -4,7 +4,10 @@ Where a broker declares ``capabilities.shared_limits``, these cases hold it to t
 each lease holds one of ``workers`` slots under its token (given back by
 ``Settle(give_back=GiveBack(queue=..., slots=...))`` or ``SharedLimits.release``, renewed by a
 ``Heartbeat`` with ``slot_queue``, expiring with the lease); ``rps``/``burst`` holds starts
-back, answering ``Claimed.retry_after``; ``claimer`` ids take turns at freed slots.
+back, answering ``Claimed.retry_after``; ``claimer`` ids take turns at freed slots. Where it
+also declares ``capabilities.group_limits``, each group of the queue is held to its own
+``group_*`` limits, and a group at its limit never holds up another; where it does not, a claim
+setting them is refused naming the field.
 
 Where it does not, the SAME cases hold it to the refusal instead: the case's first call that
 needs the capability -- a `Claim` with ``shared``, a `Heartbeat` with ``slot_queue``, a
@@ -13,8 +16,10 @@ needs the capability -- a `Claim` with ``shared``, a `Heartbeat` with ``slot_que
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from functools import partial
+from typing import Any
 
 from taskgate.brokers.base import Broker, Lease, QuotaSpec
 from taskgate.brokers.params import (
@@ -23,6 +28,7 @@ from taskgate.brokers.params import (
     Complete,
     GiveBack,
     Heartbeat,
+    QueueQuery,
     Renewal,
     Settle,
     SharedLimits,
@@ -81,6 +87,46 @@ def _limited(
         return broker.claim(claim)
     assert_refused(broker, lambda: broker.claim(claim), "shared")
     return None
+
+
+def _in_groups(broker: Broker, groups: Sequence[str | None], queue: str = "q") -> list[str]:
+    """One task per entry of ``groups`` (None: no group), due now; their ids in claim order."""
+    ids = [f"{queue}-{i:02}-{group or 'none'}" for i, group in enumerate(groups)]
+    items = [
+        new_task(id=task_id, queue=queue, group=group) for task_id, group in zip(ids, groups, strict=True)
+    ]
+    steps.enqueue(broker, items)
+    return ids
+
+
+def _grouped(
+    broker: Broker,
+    limit: int,
+    *,
+    workers: int = 20,
+    release: tuple[str, ...] = (),
+    quota: QuotaSpec | None = None,
+    **group_limits: Any,
+) -> Claimed | None:
+    """A claim of queue "q" under ``workers`` slots and these group limits.
+
+    On a broker without ``group_limits`` (or without shared limits at all): asserts the claim
+    is refused naming the field, changing nothing, and answers None -- the case ends there.
+    """
+    shared = SharedLimits(workers, release=release, **group_limits)
+    claim = Claim("q", limit, TTL, quota=quota, shared=shared)
+    if broker.capabilities.shared_limits and broker.capabilities.group_limits:
+        return broker.claim(claim)
+    assert_refused(
+        broker, lambda: broker.claim(claim), "group" if broker.capabilities.shared_limits else "shared"
+    )
+    return None
+
+
+def _to_next(clock: ManualClock, period: timedelta) -> timedelta:
+    """How far ``clock`` is from the start of the next epoch-aligned window of ``period``."""
+    elapsed = clock.now() - datetime(1970, 1, 1, tzinfo=UTC)
+    return period - elapsed % period
 
 
 def _leases(claimed: Claimed | None) -> list[Lease]:
@@ -362,3 +408,68 @@ class SharedLimitsContract:
             return
         assert _ids(_limited(broker, 1, 1, claimer="b")) == []
         assert _ids(_limited(broker, 1, 1, release=(held.leases[0].token,))) == [ids[1]]
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def test_a_group_at_its_workers_limit_is_passed_over_for_the_others(self, broker: Broker) -> None:
+        ids = _in_groups(broker, ["a", "a", "a", "b", None, "b"])
+        if (first := _grouped(broker, 10, group_workers=1)) is None:
+            return
+        assert _ids(first) == [ids[0], ids[3], ids[4]]  # one of a, one of b, and the ungrouped one
+        assert [lease.task.group for lease in first.leases] == ["a", "b", None]
+        assert _ids(_grouped(broker, 10, group_workers=1)) == []
+        _give_back(broker, first.leases[0])  # a's slot comes free: a's next task, not b's
+        assert _ids(_grouped(broker, 10, group_workers=1)) == [ids[1]]
+
+    def test_a_full_group_ahead_of_many_tasks_never_hides_another(self, broker: Broker) -> None:
+        ids = _in_groups(broker, ["a"] * 40 + ["b", "b"])
+        if (first := _grouped(broker, 3, group_workers=1)) is None:
+            return
+        assert _ids(first) == [ids[0], ids[40]]  # past a's 39 waiting tasks; b's second must wait
+        assert all(broker.get(task_id).status is Status.PENDING for task_id in ids[1:40])
+
+    def test_a_group_limit_holds_across_claimers(self, broker_factory: BrokerFactory) -> None:
+        one, two = broker_factory(), broker_factory()
+        ids = _in_groups(one, ["a", "a", "a", "b"])
+        if (first := _grouped(one, 1, group_workers=2)) is None:
+            return
+        assert _ids(first) == ids[:1]
+        assert _ids(_grouped(two, 10, group_workers=2)) == [ids[1], ids[3]]
+
+    def test_a_groups_expired_slot_comes_back(self, broker: Broker, clock: ManualClock) -> None:
+        ids = _in_groups(broker, ["a", "a"])
+        if _grouped(broker, 10, group_workers=1) is None:
+            return
+        clock.advance(TTL)  # the holder crashed: its slot, the group's, ran out with the lease
+        assert _ids(_grouped(broker, 10, group_workers=1)) == [ids[1]]
+
+    def test_a_group_rate_holds_its_own_starts_only(self, broker: Broker, clock: ManualClock) -> None:
+        ids = _in_groups(broker, ["a", "a", "a", "b", "b"])
+        if (first := _grouped(broker, 10, group_rps=1.0, group_burst=2)) is None:
+            return
+        assert _ids(first) == [ids[0], ids[1], ids[3], ids[4]]  # a burst of two for each group
+        assert _ids(_grouped(broker, 10, group_rps=1.0, group_burst=2)) == []
+        clock.advance(timedelta(seconds=1))
+        assert _ids(_grouped(broker, 10, group_rps=1.0, group_burst=2)) == [ids[2]]
+
+    def test_a_group_quota_counts_starts_per_window(self, broker: Broker, clock: ManualClock) -> None:
+        minute = timedelta(minutes=1)
+        limits: dict[str, Any] = {"group_quota_limit": 2, "group_quota_period": minute}
+        ids = _in_groups(broker, ["a", "a", "a", "b"])
+        if (first := _grouped(broker, 10, **limits)) is None:
+            return
+        assert _ids(first) == [ids[0], ids[1], ids[3]]
+        _give_back(broker, *first.leases)  # slots are not the quota: a's window stays spent
+        assert _ids(_grouped(broker, 10, **limits)) == []
+        clock.advance(_to_next(clock, minute))
+        assert _ids(_grouped(broker, 10, **limits)) == [ids[2]]
+
+    def test_group_limits_spend_quota_units_only_for_tasks_claimed(self, broker: Broker) -> None:
+        ids = _in_groups(broker, ["a", "a", "a"])
+        quota = QuotaSpec("api", 10, timedelta(minutes=1))
+        if (first := _grouped(broker, 10, quota=quota, group_workers=1)) is None:
+            return
+        assert _ids(first) == ids[:1]
+        assert first.quota is not None and first.quota.granted == 1
+        state = broker.queue_state(QueueQuery("q", quota))
+        assert state.quota is not None and state.quota.used == 1  # none for a's passed-over tasks

@@ -201,6 +201,21 @@ BAD_CALLS: dict[str, tuple[BadCall, type[Exception], str]] = {
         TypeError,
         "SharedLimits.claimer",
     ),
+    "SharedLimits.group_workers": (
+        lambda b, _: b.claim(Claim("q", 1, TTL, shared=SharedLimits(1, group_workers=-1))),
+        ValueError,
+        "SharedLimits.group_workers",
+    ),
+    "SharedLimits.group_rps": (
+        lambda b, _: b.claim(Claim("q", 1, TTL, shared=SharedLimits(1, group_rps=float("nan")))),
+        ValueError,
+        "SharedLimits.group_rps",
+    ),
+    "SharedLimits.group_quota_limit without a period": (
+        lambda b, _: b.claim(Claim("q", 1, TTL, shared=SharedLimits(1, group_quota_limit=3))),
+        ValueError,
+        "group_quota_period",
+    ),
     # settle
     "Settle.items one item": (
         lambda b, lease: b.settle(Settle(_any(Complete(lease.task.id, lease.token)))),
