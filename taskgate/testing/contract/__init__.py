@@ -37,6 +37,7 @@ from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claim_acks import ClaimAcksContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
+from taskgate.testing.contract.holds import HoldContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
@@ -74,6 +75,7 @@ class BrokerContract(
     TimeoutContract,
     QuotaContract,
     QueueStateContract,
+    HoldContract,
     SharedLimitsContract,
     ValidationContract,
     RaceContract,
