@@ -22,8 +22,8 @@ the broker honouring `Claim.shared`; a queue-wide hold is a field of `Retry` (ho
 too) and of `Claim` (answered as held); a step of a pipeline is a `Complete` that submits the
 next task in the same unit; a queue's quota figures are a field of `QueueQuery` (what
 replaced reading a queue's length). What is a new verb (about four in all): holding and
-resuming a queue by hand, pruning finished tasks, and a submit inside the application's own
-transaction.
+resuming a queue by hand (`Broker.hold`, done), pruning finished tasks, and a submit inside
+the application's own transaction.
 """
 
 from __future__ import annotations
