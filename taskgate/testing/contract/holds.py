@@ -170,8 +170,9 @@ class HoldContract:
         broker.hold(Hold("q", for_=TTL))
         claimed = _claim(broker, quota=spec)
         assert (claimed.leases, claimed.held_until) == ([], START + TTL)
-        usage = broker.queue_state(QueueQuery("q", spec)).quota
-        assert usage is not None and usage.used == 0
+        state = broker.queue_state(QueueQuery("q", spec))
+        assert state.quota is not None and state.quota.used == 0
+        assert state.held_until == START + TTL  # read with the quota's figures too
 
     def test_a_claim_of_a_held_queue_takes_no_shared_slot(self, broker: Broker, clock: ManualClock) -> None:
         if not broker.capabilities.shared_limits:
