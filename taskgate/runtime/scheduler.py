@@ -9,7 +9,12 @@ Claimed leases go to the queue's ``workers`` long-lived worker tasks through a `
 finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
 
 A lease whose handler never starts -- claimed by a call that answered too late, left in the
-feed when the workers stop -- goes back with its quota unit and slot (`taskgate.runtime.putback`).
+feed when the workers stop, or come back just after a queue-wide throttle here -- goes back with
+its quota unit and slot (`taskgate.runtime.putback`).
+
+A held queue (`Gate.pause`, a queue-wide `Throttled`: claims answer ``Claimed.held_until``)
+claims nothing; its scheduler looks again when the hold ends or after a poll interval, whichever
+comes first, so a resume in another process is seen within one poll interval.
 """
 
 from __future__ import annotations
