@@ -127,7 +127,8 @@ class QueueScheduler:
     @property
     def held(self) -> bool:
         """This process starts nothing of the queue now: a throttle or pause made here holds it."""
-        return anyio.current_time() < self._held_here_until
+        # Asked before every start: the clock is read only while a hold is set.
+        return self._held_here_until > 0.0 and anyio.current_time() < self._held_here_until
 
     def hold_here(self, seconds: float | None) -> None:
         """Claim and start nothing for ``seconds`` (None: until the store answers a claim
