@@ -101,17 +101,21 @@ async def test_pause_until_resumed_holds_the_queue_while_running_handlers_finish
 ) -> None:
     gate = make_gate(gate_broker, QUEUES)
     started: list[str] = []
-    release = anyio.Event()
+    first_started, release = anyio.Event(), anyio.Event()
 
     @gate.handler("q")
     async def slow(task: Task) -> str:
         started.append(task.id)
+        first_started.set()
         await release.wait()
         return task.id
 
     async with gate:
         running = await gate.submit("q")
-        await eventually(gate, running, lambda t: t.status is Status.RUNNING)
+        with anyio.fail_after(GUARD):
+            # Its handler runs (a lease claimed and not yet started when the pause comes goes
+            # back: nothing starts from a held queue).
+            await first_started.wait()
         assert await gate.pause("q") == UNTIL_RESUMED
         waiting = await gate.submit("q")
         release.set()
