@@ -117,6 +117,11 @@ class Throttled(Exception):
     The task is re-queued after ``retry_after`` seconds with ``throttled += 1``; attempts are
     untouched. After ``Config.throttled_max`` throttles the task fails.
 
+    ``scope="queue"`` also holds the task's whole queue until ``retry_after`` has passed, on
+    the store's clock: no process claims from it meanwhile (handlers already running finish),
+    and a longer hold -- a `Gate.pause` -- is never shortened. ``scope="task"`` (the default)
+    re-queues the task alone. Any other scope raises `ValueError` naming it.
+
     ``retry_after`` is a finite number of seconds from 0 to `MAX_RETRY_AFTER` (30 days);
     anything else (negative, NaN, infinite, larger, not a number) raises `ValueError` or
     `TypeError` here, so a handler that builds a bad one fails as any other raising handler.
@@ -126,9 +131,20 @@ class Throttled(Exception):
     #: is better served by failing the task than by parking it out of sight.
     MAX_RETRY_AFTER: ClassVar[float] = 30 * 86_400.0
 
-    def __init__(self, retry_after: float = 1.0, message: str = "throttled") -> None:
+    #: What a throttle holds back: the task alone, or its whole queue.
+    SCOPES: ClassVar[tuple[str, ...]] = ("task", "queue")
+
+    def __init__(self, retry_after: float = 1.0, message: str = "throttled", *, scope: str = "task") -> None:
         super().__init__(message)
         self.retry_after = check_retry_after(retry_after)
+        self.scope = check_scope(scope)
+
+
+def check_scope(value: object) -> str:
+    """``value`` as a `Throttled.scope`: ``"task"`` or ``"queue"``."""
+    if not isinstance(value, str) or value not in Throttled.SCOPES:
+        raise ValueError(f"Throttled scope must be 'task' or 'queue', got {value!r}")
+    return value
 
 
 def check_retry_after(value: object) -> float:

@@ -18,17 +18,17 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from taskgate.brokers.base import UNSET, Capabilities, Unset, check_identifier
-from taskgate.brokers.params import Replay
+from taskgate.brokers.params import Hold, Replay
 from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
-from taskgate.config import Config
+from taskgate.config import Config, QueueConfig
 from taskgate.durations import DurationLike
 from taskgate.errors import ConfigError, TaskFailedError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.runner import Runtime
 from taskgate.runtime.stats import StatsReader
-from taskgate.runtime.submission import build_tasks, route
+from taskgate.runtime.submission import build_tasks, pause_for, route
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "Gate"]
@@ -209,10 +209,13 @@ class Gate:
         worker's broker call, ``lease_ttl/4`` up to 30 s) the last figures this gate read are
         given with ``reachable=False``. Raises `ConfigError` for a queue not configured.
         """
+        return await self._stats.read(queue, self._queue_config(queue))
+
+    def _queue_config(self, queue: str) -> QueueConfig:
         conf = self.config.queue_config(check_identifier(queue, what="queue"))
         if conf is None:
             raise ConfigError(f"unknown queue {queue!r}: not in Config.queues and no default_queue")
-        return await self._stats.read(queue, conf)
+        return conf
 
     async def overview(self) -> dict[str, dict[Status, int]]:
         """Task counts by type and status, from the broker's counters."""
@@ -286,6 +289,34 @@ class Gate:
         if not executions:
             raise TaskNotFoundError(f"no execution has business key {business_key!r}")
         return await self.replay(executions[-1].id, allow_completed=allow_completed, payload=payload)
+
+    # -- holding ---------------------------------------------------------------------------------
+
+    async def pause(self, queue: str, for_: DurationLike | None = None) -> datetime:
+        """Hold ``queue`` in every process sharing the store: none claims from it until ``for_``
+        has passed (a duration like `submit`'s ``delay``, > 0) or, with None, until `resume`.
+
+        Handlers already running finish. A longer hold already set -- a longer pause, a
+        queue-wide `Throttled` -- is kept; `resume` ends any hold. Returns when the hold ends,
+        on the store's clock (``datetime.max`` in UTC: until resumed), as
+        ``QueueStats.paused_until`` reads it. Raises `ConfigError` for a queue not configured,
+        `TypeError`/`ValueError` naming a bad ``for_``, having changed nothing.
+        """
+        self._queue_config(queue)
+        wait = pause_for(for_)
+        held = await self._runtime.calls(self.config.broker.hold, Hold(queue, for_=wait))
+        self._runtime.hold_here(queue, None if wait is None else wait.total_seconds())
+        assert held is not None, "a broker answers a queue it just held as held"
+        return held
+
+    async def resume(self, queue: str) -> None:
+        """End ``queue``'s hold -- a pause, or a queue-wide `Throttled` -- so every process
+        claims from it again (another within one poll interval). Resuming a queue that is not
+        held changes nothing. Raises `ConfigError` for a queue not configured.
+        """
+        self._queue_config(queue)
+        await self._runtime.calls(self.config.broker.hold, Hold(queue, resume=True))
+        self._runtime.resume_here(queue)
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -120,10 +120,14 @@ class QueueStats:
       window ends (False without a quota).
     - ``quota_stalled``: a worker of THIS process could not reach the quota's store and claims
       nothing until it answers again (fails closed).
+    - ``paused_until``: when the queue's hold ends, on the store's clock, timezone-aware UTC --
+      a `Gate.pause`, or a queue-wide `Throttled` -- and ``datetime.max`` in UTC
+      (``datetime.max.replace(tzinfo=UTC)``) while it is paused until resumed; None when it is
+      not held. No process claims from a held queue.
     - ``reachable``: False when the store did not answer this read (or not within the deadline
-      of a worker's broker call): ``queue_len``, ``quota_used``, ``quota_window_end`` and
-      ``quota_exhausted`` are then the last this process read (0, None and False before any
-      read), not current; ``running`` and ``quota_stalled`` are current.
+      of a worker's broker call): ``queue_len``, ``quota_used``, ``quota_window_end``,
+      ``quota_exhausted`` and ``paused_until`` are then the last this process read (0, None
+      and False before any read), not current; ``running`` and ``quota_stalled`` are current.
     """
 
     workers: int
@@ -136,6 +140,7 @@ class QueueStats:
     quota_used: int = 0
     quota_window_end: datetime | None = None
     reachable: bool = True
+    paused_until: datetime | None = None
 
 
 TASK_FIELDS = tuple(f.name for f in fields(Task))

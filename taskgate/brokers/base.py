@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         Claim,
         Claimed,
         Heartbeat,
+        Hold,
         ItemAnswer,
         QueueQuery,
         QueueState,
@@ -337,13 +338,24 @@ class Broker(Protocol):
         ...
 
     def queue_state(self, query: QueueQuery) -> QueueState:
-        """How many tasks of ``query.queue`` are pending or retrying (due or not), and with
-        ``query.quota`` the figures of that budget's current window -- read only, one read.
+        """How many tasks of ``query.queue`` are pending or retrying (due or not), its hold
+        (``held_until``, when held), and with ``query.quota`` the figures of that budget's
+        current window -- read only, one read.
 
         The window is the epoch-aligned one holding ``now`` (the medium's clock): one nothing
         was taken from yet answers ``used`` 0, one older than the newest kept (the clock
         stepped back) answers ``used == limit``, as a claim would find it; ``used`` never
         exceeds ``query.quota.limit``. Running, blocked and final tasks are not counted.
+        """
+        ...
+
+    def hold(self, hold: Hold) -> datetime | None:
+        """Hold ``hold.queue`` until ``now + hold.for_`` (None: until resumed), keeping a longer
+        hold already set, or with ``hold.resume`` end its hold; answer the queue's hold after
+        the call (`HELD_INDEFINITELY` until resumed; None: not held).
+
+        While a queue is held no claim leases its tasks (`Claimed.held_until`); running tasks
+        are not touched. A queue needs no task to be held.
         """
         ...
 
@@ -359,6 +371,7 @@ class Broker(Protocol):
         (under the lease's token, expiring with the lease) and one start of the rate. Units,
         slots and starts are spent only for tasks claimed, so a failed call spends nothing.
         The claim sees what the acks wrote: a child they made ready may be leased by it.
+        A held queue (`hold`, ``Retry.hold_queue``) leases nothing and answers ``held_until``.
         """
         ...
 
@@ -372,9 +385,10 @@ class Broker(Protocol):
         no counter; `Canceled` ends a run stopped by a cancel (with cascade). A `Retry` or
         `Requeue` of a task whose cancel was requested cancels it instead (with cascade).
         Items are independent: an unknown id or a stale token answers its own item with
-        `TaskNotFoundError`/`LeaseLostError` and changes nothing for it; a lease named twice
-        is settled once (the later item answers `LeaseLostError`). A value the medium cannot
-        store raises for the whole call, before anything is written. Given-back quota units
+        `TaskNotFoundError`/`LeaseLostError` and changes nothing for it; a `Retry` with
+        ``hold_queue`` whose token holds the task also holds its queue until ``now + delay``;
+        a lease named twice is settled once (the later item answers `LeaseLostError`). A value
+        the medium cannot store raises for the whole call, before anything is written. Given-back quota units
         go to the window they came from (never below 0); slots not held are ignored.
         """
         ...

@@ -9,7 +9,12 @@ Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` 
 `QuotaSpec`, `SharedLimits` and acks to carry); `Broker.settle` takes `Settle` (`Complete`,
 `Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
 `Heartbeat`; `Broker.replay` takes `Replay`; `Broker.queue_state` takes `QueueQuery` and answers
-`QueueState` (with the figures of a quota's window, `QuotaUsage`).
+`QueueState` (with the figures of a quota's window, `QuotaUsage`); `Broker.hold` takes `Hold`.
+
+A queue's hold (a pause by hand, or a queue-wide throttle: ``Retry.hold_queue``) is one time per
+queue, on the medium's clock, before which no claim leases its tasks (`Claimed.held_until`
+answers it); a queue paused until resumed reads as `HELD_INDEFINITELY`. A hold never shortens a
+longer one; only a resume (``Hold(resume=True)``) ends a hold early.
 
 Where the coming features go: a priority or a group is a `NewTask` field and enters the claim
 order or `SharedLimits` (group slots and rates beside the queue's); shared limits on SQL are
@@ -17,8 +22,8 @@ the broker honouring `Claim.shared`; a queue-wide hold is a field of `Retry` (ho
 too) and of `Claim` (answered as held); a step of a pipeline is a `Complete` that submits the
 next task in the same unit; a queue's quota figures are a field of `QueueQuery` (what
 replaced reading a queue's length). What is a new verb (about four in all): holding and
-resuming a queue by hand, pruning finished tasks, and a submit inside the application's own
-transaction.
+resuming a queue by hand (`Broker.hold`, done), pruning finished tasks, and a submit inside
+the application's own transaction.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from taskgate.brokers.base import (
     MAX_DELAY,
@@ -45,6 +50,7 @@ from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.task import Status, Task
 
 __all__ = [
+    "HELD_INDEFINITELY",
     "Canceled",
     "Claim",
     "Claimed",
@@ -53,6 +59,7 @@ __all__ = [
     "Finish",
     "GiveBack",
     "Heartbeat",
+    "Hold",
     "ItemAnswer",
     "QueueQuery",
     "QueueState",
@@ -66,6 +73,9 @@ __all__ = [
     "Submit",
     "Submitted",
 ]
+
+# The hold of a queue paused until resumed: later than any time a clock reads.
+HELD_INDEFINITELY = datetime.max.replace(tzinfo=UTC)
 
 # One settled item's answer: its snapshot (None when `Settle.snapshots` is False), or the error
 # that item alone met -- the lease is no longer this token's, or the task is gone.
@@ -199,11 +209,40 @@ class QuotaUsage:
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
-    """What `Broker.queue_state` read: ``queue_len`` (pending + retrying, due or not) and,
-    when a quota was asked, its window's figures."""
+    """What `Broker.queue_state` read: ``queue_len`` (pending + retrying, due or not), when a
+    quota was asked its window's figures, and ``held_until``: the queue's hold when it is held
+    (`HELD_INDEFINITELY` until resumed), else None."""
 
     queue_len: int
     quota: QuotaUsage | None = None
+    held_until: datetime | None = None
+
+
+# -- hold --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Hold ``queue`` -- no claim leases its tasks until the hold ends -- or end its hold; see
+    `Broker.hold`.
+
+    ``for_``: hold it until ``now + for_`` (> 0, at most `MAX_DELAY`), or until resumed when
+    None; a longer hold already set is kept. ``resume=True``: end the queue's hold now, whatever
+    set it (``for_`` must then be None).
+    """
+
+    queue: str
+    for_: timedelta | None = None
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        check_identifier(self.queue, what="Hold.queue")
+        if not isinstance(self.resume, bool):
+            raise TypeError(f"Hold.resume must be a bool, got {self.resume!r}")
+        if self.for_ is not None:
+            _duration(self.for_, what="Hold.for_", positive=True, maximum=MAX_DELAY)
+            if self.resume:
+                raise ValueError(f"Hold.for_ must be None with resume=True, got {self.for_!r}")
 
 
 # -- claim -------------------------------------------------------------------------------
@@ -313,7 +352,9 @@ class Claimed:
     ``exhausted`` True when its window had none left at all (wait for ``window_end``).
     ``retry_after`` > 0: the shared rate held due tasks back for that many seconds.
     ``failed``: the acks were written but the claim then failed (no leases); a broker whose
-    call is one transaction raises instead, having written nothing.
+    call is one transaction raises instead, having written nothing. ``held_until``: the queue
+    is held until then (`HELD_INDEFINITELY`: until resumed) -- nothing was leased, nor any
+    unit, slot or start spent; the acks were written all the same.
     """
 
     leases: list[Lease]
@@ -322,6 +363,7 @@ class Claimed:
     exhausted: bool = False
     retry_after: float = 0.0
     failed: BrokerError | None = None
+    held_until: datetime | None = None
 
 
 # -- settle ------------------------------------------------------------------------------
@@ -338,7 +380,10 @@ def _failure(kind: object, error: object, what: str) -> None:
 class Retry:
     """Count a failure by ``kind`` and make the task due again after ``delay``.
 
-    ``error`` is stored as `storable_error` makes it.
+    ``error`` is stored as `storable_error` makes it. ``hold_queue``: also hold the task's
+    queue until ``now + delay`` in the same unit (a queue-wide throttle), keeping a longer
+    hold already set -- also when a cancel requested meanwhile cancels the task instead;
+    a stale token holds nothing.
     """
 
     task_id: str
@@ -346,11 +391,14 @@ class Retry:
     kind: FailureKind
     error: str
     delay: timedelta = timedelta(0)
+    hold_queue: bool = False
 
     def __post_init__(self) -> None:
         _lease_ref(self.task_id, self.token, "Retry")
         _failure(self.kind, self.error, "Retry")
         _duration(self.delay, what="Retry.delay", positive=False, maximum=MAX_DELAY)
+        if not isinstance(self.hold_queue, bool):
+            raise TypeError(f"Retry.hold_queue must be a bool, got {self.hold_queue!r}")
         object.__setattr__(self, "error", storable_error(self.error))
 
 

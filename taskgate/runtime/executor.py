@@ -82,8 +82,12 @@ class Executor:
         thread_limiter: anyio.CapacityLimiter,
         on_settled: Settled,
         keeper: LeaseKeeper,
+        on_hold: Callable[[str, float], None] = lambda queue, seconds: None,
     ) -> None:
+        """``on_hold(queue, seconds)`` is told of a queue-wide throttle before its worker is
+        free again, so this process starts nothing more of the queue while the hold is written."""
         self._broker, self._calls, self._handlers = broker, calls, handlers
+        self._on_hold = on_hold
         self._throttled_max = throttled_max
         self._threads = thread_limiter
         self._on_settled = on_settled
@@ -114,6 +118,8 @@ class Executor:
             raise
         finally:
             self._keeper.remove(ctx)
+        if type(outcome) is Retry and outcome.hold_queue:
+            self._on_hold(ctx.task.queue, outcome.delay)
         ctx.release_slot()
         if _hand_to_writer(ctx, outcome):
             return  # the common case awaits nothing: the queue's ack writer completes the task
@@ -263,8 +269,8 @@ def _settle_item(task_id: str, token: str, outcome: Outcome) -> Finish | None:
     match outcome:
         case Ack(result):
             return Complete(task_id, token, result)
-        case Retry(kind, error, delay):
-            return params.Retry(task_id, token, kind, error, timedelta(seconds=delay))
+        case Retry(kind, error, delay, hold_queue):
+            return params.Retry(task_id, token, kind, error, timedelta(seconds=delay), hold_queue)
         case Fail(kind, error):
             return params.Fail(task_id, token, kind, error)
         case Stop(StopReason.CANCELED):

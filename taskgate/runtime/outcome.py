@@ -13,7 +13,7 @@ from enum import Enum
 
 from taskgate.brokers.base import FailureKind
 from taskgate.brokers.checks import storable_error
-from taskgate.errors import SkipRetry, Throttled, UnknownTypeError, check_retry_after
+from taskgate.errors import SkipRetry, Throttled, UnknownTypeError, check_retry_after, check_scope
 from taskgate.runtime.backoff import business_backoff
 from taskgate.task import Task
 
@@ -49,11 +49,13 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Back to ``retrying`` after ``delay`` seconds, counting ``kind``."""
+    """Back to ``retrying`` after ``delay`` seconds, counting ``kind``; ``hold_queue``: the
+    task's queue is held as long (a queue-wide throttle)."""
 
     kind: FailureKind
     error: str
     delay: float
+    hold_queue: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +118,14 @@ def decide(
     """
     if isinstance(exc, Throttled):
         try:
-            # Checked at construction; again here for one whose attribute changed since.
+            # Checked at construction; again here for one whose attributes changed since.
             retry_after = check_retry_after(getattr(exc, "retry_after", None))
+            whole_queue = check_scope(getattr(exc, "scope", "task")) == "queue"
         except (TypeError, ValueError) as bad:
             return decide(bad, task, throttled_max=throttled_max, rand=rand)
         if task.throttled + 1 > throttled_max:
-            return Fail(FailureKind.THROTTLED, describe(exc))
-        return Retry(FailureKind.THROTTLED, describe(exc), retry_after)
+            return Fail(FailureKind.THROTTLED, describe(exc))  # failed for good: no hold either
+        return Retry(FailureKind.THROTTLED, describe(exc), retry_after, hold_queue=whole_queue)
     if isinstance(exc, SkipRetry):
         return Fail(FailureKind.SKIP, describe(exc))
     attempts = task.attempts + 1

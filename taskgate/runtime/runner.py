@@ -195,6 +195,19 @@ class Runtime:
         if scheduler is not None:
             scheduler.wake()
 
+    def hold_here(self, queue: str, seconds: float | None) -> None:
+        """Start nothing more of ``queue`` in this process for ``seconds`` (None: until the
+        store says it is no longer held), at once, while the hold is written to the store."""
+        scheduler = self.schedulers.get(queue)
+        if scheduler is not None:
+            scheduler.hold_here(seconds)
+
+    def resume_here(self, queue: str) -> None:
+        """``queue`` was resumed: its scheduler claims again now."""
+        scheduler = self.schedulers.get(queue)
+        if scheduler is not None:
+            scheduler.resume_here()
+
     def wake_all(self, *, new_work: bool = False) -> None:
         """Wake every scheduler: work was queued elsewhere (``new_work``) or children may be due."""
         for scheduler in self.schedulers.values():
@@ -323,6 +336,7 @@ class Runtime:
             thread_limiter=self._thread_limiter(),
             on_settled=lambda task: self.observe([task]),
             keeper=self.keeper,
+            on_hold=self.hold_here,
         )
 
     def _limits(self, name: str, conf: QueueConfig) -> Limits:
@@ -349,9 +363,10 @@ class Runtime:
         lane: Lane,
     ) -> None:
         conf = scheduler.conf
-        if self._grace_over:
-            # Claimed after shutdown's grace ran out: its handler will not start, so the lease
-            # goes back as if never claimed, its quota unit (from ``grant``) and slot with it.
+        if self._grace_over or scheduler.held:
+            # Claimed after shutdown's grace ran out, or just before a queue-wide throttle of
+            # this process: its handler will not start, so the lease goes back as if never
+            # claimed, its quota unit (from ``grant``) and slot with it.
             scheduler.running -= 1
             with anyio.CancelScope(shield=True):
                 await scheduler.put_back([(lease, grant)])

@@ -9,22 +9,29 @@ Claimed leases go to the queue's ``workers`` long-lived worker tasks through a `
 finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
 
 A lease whose handler never starts -- claimed by a call that answered too late, left in the
-feed when the workers stop -- goes back with its quota unit and slot (`taskgate.runtime.putback`).
+feed when the workers stop, or come back just after a queue-wide throttle here -- goes back with
+its quota unit and slot (`taskgate.runtime.putback`).
+
+A held queue (`Gate.pause`, a queue-wide `Throttled`: claims answer ``Claimed.held_until``)
+claims nothing; its scheduler looks again when the hold ends or after a poll interval, whichever
+comes first, so a resume in another process is seen within one poll interval.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from contextlib import nullcontext
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 
 from taskgate.brokers.base import Broker, Lease, QuotaGrant
-from taskgate.brokers.params import Claim, Claimed, Complete, SharedLimits
+from taskgate.brokers.params import HELD_INDEFINITELY, Claim, Claimed, Complete, SharedLimits
 from taskgate.config import QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.acks import AckWriter
@@ -91,6 +98,11 @@ class QueueScheduler:
         self.running = 0
         self._stopping = False
         self._paused_until = 0.0
+        # Holds (a pause, a queue-wide throttle): until when this process starts nothing of the
+        # queue (`hold_here`), and whether the store answered the last claim "held".
+        self._held_here_until = 0.0
+        self._held_here_since = 0.0
+        self._store_holds = False
         self._claim_failures = 0
         self._claim_started = 0.0
         self._held_by_rate = False  # the last combined claim left due tasks for the rate
@@ -104,12 +116,34 @@ class QueueScheduler:
 
     @property
     def idle(self) -> bool:
-        """The last claim found less than it asked for (or none was made yet).
+        """The last claim found less than it asked for (or none was made yet), and the queue
+        is not held.
 
         Only an idle queue waits for news of work; a busy one claims again by itself as soon
-        as a worker is free.
+        as a worker is free, and a held one looks again every poll interval by itself.
         """
-        return self._idle
+        return self._idle and not self._store_holds and not self.held
+
+    @property
+    def held(self) -> bool:
+        """This process starts nothing of the queue now: a throttle or pause made here holds it."""
+        # Asked before every start: the clock is read only while a hold is set.
+        return self._held_here_until > 0.0 and anyio.current_time() < self._held_here_until
+
+    def hold_here(self, seconds: float | None) -> None:
+        """Claim and start nothing for ``seconds`` (None: until the store answers a claim
+        unheld), looking at the store again every poll interval meanwhile (a resume elsewhere)."""
+        now = anyio.current_time()
+        left = math.inf if seconds is None else seconds
+        self._held_here_until, self._held_here_since = now + left, now
+        self._paused_until = max(self._paused_until, now + min(self._poll, left))
+
+    def resume_here(self) -> None:
+        """The queue was resumed: claim again now."""
+        self._held_here_until = 0.0
+        self._store_holds = False
+        self._paused_until = 0.0
+        self.wake()
 
     def stop(self) -> None:
         """Stop claiming; the loop ends at its next check."""
@@ -260,6 +294,12 @@ class QueueScheduler:
             self._pause(backoff)
             return None
         self._claim_failures = 0
+        if claimed.held_until is not None:
+            self._held_by_store(claimed.held_until)
+            return None
+        self._store_holds = False
+        if self._claim_started >= self._held_here_since:
+            self._held_here_until = 0.0  # asked after the hold was set, the store holds nothing
         self._held_by_rate = claimed.retry_after > 0
         if self._held_by_rate:
             self._pause(claimed.retry_after)
@@ -306,6 +346,15 @@ class QueueScheduler:
 
     def _pause(self, seconds: float) -> None:
         self._paused_until = anyio.current_time() + seconds
+
+    def _held_by_store(self, until: datetime) -> None:
+        """The queue is held until ``until`` (the store's clock): look again when that comes,
+        by this host's clock, or after a poll interval, whichever is first -- a resume in
+        another process is seen within one poll interval."""
+        self._store_holds = True
+        left = (until - datetime.now(UTC)).total_seconds() if until < HELD_INDEFINITELY else math.inf
+        # A hold this host's clock sees ended already: the clocks differ, look again soon.
+        self._pause(min(self._poll, left if left > 0 else 0.05))
 
 
 async def _work(feed: Feed[ClaimedLease], start: StartLease) -> None:

@@ -61,6 +61,7 @@ class StatsReader:
             quota_used=usage.used if usage is not None else 0,
             quota_window_end=usage.window_end if usage is not None else None,
             reachable=reachable,
+            paused_until=state.held_until,
         )
 
     def _quota_spec(self, queue: str, conf: QueueConfig) -> QuotaSpec | None:

@@ -52,6 +52,15 @@ def _timeout(timeout: DurationLike | None) -> timedelta | None:
     return value
 
 
+def pause_for(for_: DurationLike | None) -> timedelta | None:
+    """`Gate.pause`'s ``for_`` read like ``delay`` (None: until resumed): > 0, at most
+    `MAX_DELAY`; else `TypeError`/`ValueError` naming it."""
+    value = _duration(for_, "for_", "10m")
+    if value is not None and not timedelta(0) < value <= MAX_DELAY:
+        raise ValueError(f"for_ must be > 0 and at most {MAX_DELAY.days} days, got {for_!r}")
+    return value
+
+
 def _run_at(run_at: datetime | None) -> datetime | None:
     if run_at is None:
         return None

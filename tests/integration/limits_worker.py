@@ -4,7 +4,8 @@ The test starts children with multiprocessing's ``spawn`` context (`serve` is th
 Each child runs a Gate serving type ``t`` on queue ``q`` under the limits it is given, with a
 handler that holds its slot for ``hold`` seconds (a gateway call), until the store counts
 ``total`` finished tasks (submitted by the test once every child's gate runs) -- or, with
-``total=0``, until it is killed. Every handler start and
+``total=0``, until it is killed. A task named by ``throttle`` raises a queue-wide `Throttled`
+on its first run (recorded as ``throttle``, just before it raises). Every handler start and
 end goes to a shared ledger file, one line each, appended with ``O_APPEND`` (atomic for lines
 this short) and stamped with ``time.monotonic_ns()``: one clock for every process of the host.
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from taskgate import Config, Filter, Gate, QueueConfig, Task, TaskFailedError
+from taskgate import Config, Filter, Gate, QueueConfig, Task, TaskFailedError, Throttled
 from taskgate.brokers import open_broker
 
 __all__ = ["Ledger", "WorkerSpec", "serve"]
@@ -39,6 +40,8 @@ class WorkerSpec:
     hold: float = 0.03
     total: int = 0  # stop once this many tasks of type ``t`` are final; 0 = run until killed
     broker_options: dict[str, Any] = field(default_factory=dict)
+    throttle: str = ""  # the id of a task whose first run throttles the whole queue
+    retry_after: float = 1.0  # that throttle's, in seconds
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,9 @@ async def _serve(spec: WorkerSpec, ready: Any, go: Any) -> None:
         # Recorded after the claim and before the slot goes back: each run's [start, end] lies
         # inside the time its slot was held, so overlapping runs never overstate concurrency.
         ledger.record("start", task.id)
+        if task.id == spec.throttle and task.throttled == 0:
+            ledger.record("throttle", task.id)
+            raise Throttled(retry_after=spec.retry_after, scope="queue")
         await anyio.sleep(spec.hold)
         ledger.record("end", task.id)
 

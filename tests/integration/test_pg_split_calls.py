@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, event, text
 from taskgate import QueueConfig, Status, Task
 from taskgate.brokers import nowait
 from taskgate.brokers.base import Lease, NewTask, QuotaSpec
-from taskgate.brokers.params import Claim, Claimed, Complete, SharedLimits, Submit
+from taskgate.brokers.params import Claim, Claimed, Complete, Hold, SharedLimits, Submit
 from taskgate.brokers.split import MAX_SPLIT_REQUEST
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql import engine as engine_module
@@ -149,6 +149,24 @@ def test_a_split_claim_within_quota_never_over_issues_its_window(broker: Countin
     assert steps.ack(broker, taken.leases[0].task.id, taken.leases[0].token, None).status is Status.COMPLETED
     spent = _split(broker, broker.claim, _claim("q", 1, quota))
     assert spent.leases == [] and spent.exhausted
+
+
+def test_a_split_claim_of_a_held_queue_leases_nothing_and_answers_its_hold(broker: CountingSplits) -> None:
+    _ready(broker)
+    steps.enqueue(broker, [new_task() for _ in range(2)])
+    quota = QuotaSpec("ocr", 3, timedelta(hours=1))
+    assert len(broker.claim(_claim("q", 1, quota)).leases) == 1  # opens the window row
+    until = broker.hold(Hold("q", for_=timedelta(minutes=5)))
+    assert until is not None
+    plain = _split(broker, broker.claim, _claim("q", 5))
+    within_quota = _split(broker, broker.claim, _claim("q", 5, quota))
+    assert (plain.leases, plain.held_until) == ([], until)
+    assert (within_quota.leases, within_quota.held_until) == ([], until)
+    assert within_quota.quota is not None and within_quota.quota.granted == 0
+    assert broker.hold(Hold("q", resume=True)) is None
+    resumed = _split(broker, broker.claim, _claim("q", 5))
+    assert (len(resumed.leases), resumed.held_until) == (1, None)
+    assert broker.split_names == ["claim", "claim", "claim"]
 
 
 def test_a_split_get_answers_every_field_as_the_thread_path_reads_it(broker: CountingSplits) -> None:

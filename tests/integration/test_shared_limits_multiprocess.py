@@ -150,6 +150,29 @@ def test_rate_holds_across_three_processes(store: tuple[str, dict[str, Any]], tm
     _completed_once(store, ids)
 
 
+def test_a_queue_wide_throttle_holds_every_process_until_retry_after(
+    store: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    # Starts may follow the throttle by ``IN_FLIGHT``: a claim another process committed before
+    # the hold was written (the throttle is recorded before the handler raises) still starts
+    # its tasks. The hold ends ``retry_after`` after it was written, on the store's clock (this
+    # host's), which the ledger's monotonic clock may read up to ``CLOCKS`` apart.
+    retry_after, in_flight, clocks = 1.0, 0.25, 0.02
+    ledger = Ledger(str(tmp_path / "ledger"))
+    spec = _spec(store, Path(ledger.path), 40, workers=2)
+    throttling = WorkerSpec(**{**spec.__dict__, "throttle": "task-004", "retry_after": retry_after})
+    ids = _run([throttling] * PROCESSES, lambda: _submit(store, 40))
+
+    (throttled_at,) = [e.at for e in ledger.entries() if e.event == "throttle"]
+    held = (throttled_at + in_flight * 1e9, throttled_at + (retry_after - clocks) * 1e9)
+    starts = ledger.starts()
+    assert [at for at in starts if held[0] < at < held[1]] == []  # no process started anything
+    # Most tasks were still waiting at the throttle (it is among the first claimed): they ran after.
+    assert len([at for at in starts if at >= held[1]]) >= len(ids) // 2
+    assert sorted({task_id for _, _, task_id, _ in ledger.runs()}) == ids
+    _completed_once(store, ids)
+
+
 def test_shared_limits_false_counts_workers_in_each_process(
     store: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -82,6 +82,24 @@ def test_throttled_retries_after_its_delay_until_throttled_max():
     )
 
 
+def test_a_queue_wide_throttle_retries_holding_the_queue_until_its_retry_after_is_spent():
+    exc = Throttled(retry_after=7, scope="queue")
+    assert decide(exc, _task(throttled=1), throttled_max=2) == Retry(
+        FailureKind.THROTTLED, "Throttled: throttled", 7.0, hold_queue=True
+    )
+    assert decide(exc, _task(throttled=2), throttled_max=2) == Fail(
+        FailureKind.THROTTLED, "Throttled: throttled"
+    )
+
+
+def test_a_throttle_whose_scope_was_changed_to_an_unknown_one_fails_as_a_business_failure():
+    exc = Throttled(retry_after=1, scope="queue")
+    exc.scope = "everything"
+    outcome = decide(exc, _task(max_retry=0), throttled_max=10)
+    assert isinstance(outcome, Fail) and outcome.kind is FailureKind.BUSINESS
+    assert "'everything'" in outcome.error
+
+
 def test_skip_retry_and_unknown_type_fail_at_once():
     assert decide(SkipRetry("no"), _task(max_retry=9), throttled_max=1) == Fail(
         FailureKind.SKIP, "SkipRetry: no"

@@ -23,6 +23,7 @@ from taskgate.brokers.base import (
 )
 from taskgate.brokers.checks import check_count, check_queues, check_timeout
 from taskgate.brokers.memory._dependencies import arrival_status, settle_children
+from taskgate.brokers.memory._holds import HoldBook
 from taskgate.brokers.memory._quota import QuotaBook
 from taskgate.brokers.memory._record import Record
 from taskgate.brokers.memory._table import READY_STATUSES, TaskTable
@@ -35,6 +36,7 @@ from taskgate.brokers.params import (
     Finish,
     GiveBack,
     Heartbeat,
+    Hold,
     ItemAnswer,
     QueueQuery,
     QueueState,
@@ -87,6 +89,7 @@ class MemoryBroker:
         self._cond = threading.Condition(threading.Lock())
         self._table = TaskTable()
         self._quota = QuotaBook()
+        self._holds = HoldBook()
         # Bumped (under the lock) whenever a queue may have new work; waiters compare.
         self._signals: defaultdict[str, int] = defaultdict(int)
         self._closed = False
@@ -223,9 +226,21 @@ class MemoryBroker:
             raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
         with self._cond:
             self._check_open()
+            now = self._now()
             queue_len = self._table.queue_length(query.queue)
             quota = query.quota
-            return QueueState(queue_len, None if quota is None else self._quota.usage(quota, self._now()))
+            usage = None if quota is None else self._quota.usage(quota, now)
+            return QueueState(queue_len, usage, self._holds.until(query.queue, now))
+
+    def hold(self, hold: Hold) -> datetime | None:
+        """Hold ``hold.queue`` (keeping a longer hold) or end its hold; its hold after the call."""
+        if not isinstance(hold, Hold):
+            raise TypeError(f"hold takes a Hold, got {type(hold).__name__}")
+        with self._cond:
+            held = self._holds.apply(hold, self._now())
+            if held is None:
+                self._signal([hold.queue])  # resumed: waiters may claim its due tasks now
+            return held
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 
@@ -252,6 +267,9 @@ class MemoryBroker:
 
     def _claim_due(self, claim: Claim, now: datetime, acked: builtins.list[ItemAnswer]) -> Claimed:
         """The leasing half of `claim` (under the lock), within its quota when it has one."""
+        held = self._holds.until(claim.queue, now)
+        if held is not None:
+            return Claimed([], acked, held_until=held)
         quota = claim.quota
         if quota is None:
             return Claimed(self._lease_due(claim.queue, claim.limit, claim.lease_ttl, now), acked)
@@ -331,6 +349,8 @@ class MemoryBroker:
         elif isinstance(item, Retry):
             # Cancel requested meanwhile: the failure still counts, and the task is canceled.
             _count_failure(record, item.kind, item.error)
+            if item.hold_queue:
+                self._holds.extend(record.queue, now + item.delay)
             if record.cancel_requested:
                 self._finish(record, Status.CANCELED, now)
             else:

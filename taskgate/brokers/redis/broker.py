@@ -7,6 +7,7 @@ import functools
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from taskgate.brokers.base import Capabilities, SettledSink, Unset, check_identifier
@@ -15,6 +16,7 @@ from taskgate.brokers.params import (
     Claim,
     Claimed,
     Heartbeat,
+    Hold,
     ItemAnswer,
     QueueQuery,
     QueueState,
@@ -34,6 +36,7 @@ from taskgate.brokers.redis.codec import (
     enqueued,
     enqueued_arrivals,
     from_us,
+    hold_from,
     task_from_values,
     to_us,
     ttl_us,
@@ -271,13 +274,22 @@ class RedisBroker:
             raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
         quota = query.quota
         if quota is None:
-            (queue_len,) = self._run("queue_state", [query.queue, ""])
-            return QueueState(int(queue_len))
+            queue_len, held = self._run("queue_state", [query.queue, ""])
+            return QueueState(int(queue_len), held_until=hold_from(held))
         args = [query.queue, quota.key, quota.limit, ttl_us(quota.period)]
-        queue_len, start_us, used = self._run("queue_state", args)
+        queue_len, held, start_us, used = self._run("queue_state", args)
         start = from_us(start_us)
         usage = QuotaUsage(quota.key, quota.limit, int(used), start, start + quota.period)
-        return QueueState(int(queue_len), usage)
+        return QueueState(int(queue_len), usage, hold_from(held))
+
+    def hold(self, hold: Hold) -> datetime | None:
+        """Hold ``hold.queue`` (keeping a longer hold) or end its hold -- its ``hold:<queue>``
+        key, one script (``hold.lua``); its hold after the call."""
+        if not isinstance(hold, Hold):
+            raise TypeError(f"hold takes a Hold, got {type(hold).__name__}")
+        how = "resume" if hold.resume else "-1" if hold.for_ is None else ttl_us(hold.for_)
+        (held,) = self._run("hold", [hold.queue, how])
+        return hold_from(held)
 
     # -- tasks: the worker's transitions ---------------------------------------------------
 

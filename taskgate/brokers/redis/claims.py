@@ -14,7 +14,7 @@ from typing import Any
 from taskgate.brokers.base import Lease, QuotaGrant, QuotaSpec
 from taskgate.brokers.params import Claim, Claimed, ItemAnswer, SharedLimits
 from taskgate.brokers.redis.acks import ack_args, quiet_answer
-from taskgate.brokers.redis.codec import from_us, lease_from_values, ttl_us
+from taskgate.brokers.redis.codec import from_us, hold_from, lease_from_values, ttl_us
 from taskgate.brokers.redis.replies import unwrap
 from taskgate.errors import BrokerError
 from taskgate.ids import new_tokens
@@ -33,7 +33,7 @@ def claim_call(claim: Claim) -> tuple[str, list[Any], Callable[[list[Any]], Clai
     its arguments after "now", and the claim's answer from the script's whole reply."""
     script, args, reading = _claim_part(claim)
     if not claim.acks:
-        return script, args, lambda reply: reading(unwrap(reply), [])
+        return script, args, lambda reply: _held(reply, []) or reading(unwrap(reply), [])
     acks = ack_args("quiet", claim.acks)
     chain = _AFTER_ACKS[script]
 
@@ -41,6 +41,9 @@ def claim_call(claim: Claim) -> tuple[str, list[Any], Callable[[list[Any]], Clai
         acked, *claim_reply = reply
         answers = [quiet_answer(item) for item in unwrap(acked)]
         (claim_values,) = claim_reply  # the acks part answered "ok": the claim part ran
+        held = _held(claim_values, answers)
+        if held is not None:
+            return held
         if claim_values[0] != b"ok":
             # The acks are written: the claim's failure is answered, not raised.
             failure = BrokerError(f"Redis script {chain} failed in its claim part: {_text(claim_values[1:])}")
@@ -48,6 +51,13 @@ def claim_call(claim: Claim) -> tuple[str, list[Any], Callable[[list[Any]], Clai
         return reading(unwrap(claim_values), answers)
 
     return chain, [len(acks), *acks, *args], answer
+
+
+def _held(reply: Sequence[Any], acked: list[ItemAnswer]) -> Claimed | None:
+    """The answer of a claim script that found its queue held (``{"held", until}``), else None."""
+    if reply[0] != b"held":
+        return None
+    return Claimed(leases=[], acked=acked, held_until=hold_from(reply[1]))
 
 
 def _claim_part(claim: Claim) -> tuple[str, list[Any], Reading]:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from taskgate.brokers.base import Lease, NewTask
+from taskgate.brokers.params import HELD_INDEFINITELY
 from taskgate.clock import utc
 from taskgate.task import STATUS_BY_VALUE, Status, Task, task_from_fields
 
@@ -50,6 +51,15 @@ def ttl_us(duration: timedelta) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
+def hold_from(value: bytes | str) -> datetime | None:
+    """A queue's hold as the scripts answer it (`queue_hold`): µs, "-1" until resumed, "" none."""
+    if value in (b"", ""):
+        return None
+    if value in (b"-1", "-1"):
+        return HELD_INDEFINITELY
+    return from_us(value)
+
+
 def from_us(value: bytes | str | int) -> datetime:
     """The aware UTC datetime of a stored microsecond count.
 

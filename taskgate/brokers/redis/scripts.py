@@ -48,6 +48,7 @@ SCRIPT_NAMES = (
     "claim_quota",
     "enqueue",
     "heartbeat",
+    "hold",
     "list",
     "next_due",
     "queue_state",

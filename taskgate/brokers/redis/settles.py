@@ -46,7 +46,8 @@ def _item_args(item: Finish) -> tuple[Any, ...]:
         result = item.result
         return ("complete", item.task_id, item.token, 0 if result is None else 1, result or b"")
     if isinstance(item, Retry):
-        return ("retry", item.task_id, item.token, item.kind.value, item.error, ttl_us(item.delay))
+        hold = 1 if item.hold_queue else 0
+        return ("retry", item.task_id, item.token, item.kind.value, item.error, ttl_us(item.delay), hold)
     if isinstance(item, Fail):
         return ("fail", item.task_id, item.token, item.kind.value, item.error)
     if isinstance(item, Requeue):

@@ -43,6 +43,7 @@ from taskgate.brokers.params import (
     Complete,
     Finish,
     Heartbeat,
+    Hold,
     ItemAnswer,
     QueueQuery,
     QueueState,
@@ -57,6 +58,7 @@ from taskgate.brokers.sql import (
     batch,
     create,
     finish,
+    holds,
     leases,
     quota_claim,
     quotas,
@@ -295,6 +297,13 @@ class SQLBroker:
             raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
         return self._read("queue_state", lambda tx: reads.queue_state(tx, query.queue, query.quota))
 
+    def hold(self, hold: Hold) -> datetime | None:
+        """Hold ``hold.queue`` (keeping a longer hold) or end its hold, under its row's lock in
+        ``<prefix>queue_limits`` (`taskgate.brokers.sql.holds`); its hold after the call."""
+        if not isinstance(hold, Hold):
+            raise TypeError(f"hold takes a Hold, got {type(hold).__name__}")
+        return self._run("hold", lambda tx: holds.hold(tx, hold))
+
     def _read(self, operation: str, step: Callable[[Tx], _T], *, inline: bool = False) -> _T:
         """Run a read of ONE statement: in autocommit where the driver switches a connection to
         it for free (psycopg: no BEGIN and COMMIT), else in a read-only transaction (SQLite;
@@ -323,7 +332,7 @@ class SQLBroker:
             return self._claim_within_quota(acks, claim.queue, claim.limit, claim.lease_ttl, claim.quota)
         if acks:
             return self._claim_after_acks(acks, claim.queue, claim.limit, claim.lease_ttl)
-        return Claimed(self._claim(claim.queue, claim.limit, claim.lease_ttl))
+        return self._claim(claim.queue, claim.limit, claim.lease_ttl)
 
     def _claim_shared(self, claim: Claim) -> Claimed:
         """``claim.acks`` (quietly), then the claim under its shared limits (and quota), in one
@@ -354,18 +363,21 @@ class SQLBroker:
             claimed = slots.hand_over(tx, claim, take) if hand_over else None
             if claimed is None:
                 claimed = slots.claim_shared(tx, claim, take)
-            return _with_acks(claimed, answers)
+            return _with_acks(holds.answer_if_held(tx, queue, claimed), answers)
 
         return self._run("claim", step, inline=small)
 
-    def _claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
-        """A claim alone: one statement in autocommit on PostgreSQL, a transaction elsewhere."""
+    def _claim(self, queue: str, limit: int, lease_ttl: timedelta) -> Claimed:
+        """A claim alone: one statement in autocommit on PostgreSQL, a transaction elsewhere
+        (which reads the queue's hold only when it leased nothing)."""
         if self._traits.dml_ctes:
             step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
             return self._run("claim", step, one_statement=True)
-        return self._run(
-            "claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl), inline=limit <= INLINE_MAX_ROWS
-        )
+
+        def claimed(tx: Tx) -> Claimed:
+            return holds.answer_if_held(tx, queue, Claimed(leases.claim(tx, queue, limit, lease_ttl)))
+
+        return self._run("claim", claimed, inline=limit <= INLINE_MAX_ROWS)
 
     def _claim_after_acks(
         self, acks: tuple[Complete, ...], queue: str, limit: int, lease_ttl: timedelta
@@ -375,7 +387,9 @@ class SQLBroker:
 
         def step(tx: Tx) -> Claimed:
             acked = batch.ack_many(tx, acks, snapshots=False)
-            return Claimed(leases.claim(tx, queue, limit, lease_ttl), acked=acked)
+            return holds.answer_if_held(
+                tx, queue, Claimed(leases.claim(tx, queue, limit, lease_ttl), acked=acked)
+            )
 
         return self._run("claim", step, inline=len(acks) + limit <= INLINE_MAX_ROWS)
 
@@ -404,7 +418,8 @@ class SQLBroker:
 
             def counted(tx: Tx) -> Claimed:
                 answers = acked(tx)
-                return _with_acks(quota_claim.claim_then_count(tx, queue, limit, lease_ttl, quota), answers)
+                claimed = quota_claim.claim_then_count(tx, queue, limit, lease_ttl, quota)
+                return _with_acks(holds.answer_if_held(tx, queue, claimed), answers)
 
             try:
                 return self._run("claim", counted, inline=small)
@@ -414,7 +429,7 @@ class SQLBroker:
         def step(tx: Tx) -> Claimed:
             answers = acked(tx)
             claimed = _claim_within_units(tx, quota, limit, lambda k: leases.claim(tx, queue, k, lease_ttl))
-            return _with_acks(claimed, answers)
+            return _with_acks(holds.answer_if_held(tx, queue, claimed), answers)
 
         return self._run("claim", step, inline=small)
 
@@ -612,7 +627,7 @@ class SQLBroker:
                 tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota
             )
             return plan.then(_or_thread)  # None: the window has no row yet, which a transaction opens
-        return leases.claim_plan(tx, claim.queue, claim.limit, claim.lease_ttl).then(Claimed)
+        return leases.claim_plan(tx, claim.queue, claim.limit, claim.lease_ttl)
 
     def _plan_submit(self, tx: Tx, submit: Submit) -> OneStatement[Submitted] | None:
         """The one-statement insert of a single task (a batch: None)."""

@@ -19,6 +19,7 @@ from sqlalchemy import Delete, Select, Update, bindparam, delete, select, update
 
 from taskgate.brokers.base import FailureKind
 from taskgate.brokers.params import Canceled, Complete, Fail, Finish, ItemAnswer, Requeue, Retry
+from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.leases import CANCELED_ERROR, lease_lost_error
@@ -58,7 +59,10 @@ def settle_one(tx: Tx, item: Finish) -> Task:
     if isinstance(item, Complete):
         return ack(tx, item.task_id, item.token, item.result)
     if isinstance(item, Retry):
-        return retry(tx, item.task_id, item.token, item.kind, item.error, item.delay)
+        task = retry(tx, item.task_id, item.token, item.kind, item.error, item.delay)
+        if item.hold_queue:  # a queue-wide throttle: in the same transaction as the retry
+            holds.extend(tx, task.queue, tx.now + item.delay)
+        return task
     if isinstance(item, Fail):
         return fail(tx, item.task_id, item.token, item.kind, item.error)
     if isinstance(item, Requeue):

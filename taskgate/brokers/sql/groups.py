@@ -33,6 +33,7 @@ from sqlalchemy import Integer, Select, Update, and_, bindparam, func, or_, sele
 
 from taskgate.brokers.base import Lease
 from taskgate.brokers.params import SharedLimits
+from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.leases import lease_running, locked_due_columns, mark_locked_running
 from taskgate.brokers.sql.quotas import window_bounds
@@ -202,6 +203,7 @@ class _Statements:
                 task.c.queue == bindparam("p_queue"),
                 task.c.ready == true(),
                 task.c.run_at <= now,
+                holds.not_held(models, now),
                 # An expanding NOT IN: SQLAlchemy renders an empty list as matching everything.
                 or_(
                     task.c.group_name.is_(None), task.c.group_name.not_in(bindparam("p_full", expanding=True))

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    BindParameter,
     ColumnElement,
     Integer,
     Row,
@@ -29,7 +30,8 @@ from sqlalchemy import (
 )
 
 from taskgate.brokers.base import Lease
-from taskgate.brokers.params import Renewal
+from taskgate.brokers.params import Claimed, Renewal
+from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
@@ -67,7 +69,7 @@ def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool
     a transaction whose every write a crash may undo together with the claim (see
     `_one_statement_claim`)."""
     if tx.traits.dml_ctes:
-        return claim_in_one_statement(tx, queue, limit, lease_ttl, durable=durable)
+        return claim_in_one_statement(tx, queue, limit, lease_ttl, durable=durable).leases
     now = tx.now
     if tx.traits.update_returning:
         rows = tx.fetch(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now))
@@ -132,6 +134,7 @@ def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update
     due = (
         select(*locked_due_columns(models))
         .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .where(holds.not_held(models, now))
         .order_by(task.c.run_at, task.c.id)
         .limit(bindparam("p_limit", type_=Integer))
     )
@@ -141,31 +144,35 @@ def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update
 
 def claim_in_one_statement(
     tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = False
-) -> list[Lease]:
+) -> Claimed:
     """`claim` as ONE statement (data-modifying CTEs, ``traits.dml_ctes``): run it in autocommit.
 
     Lock the due rows (``SKIP LOCKED``), mark them running and insert their leases, tokens drawn
     by the server's random generator -- atomic like any single statement, and one round trip
-    instead of BEGIN, UPDATE, INSERT and COMMIT. ``durable``: the commit waits for the server's
-    disk as every other transition does -- for a claim in a transaction that writes more than
-    the claim (acks carried along), whose commit must not be lost in a server crash.
+    instead of BEGIN, UPDATE, INSERT and COMMIT. The answer carries the queue's hold when it
+    is held (the statement reads it: `holds.held_until_column`). ``durable``: the commit
+    waits for the server's disk as every other transition does -- for a claim in a
+    transaction that writes more than the claim (acks carried along), whose commit must not
+    be lost in a server crash.
     """
     return tx.one(claim_plan(tx, queue, limit, lease_ttl, durable=durable))
 
 
 def claim_plan(
     tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = False
-) -> OneStatement[list[Lease]]:
+) -> OneStatement[Claimed]:
     """`claim_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
     expires_at = now + lease_ttl
     params = {**claim_params(queue, limit, now), "p_expires_at": expires_at}
 
-    def answer(rows: Sequence[Mapping[str, Any]]) -> list[Lease]:
-        return [
+    def answer(rows: Sequence[Mapping[str, Any]]) -> Claimed:
+        # One row at least: the hold's (its task columns NULL when nothing was claimed).
+        leases = [
             Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at)
-            for row in sorted(rows, key=due_order)
+            for row in sorted((row for row in rows if row["id"] is not None), key=due_order)
         ]
+        return Claimed(leases, held_until=rows[0]["held_until"] if rows and not leases else None)
 
     return OneStatement(_one_statement_claim(tx.models, tx.traits, durable), params, answer)
 
@@ -191,6 +198,7 @@ def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int
     due = (
         select(task.c.id)
         .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .where(holds.not_held(models, now))
         .order_by(task.c.run_at, task.c.id)
         .limit(limit)
     )
@@ -217,7 +225,15 @@ def _one_statement_claim(models: Models, traits: Traits, durable: bool) -> Selec
     no_flush_wait = None if durable else traits.commit_without_flush_wait()
     if no_flush_wait is not None:
         columns.append(no_flush_wait.label("no_flush_wait"))
-    return select(*columns).join(new_leases, new_leases.c.task_id == claimed.c.id)
+    # The claimed rows joined to ONE row of the queue's hold, so a held queue's claim answers
+    # its hold in the same statement (`holds`).
+    hold = select(holds.held_until_column(models, _now(models)).label("held_until")).subquery("hold")
+    with_leases = claimed.join(new_leases, new_leases.c.task_id == claimed.c.id)
+    return select(hold.c.held_until, *columns).select_from(hold.outerjoin(with_leases, true()))
+
+
+def _now(models: Models) -> BindParameter[Any]:
+    return bindparam("p_now", type_=table_of(models.task).c.run_at.type)
 
 
 def one_statement_claim_parts(models: Models, traits: Traits, limit: ColumnElement[int]) -> tuple[CTE, CTE]:

@@ -27,7 +27,7 @@ from sqlalchemy import Integer, Select, Update, bindparam, func, select, true, u
 
 from taskgate.brokers.base import Lease, QuotaGrant, QuotaSpec
 from taskgate.brokers.params import Claimed
-from taskgate.brokers.sql import leases
+from taskgate.brokers.sql import holds, leases
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
 from taskgate.brokers.sql.quotas import window_bounds
@@ -83,7 +83,8 @@ def claim_within_quota_plan(
         grant = QuotaGrant(
             key=key, window_start=start, window_end=end, granted=len(leases), limit=quota_limit
         )
-        return Claimed(leases=leases, quota=grant, exhausted=left == 0)
+        held = None if leases else rows[0]["held_until"]
+        return Claimed(leases=leases, quota=grant, exhausted=left == 0, held_until=held)
 
     return OneStatement(_statement(tx.models, tx.traits), params, answer)
 
@@ -106,8 +107,15 @@ def _statement(models: Models, traits: Traits) -> Select[Any]:
         .cte("spent")
     )
     with_leases = claimed.join(new_leases, new_leases.c.task_id == claimed.c.id)
+    now = bindparam("p_now", type_=table_of(models.task).c.run_at.type)
+    held_until = holds.held_until_column(models, now).label("held_until")
     return (
-        select(locked_window.c.used.label("quota_used"), claimed, new_leases.c.token.label("lease_token"))
+        select(
+            locked_window.c.used.label("quota_used"),
+            held_until,
+            claimed,
+            new_leases.c.token.label("lease_token"),
+        )
         .select_from(locked_window.outerjoin(with_leases, true()))
         .add_cte(spent)
     )

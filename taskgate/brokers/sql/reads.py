@@ -6,10 +6,11 @@ import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import BindParameter, Integer, Select, bindparam, func, select, true
+from sqlalchemy import BindParameter, Integer, Label, Select, bindparam, func, select, true
 
 from taskgate.brokers.base import QuotaSpec
 from taskgate.brokers.params import QueueState, QuotaUsage
+from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.rows import snapshot, snapshot_select, task_of
 from taskgate.brokers.sql.tx import Tx, table_of
@@ -88,10 +89,10 @@ def queue_state(tx: Tx, queue: str, quota: QuotaSpec | None) -> QueueState:
     """Pending plus retrying tasks of ``queue`` (due or not), from the claim index, and with
     ``quota`` its current window's row -- one statement either way."""
     if quota is None:
-        (row,) = tx.fetch(_queue_length(tx.models), {"p_queue": queue})
-        return QueueState(int(row["n"]))
+        (row,) = tx.fetch(_queue_and_hold(tx.models), {"p_queue": queue, "p_now": tx.now})
+        return QueueState(int(row["n"]), held_until=row["held_until"])
     start, end = window_bounds(tx.now, quota.period)
-    params = {"p_queue": queue, "p_key": quota.key, "p_start": start}
+    params = {"p_queue": queue, "p_key": quota.key, "p_start": start, "p_now": tx.now}
     (row,) = tx.fetch(_queue_and_window(tx.models), params)
     if row["used"] is not None:
         used = min(int(row["used"]), quota.limit)
@@ -100,7 +101,7 @@ def queue_state(tx: Tx, queue: str, quota: QuotaSpec | None) -> QueueState:
         # clock stepped back into, from which claims grant nothing (`quotas.reserve_quota`).
         used = quota.limit if row["newer"] else 0
     usage = QuotaUsage(key=quota.key, limit=quota.limit, used=used, window_start=start, window_end=end)
-    return QueueState(int(row["n"]), usage)
+    return QueueState(int(row["n"]), usage, row["held_until"])
 
 
 # The statements of the reads, built once per schema (so they run prepared).
@@ -137,7 +138,19 @@ def _queue_and_window(models: Models) -> Select[Any]:
         _queue_length(models).scalar_subquery().label("n"),
         used.scalar_subquery().label("used"),
         newer.exists().label("newer"),
+        _hold(models),
     )
+
+
+@functools.lru_cache(maxsize=32)
+def _queue_and_hold(models: Models) -> Select[Any]:
+    """The queue's length and its hold (NULL: not held), two scalar subqueries in one SELECT."""
+    return select(_queue_length(models).scalar_subquery().label("n"), _hold(models))
+
+
+def _hold(models: Models) -> Label[Any]:
+    now = bindparam("p_now", type_=table_of(models.task).c.run_at.type)
+    return holds.held_until_column(models, now).label("held_until")
 
 
 def anything_due(tx: Tx, queues: Collection[str]) -> bool:

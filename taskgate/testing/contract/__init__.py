@@ -38,6 +38,7 @@ from taskgate.testing.contract.claim_acks import ClaimAcksContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.groups import GroupContract
+from taskgate.testing.contract.holds import HoldContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
@@ -76,6 +77,7 @@ class BrokerContract(
     GroupContract,
     QuotaContract,
     QueueStateContract,
+    HoldContract,
     SharedLimitsContract,
     ValidationContract,
     RaceContract,

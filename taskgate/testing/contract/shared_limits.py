@@ -23,11 +23,13 @@ from typing import Any
 
 from taskgate.brokers.base import Broker, Lease, QuotaSpec
 from taskgate.brokers.params import (
+    HELD_INDEFINITELY,
     Claim,
     Claimed,
     Complete,
     GiveBack,
     Heartbeat,
+    Hold,
     QueueQuery,
     Renewal,
     Settle,
@@ -473,3 +475,14 @@ class SharedLimitsContract:
         assert first.quota is not None and first.quota.granted == 1
         state = broker.queue_state(QueueQuery("q", quota))
         assert state.quota is not None and state.quota.used == 1  # none for a's passed-over tasks
+
+    def test_group_limits_lease_nothing_from_a_held_queue(self, broker: Broker) -> None:
+        ids = _in_groups(broker, ["a", "b"])
+        if not (broker.capabilities.shared_limits and broker.capabilities.group_limits):
+            assert _grouped(broker, 10, group_workers=1) is None  # refused, as every case says
+            return
+        broker.hold(Hold("q"))
+        held = _grouped(broker, 10, group_workers=1)
+        assert held is not None and (held.leases, held.held_until) == ([], HELD_INDEFINITELY)
+        broker.hold(Hold("q", resume=True))
+        assert _ids(_grouped(broker, 10, group_workers=1)) == ids

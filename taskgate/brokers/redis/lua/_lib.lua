@@ -34,6 +34,8 @@
 --   idx:group:<group>  ZSET   ids of one group (of any queue), score created_at
 --   idx:status:<st>    ZSET   ids in one status but running (`leases` holds those), score
 --                             created_at
+--   hold:<queue>       STRING the queue's hold: until when (µs), or "-1" until resumed; no
+--                             claim leases its tasks while held (`queue_hold`)
 --   signal:<queue>     Pub/Sub CHANNEL (not a key): PUBLISHed when a task of <queue> becomes
 --                             ready; wait_for_work subscribes to it
 
@@ -420,10 +422,34 @@ end
 -- Count the failure by `kind`, store `text` as its error, and make the task `retrying` due
 -- `delay` µs from now -- or, when a cancel was requested meanwhile, cancel it (with cascade)
 -- instead (the failure still counted and stored).
-local function retry_held(id, token, kind, text, delay)
+-- A queue's hold at NOW, as stored ("-1": until resumed); nil when it is not held.
+local function queue_hold(queue)
+  local held = redis.call('GET', B .. 'hold:' .. queue)
+  if held and (held == '-1' or tonumber(held) > NOW) then
+    return held
+  end
+  return nil
+end
+
+-- Hold a queue until `until_us` (a string of µs, or "-1": until resumed), keeping a longer hold.
+local function extend_hold(queue, until_us)
+  local key = B .. 'hold:' .. queue
+  local held = redis.call('GET', key)
+  if held == '-1' then
+    return
+  end
+  if until_us == '-1' or not held or tonumber(held) < tonumber(until_us) then
+    redis.call('SET', key, until_us)
+  end
+end
+
+local function retry_held(id, token, kind, text, delay, hold)
   local t, err = load_leased(id, token)
   if not t then
     return err
+  end
+  if hold == '1' then  -- a queue-wide throttle: the queue is held in the same script
+    extend_hold(t.queue, int_str(NOW + tonumber(delay)))
   end
   count_failure(t, kind)
   redis.call('HSET', task_key(id), 'last_error', text)

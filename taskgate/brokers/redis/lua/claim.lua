@@ -8,11 +8,15 @@
 -- ARGV[3]  lease ttl in µs
 -- ARGV[4..] one fresh lease token per task that may be claimed (their count is the limit)
 -- Returns  {"ok", snapshot...}: one snapshot per claimed task (token and lease_until
---          included), oldest due first
+--          included), oldest due first; {"held", until} when the queue is held (`queue_hold`)
 --
--- Touches: queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET.
+-- Touches: hold:<q> STRING (read), queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET.
 
 local queue = ARGV[2]
+local held = queue_hold(queue)
+if held then
+  return { 'held', held }
+end
 local ttl = tonumber(ARGV[3])
 local limit = #ARGV - 3
 local lease_until = int_str(NOW + ttl)

@@ -31,9 +31,11 @@
 -- at its next look (only then: a waiter that died must not make every claim publish).
 -- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
 --          before the claim (-1 without a quota), snapshot...}: one snapshot per
---          claimed task, oldest due first; retry_after > 0 when the rate held tasks back
+--          claimed task, oldest due first; retry_after > 0 when the rate held tasks back;
+--          {"held", until} when the queue is held (`queue_hold`): the slots named are given
+--          back, nothing else taken
 --
--- Touches: slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH,
+-- Touches: hold:<q> STRING (read), slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH,
 --          queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET,
 --          signal:<q> channel (PUBLISH).
 
@@ -49,6 +51,10 @@ if released > 0 then
     tokens[#tokens + 1] = ARGV[i]
   end
   call_chunked('ZREM', slots, tokens)
+end
+local held = queue_hold(queue)
+if held then
+  return { 'held', held }
 end
 redis.call('ZREMRANGEBYSCORE', slots, '-inf', NOW_S)
 local unused = tonumber(ARGV[3]) - redis.call('ZCARD', slots)

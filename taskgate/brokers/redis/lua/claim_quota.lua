@@ -12,12 +12,17 @@
 -- ARGV[6]  quota period in µs
 -- ARGV[7..] one fresh lease token per task that may be claimed (their count is the limit)
 -- Returns  {"ok", window_start (µs), units left before the claim, snapshot...}: one snapshot
---          per claimed task, oldest due first
+--          per claimed task, oldest due first; {"held", until} when the queue is held
+--          (`queue_hold`), having taken no unit
 --
--- Touches: quota:<key> HASH, queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH,
+-- Touches: hold:<q> STRING (read), quota:<key> HASH, queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH,
 -- idx:status:<s> ZSET.
 
 local queue = ARGV[2]
+local held = queue_hold(queue)
+if held then
+  return { 'held', held }
+end
 local key = B .. 'quota:' .. ARGV[4]
 local start, used, left = quota_window(key, tonumber(ARGV[5]), tonumber(ARGV[6]))
 local limit = math.min(#ARGV - 6, left)

@@ -15,7 +15,7 @@
 --          and those R tokens
 -- then     the number N of items, and the N items in order, each its kind and its values:
 --            "complete" id token has_result(0/1) result   (result ignored when has_result is 0)
---            "retry"    id token failure_kind error delay_us
+--            "retry"    id token failure_kind error delay_us hold_queue(0/1)
 --            "fail"     id token failure_kind error
 --            "requeue"  id token
 --            "canceled" id token
@@ -23,7 +23,7 @@
 -- Returns  {"ok", answer...}: one answer per item, each {"ok", snapshot} ({"ok"} when quiet)
 --          or {"notfound", id} or {"leaselost", id, status}
 --
--- Touches: quota:<key> HASH {start, used}, slots:<queue> ZSET, task:<id> and descendants'
+-- Touches: quota:<key> HASH {start, used}, slots:<queue> ZSET, hold:<queue> STRING, task:<id> and descendants'
 --          task:<id> HASH, leases ZSET, queue:<q> ZSET, signal:<q> channel (PUBLISH),
 --          children:<id> SET, stats HASH, idx:status:<s> ZSET.
 
@@ -63,8 +63,8 @@ local ENDS = {
     return ack_held(id, token, has_result == '1' and result or nil, quiet), nil
   end,
   retry = function()
-    local id, token, kind, text, delay = take(5)
-    return retry_held(id, token, kind, text, delay), id
+    local id, token, kind, text, delay, hold = take(6)
+    return retry_held(id, token, kind, text, delay, hold), id
   end,
   fail = function()
     local id, token, kind, text = take(4)
