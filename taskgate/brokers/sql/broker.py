@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import URL, Connection, Engine
@@ -289,10 +289,11 @@ class SQLBroker:
 
     def queue_state(self, query: QueueQuery) -> QueueState:
         """Pending plus retrying tasks of ``query.queue`` (due or not), from the claim index,
-        and ``query.quota``'s current window (its row, if any) -- one SELECT."""
+        ``query.quota``'s current window (its row, if any) and the tasks ``query.unhandled``
+        names (a range of the claim index) -- one SELECT."""
         if not isinstance(query, QueueQuery):
             raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
-        return self._read("queue_state", lambda tx: reads.queue_state(tx, query.queue, query.quota))
+        return self._read("queue_state", lambda tx: reads.queue_state(tx, query))
 
     def _read(self, operation: str, step: Callable[[Tx], _T], *, inline: bool = False) -> _T:
         """Run a read of ONE statement: in autocommit where the driver switches a connection to
@@ -319,15 +320,21 @@ class SQLBroker:
         if claim.shared is not None:
             return self._claim_shared(claim)
         if claim.quota is not None:
-            return self._claim_within_quota(acks, claim.queue, claim.limit, claim.lease_ttl, claim.quota)
+            return self._claim_within_quota(claim)
         if acks:
-            return self._claim_after_acks(acks, claim.queue, claim.limit, claim.lease_ttl)
-        return Claimed(self._claim(claim.queue, claim.limit, claim.lease_ttl))
+            return self._claim_after_acks(claim)
+        return Claimed(self._claim(claim))
 
     def _claim_shared(self, claim: Claim) -> Claimed:
         """``claim.acks`` (quietly), then the claim under its shared limits (and quota), in one
         transaction."""
-        queue, lease_ttl, quota, acks = claim.queue, claim.lease_ttl, claim.quota, claim.acks
+        queue, lease_ttl, quota, acks, types = (
+            claim.queue,
+            claim.lease_ttl,
+            claim.quota,
+            claim.acks,
+            claim.types,
+        )
         # A crash may undo the claim together with its slots and starts; not acks or units.
         durable = bool(acks) or quota is not None
 
@@ -336,39 +343,54 @@ class SQLBroker:
 
             def take(n: int) -> Claimed:
                 if quota is None:
-                    return Claimed(leases.claim(tx, queue, n, lease_ttl, durable=durable))
-                return _claim_within_units(tx, queue, n, lease_ttl, quota)
+                    return Claimed(leases.claim(tx, queue, n, lease_ttl, durable=durable, types=types))
+                return _claim_within_units(tx, dataclasses.replace(claim, limit=n), quota)
 
             return _with_acks(slots.claim_shared(tx, claim, take), answers)
 
         return self._run("claim", step, inline=len(acks) + claim.limit <= INLINE_MAX_ROWS)
 
-    def _claim(self, queue: str, limit: int, lease_ttl: timedelta) -> builtins.list[Lease]:
+    def _claim(self, claim: Claim) -> builtins.list[Lease]:
         """A claim alone: one statement in autocommit on PostgreSQL, a transaction elsewhere."""
+        queue, limit, lease_ttl, types = claim.queue, claim.limit, claim.lease_ttl, claim.types
         if self._traits.dml_ctes:
-            step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
+            step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl, types=types)  # noqa: E731
             return self._run("claim", step, one_statement=True)
         return self._run(
-            "claim", lambda tx: leases.claim(tx, queue, limit, lease_ttl), inline=limit <= INLINE_MAX_ROWS
+            "claim",
+            lambda tx: leases.claim(tx, queue, limit, lease_ttl, types=types),
+            inline=limit <= INLINE_MAX_ROWS,
         )
 
-    def _claim_after_acks(
-        self, acks: tuple[Complete, ...], queue: str, limit: int, lease_ttl: timedelta
-    ) -> Claimed:
+    def _claim_after_acks(self, claim: Claim) -> Claimed:
         """The acks (quietly), then the claim, in ONE transaction (one commit where the two
         take two)."""
+        acks, queue, limit, lease_ttl, types = (
+            claim.acks,
+            claim.queue,
+            claim.limit,
+            claim.lease_ttl,
+            claim.types,
+        )
 
         def step(tx: Tx) -> Claimed:
             acked = batch.ack_many(tx, acks, snapshots=False)
-            return Claimed(leases.claim(tx, queue, limit, lease_ttl), acked=acked)
+            return Claimed(leases.claim(tx, queue, limit, lease_ttl, types=types), acked=acked)
 
         return self._run("claim", step, inline=len(acks) + limit <= INLINE_MAX_ROWS)
 
-    def _claim_within_quota(
-        self, acks: tuple[Complete, ...], queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec
-    ) -> Claimed:
+    def _claim_within_quota(self, claim: Claim) -> Claimed:
         """``acks`` (quietly), then the claim within the quota, in one transaction: a unit of
         the window per task claimed. Without acks, PostgreSQL claims in one statement."""
+        acks, queue, limit, lease_ttl, types = (
+            claim.acks,
+            claim.queue,
+            claim.limit,
+            claim.lease_ttl,
+            claim.types,
+        )
+        quota = claim.quota
+        assert quota is not None
         small = len(acks) + limit <= INLINE_MAX_ROWS
 
         def acked(tx: Tx) -> builtins.list[ItemAnswer]:
@@ -378,7 +400,7 @@ class SQLBroker:
             taken = self._run(
                 "claim",
                 lambda tx: quota_claim.claim_within_quota_in_one_statement(
-                    tx, queue, limit, lease_ttl, quota
+                    tx, queue, limit, lease_ttl, quota, types
                 ),
                 one_statement=True,
                 inline=small,
@@ -389,7 +411,8 @@ class SQLBroker:
 
             def counted(tx: Tx) -> Claimed:
                 answers = acked(tx)
-                return _with_acks(quota_claim.claim_then_count(tx, queue, limit, lease_ttl, quota), answers)
+                counted = quota_claim.claim_then_count(tx, queue, limit, lease_ttl, quota, types)
+                return _with_acks(counted, answers)
 
             try:
                 return self._run("claim", counted, inline=small)
@@ -398,7 +421,7 @@ class SQLBroker:
 
         def step(tx: Tx) -> Claimed:
             answers = acked(tx)
-            return _with_acks(_claim_within_units(tx, queue, limit, lease_ttl, quota), answers)
+            return _with_acks(_claim_within_units(tx, claim, quota), answers)
 
         return self._run("claim", step, inline=small)
 
@@ -588,10 +611,12 @@ class SQLBroker:
             return None  # a transaction
         if claim.quota is not None:
             plan = quota_claim.claim_within_quota_plan(
-                tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota
+                tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota, claim.types
             )
             return plan.then(_or_thread)  # None: the window has no row yet, which a transaction opens
-        return leases.claim_plan(tx, claim.queue, claim.limit, claim.lease_ttl).then(Claimed)
+        return leases.claim_plan(tx, claim.queue, claim.limit, claim.lease_ttl, types=claim.types).then(
+            Claimed
+        )
 
     def _plan_submit(self, tx: Tx, submit: Submit) -> OneStatement[Submitted] | None:
         """The one-statement insert of a single task (a batch: None)."""
@@ -816,13 +841,15 @@ def _settle_write(items: tuple[Finish, ...], snapshots: bool) -> Callable[[Tx], 
     return lambda tx: finish.settle_each(tx, items, snapshots=snapshots)
 
 
-def _claim_within_units(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec) -> Claimed:
-    """Reserve up to ``limit`` units of ``quota``'s window, claim that many tasks, and give back
-    the units no task took -- in the caller's transaction (durable: units must survive a crash)."""
-    grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, limit)
+def _claim_within_units(tx: Tx, claim: Claim, quota: QuotaSpec) -> Claimed:
+    """Reserve up to ``claim.limit`` units of ``quota``'s window, claim that many tasks (of
+    ``claim.types``), and give back the units no task took -- in the caller's transaction
+    (durable: units must survive a crash)."""
+    grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, claim.limit)
+    queue, lease_ttl, types = claim.queue, claim.lease_ttl, claim.types
     return quota_claim.claim_within_grant(
         grant,
-        lambda n: leases.claim(tx, queue, n, lease_ttl),
+        lambda n: leases.claim(tx, queue, n, lease_ttl, types=types),
         lambda unused_of, n: quotas.release_quota(tx, unused_of, n),
     )
 

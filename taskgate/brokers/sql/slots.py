@@ -42,6 +42,7 @@ from sqlalchemy import Delete, Integer, Select, Update, bindparam, case, delete,
 from taskgate.brokers.base import Lease
 from taskgate.brokers.params import Claim, Claimed, Renewal, SharedLimits
 from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.leases import due_where
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 
@@ -78,7 +79,7 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
     _hold_slots(tx, queue, claimed.leases)
     # Whether tasks are left due, asked at most once (nothing this claim does afterwards
     # changes it), and only where an answer depends on it.
-    due = functools.cache(lambda: _any_due(tx, queue))
+    due = functools.cache(lambda: _any_due(tx, queue, claim.types))
     retry_after = 0.0
     if rate is not None:
         rate.spend(taken)
@@ -174,10 +175,21 @@ def _hold_slots(tx: Tx, queue: str, leases: Sequence[Lease]) -> None:
         tx.traits.insert_rows(tx, table_of(tx.models.slot), rows)
 
 
-def _any_due(tx: Tx, queue: str) -> bool:
-    """Whether a task of ``queue`` is due now and not claimed (by this transaction or another
-    that committed)."""
-    return bool(tx.fetch(_statements(tx.models, tx.traits).any_due, {"p_queue": queue, "p_now": tx.now}))
+def _any_due(tx: Tx, queue: str, types: tuple[str, ...] | None) -> bool:
+    """Whether a task of ``queue`` (of ``types``, None: any) is due now and not claimed (by
+    this transaction or another that committed)."""
+    if types is None:
+        return bool(tx.fetch(_statements(tx.models, tx.traits).any_due, {"p_queue": queue, "p_now": tx.now}))
+    params = {"p_queue": queue, "p_now": tx.now, "p_types": list(types)}
+    return bool(tx.fetch(_any_due_of_types(tx.models, tx.traits), params))
+
+
+@functools.lru_cache(maxsize=32)
+def _any_due_of_types(models: Models, traits: Traits) -> Select[Any]:
+    """`_any_due`'s statement for a claim of some types (`Claim.types`)."""
+    task = table_of(models.task)
+    now = bindparam("p_now", type_=task.c.run_at.type)
+    return select(task.c.id).where(*due_where(task, traits, now, typed=True)).limit(1)
 
 
 # -- the rate (GCRA) ---------------------------------------------------------------------

@@ -23,6 +23,10 @@
 --                             [timeout_ms] cancel_requested(0/1) [token] [lease_until];
 --                             times in µs, timeout_ms in ms
 --   queue:<queue>      ZSET   pending+retrying ids, score run_at (µs): the claim order
+--   due:<n>:<queue>:<type>  ZSET  the same entries of one type (<n> is the queue name's
+--                             length, so the key is unambiguous): a claim of some types
+--                             (`due_ids`) reads only theirs, however many others are due
+--   types:<queue>      SET    every type a task of <queue> was stored with (never shrinks)
 --   leases             ZSET   running ids, score lease end (µs): what reap scans
 --   children:<id>      SET    ids of the tasks that depend on <id>
 --   bkey:<key>         LIST   executions of a business key, oldest first
@@ -120,10 +124,16 @@ local function publish_signals()
   SIGNALED = {}
 end
 
+-- The due set of one type of a queue (see the key patterns above).
+local function due_key(queue, task_type)
+  return B .. 'due:' .. #queue .. ':' .. queue .. ':' .. task_type
+end
+
 -- Take the task out of the structure its current status keeps it in.
 local function leave(t)
   if READY[t.status] then
     redis.call('ZREM', B .. 'queue:' .. t.queue, t.id)
+    redis.call('ZREM', due_key(t.queue, t.type), t.id)
   elseif t.status == 'running' then
     redis.call('ZREM', B .. 'leases', t.id)
     redis.call('HDEL', task_key(t.id), 'token', 'lease_until')
@@ -267,6 +277,7 @@ local function lease_task(id, token, lease_until)
   local v = redis.call('HMGET', key, unpack(SNAPSHOT_FIELDS, 1, AT.token - 1))
   local claims = tostring(tonumber(v[AT.claims]) + 1)
   zset_later(B .. 'queue:' .. v[AT.queue], id, false)
+  zset_later(due_key(v[AT.queue], v[AT.type]), id, false)
   move_status(id, v[AT.type], v[AT.created_at], v[AT.status], 'running')
   redis.call('HSET', key, 'status', 'running', 'token', token, 'lease_until', lease_until,
     'started_at', NOW_S, 'claims', claims)
@@ -281,7 +292,39 @@ local function make_ready(t, to, run_at)
   redis.call('HSET', task_key(t.id), 'run_at', run_at)
   t.run_at = run_at
   redis.call('ZADD', B .. 'queue:' .. t.queue, run_at, t.id)
+  redis.call('ZADD', due_key(t.queue, t.type), run_at, t.id)
   signal(t.queue)
+end
+
+-- Up to `limit` ids of `queue` due now, oldest due first (run_at, then id): of the types in
+-- `types` (NUL-separated; "" for any type). Each type's due set is read from its head, so due
+-- tasks of other types never stand in the way.
+local function due_ids(queue, types, limit)
+  if types == '' then
+    return redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
+  end
+  local names = {}
+  for name in string.gmatch(types, '[^%z]+') do
+    names[#names + 1] = name
+  end
+  if #names == 1 then
+    return redis.call('ZRANGEBYSCORE', due_key(queue, names[1]), '-inf', NOW_S, 'LIMIT', 0, limit)
+  end
+  local due = {}
+  for _, name in ipairs(names) do
+    local found = redis.call('ZRANGEBYSCORE', due_key(queue, name), '-inf', NOW_S, 'WITHSCORES', 'LIMIT', 0, limit)
+    for i = 1, #found, 2 do
+      due[#due + 1] = { tonumber(found[i + 1]), found[i] }
+    end
+  end
+  table.sort(due, function(a, b)
+    return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
+  end)
+  local ids = {}
+  for i = 1, math.min(limit, #due) do
+    ids[i] = due[i][2]
+  end
+  return ids
 end
 
 -- Status on arrival given the parents' statuses (same rule as the memory broker).
