@@ -116,10 +116,15 @@ class QueueStats:
       window ends (False without a quota).
     - ``quota_stalled``: a worker of THIS process could not reach the quota's store and claims
       nothing until it answers again (fails closed).
+    - ``unhandled`` (best effort): pending or retrying tasks of the queue, due for longer than
+      ``2 * lease_ttl``, of a type THIS process has no handler for -- tasks no process claims
+      because none registered a handler for their type (processes claim only the types they
+      handle). A process with no handler in the queue (a web process) counts every type, so
+      there a backlog the workers fall behind on counts as well.
     - ``reachable``: False when the store did not answer this read (or not within the deadline
-      of a worker's broker call): ``queue_len``, ``quota_used``, ``quota_window_end`` and
-      ``quota_exhausted`` are then the last this process read (0, None and False before any
-      read), not current; ``running`` and ``quota_stalled`` are current.
+      of a worker's broker call): ``queue_len``, ``quota_used``, ``quota_window_end``,
+      ``quota_exhausted`` and ``unhandled`` are then the last this process read (0, None and
+      False before any read), not current; ``running`` and ``quota_stalled`` are current.
     """
 
     workers: int
@@ -132,6 +137,7 @@ class QueueStats:
     quota_used: int = 0
     quota_window_end: datetime | None = None
     reachable: bool = True
+    unhandled: int = 0
 
 
 TASK_FIELDS = tuple(f.name for f in fields(Task))
