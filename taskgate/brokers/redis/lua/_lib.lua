@@ -296,30 +296,89 @@ local function make_ready(t, to, run_at)
   signal(t.queue)
 end
 
+-- Up to `limit` entries {run_at, id} of `queue`'s tasks of one type due now, in claim order:
+-- read from the type's due set and checked against `queue:<queue>`, which holds the truth. A
+-- build without the due sets (a rolling deploy from one) claims and re-queues tasks through
+-- `queue:<queue>` alone: an entry no longer there is dropped here (its task is leased or
+-- final), and one whose run_at moved is moved too, so no task is leased twice or early.
+local function due_of_type(queue, task_type, limit)
+  local key, queue_key = due_key(queue, task_type), B .. 'queue:' .. queue
+  local due, offset = {}, 0
+  while #due < limit do
+    local found = redis.call('ZRANGEBYSCORE', key, '-inf', NOW_S, 'LIMIT', offset, limit - #due)
+    if #found == 0 then
+      break
+    end
+    for _, id in ipairs(found) do
+      local run_at = redis.call('ZSCORE', queue_key, id)
+      if not run_at then
+        redis.call('ZREM', key, id)
+      elseif tonumber(run_at) <= NOW then
+        offset = offset + 1  -- stays in the range read: the next read starts past it
+        due[#due + 1] = { tonumber(run_at), id }
+      else
+        redis.call('ZADD', key, run_at, id)
+      end
+    end
+  end
+  return due
+end
+
+-- Whether `queue`'s due sets hold exactly the entries of `queue:<queue>` -- by count, which is
+-- all a build keeping both can have made -- and, when not, make them so: a build without the
+-- due sets (a rolling deploy from one) stored or re-queued tasks into `queue:<queue>` alone.
+-- O(1) per type of the queue when they agree; a walk of the queue when they do not. Returns
+-- whether they did not.
+local function repair_due_sets(queue)
+  local queue_key, types_key = B .. 'queue:' .. queue, B .. 'types:' .. queue
+  local names = redis.call('SMEMBERS', types_key)
+  local held = 0
+  for _, name in ipairs(names) do
+    held = held + redis.call('ZCARD', due_key(queue, name))
+  end
+  if held == redis.call('ZCARD', queue_key) then
+    return false
+  end
+  for _, name in ipairs(names) do
+    local key = due_key(queue, name)
+    for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+      if not redis.call('ZSCORE', queue_key, id) then
+        redis.call('ZREM', key, id)
+      end
+    end
+  end
+  local entries = redis.call('ZRANGE', queue_key, 0, -1, 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local id, run_at = entries[i], entries[i + 1]
+    local task_type = redis.call('HGET', task_key(id), 'type')
+    if task_type then
+      redis.call('SADD', types_key, task_type)
+      redis.call('ZADD', due_key(queue, task_type), run_at, id)
+    end
+  end
+  return true
+end
+
 -- Up to `limit` ids of `queue` due now, oldest due first (run_at, then id): of the types in
 -- `types` (NUL-separated; "" for any type). Each type's due set is read from its head, so due
--- tasks of other types never stand in the way.
-local function due_ids(queue, types, limit)
+-- tasks of other types never stand in the way. A claim that finds fewer than it may take
+-- first checks the due sets against the queue (`repair_due_sets`) and then looks again.
+local function due_ids(queue, types, limit, checked)
   if types == '' then
     return redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
   end
-  local names = {}
-  for name in string.gmatch(types, '[^%z]+') do
-    names[#names + 1] = name
-  end
-  if #names == 1 then
-    return redis.call('ZRANGEBYSCORE', due_key(queue, names[1]), '-inf', NOW_S, 'LIMIT', 0, limit)
-  end
   local due = {}
-  for _, name in ipairs(names) do
-    local found = redis.call('ZRANGEBYSCORE', due_key(queue, name), '-inf', NOW_S, 'WITHSCORES', 'LIMIT', 0, limit)
-    for i = 1, #found, 2 do
-      due[#due + 1] = { tonumber(found[i + 1]), found[i] }
+  for name in string.gmatch(types, '[^%z]+') do
+    for _, entry in ipairs(due_of_type(queue, name, limit)) do
+      due[#due + 1] = entry
     end
   end
   table.sort(due, function(a, b)
     return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
   end)
+  if #due < limit and not checked and repair_due_sets(queue) then
+    return due_ids(queue, types, limit, true)
+  end
   local ids = {}
   for i = 1, math.min(limit, #due) do
     ids[i] = due[i][2]
