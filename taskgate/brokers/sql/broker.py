@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import URL, Connection, Engine
@@ -328,13 +328,8 @@ class SQLBroker:
     def _claim_shared(self, claim: Claim) -> Claimed:
         """``claim.acks`` (quietly), then the claim under its shared limits (and quota), in one
         transaction."""
-        queue, lease_ttl, quota, acks, types = (
-            claim.queue,
-            claim.lease_ttl,
-            claim.quota,
-            claim.acks,
-            claim.types,
-        )
+        queue, lease_ttl, quota, acks = claim.queue, claim.lease_ttl, claim.quota, claim.acks
+        types = claim.types
         # A crash may undo the claim together with its slots and starts; not acks or units.
         durable = bool(acks) or quota is not None
 
@@ -344,7 +339,7 @@ class SQLBroker:
             def take(n: int) -> Claimed:
                 if quota is None:
                     return Claimed(leases.claim(tx, queue, n, lease_ttl, durable=durable, types=types))
-                return _claim_within_units(tx, dataclasses.replace(claim, limit=n), quota)
+                return _claim_within_units(tx, queue, n, lease_ttl, quota, types)
 
             return _with_acks(slots.claim_shared(tx, claim, take), answers)
 
@@ -365,13 +360,8 @@ class SQLBroker:
     def _claim_after_acks(self, claim: Claim) -> Claimed:
         """The acks (quietly), then the claim, in ONE transaction (one commit where the two
         take two)."""
-        acks, queue, limit, lease_ttl, types = (
-            claim.acks,
-            claim.queue,
-            claim.limit,
-            claim.lease_ttl,
-            claim.types,
-        )
+        acks, queue, limit, lease_ttl = claim.acks, claim.queue, claim.limit, claim.lease_ttl
+        types = claim.types
 
         def step(tx: Tx) -> Claimed:
             acked = batch.ack_many(tx, acks, snapshots=False)
@@ -382,14 +372,8 @@ class SQLBroker:
     def _claim_within_quota(self, claim: Claim) -> Claimed:
         """``acks`` (quietly), then the claim within the quota, in one transaction: a unit of
         the window per task claimed. Without acks, PostgreSQL claims in one statement."""
-        acks, queue, limit, lease_ttl, types = (
-            claim.acks,
-            claim.queue,
-            claim.limit,
-            claim.lease_ttl,
-            claim.types,
-        )
-        quota = claim.quota
+        acks, queue, limit, lease_ttl = claim.acks, claim.queue, claim.limit, claim.lease_ttl
+        quota, types = claim.quota, claim.types
         assert quota is not None
         small = len(acks) + limit <= INLINE_MAX_ROWS
 
@@ -421,7 +405,7 @@ class SQLBroker:
 
         def step(tx: Tx) -> Claimed:
             answers = acked(tx)
-            return _with_acks(_claim_within_units(tx, claim, quota), answers)
+            return _with_acks(_claim_within_units(tx, queue, limit, lease_ttl, quota, types), answers)
 
         return self._run("claim", step, inline=small)
 
@@ -841,12 +825,13 @@ def _settle_write(items: tuple[Finish, ...], snapshots: bool) -> Callable[[Tx], 
     return lambda tx: finish.settle_each(tx, items, snapshots=snapshots)
 
 
-def _claim_within_units(tx: Tx, claim: Claim, quota: QuotaSpec) -> Claimed:
-    """Reserve up to ``claim.limit`` units of ``quota``'s window, claim that many tasks (of
-    ``claim.types``), and give back the units no task took -- in the caller's transaction
-    (durable: units must survive a crash)."""
-    grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, claim.limit)
-    queue, lease_ttl, types = claim.queue, claim.lease_ttl, claim.types
+def _claim_within_units(
+    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec, types: tuple[str, ...] | None
+) -> Claimed:
+    """Reserve up to ``limit`` units of ``quota``'s window, claim that many tasks (of ``types``;
+    None: any), and give back the units no task took -- in the caller's transaction (durable:
+    units must survive a crash)."""
+    grant = quotas.reserve_quota(tx, quota.key, quota.limit, quota.period, limit)
     return quota_claim.claim_within_grant(
         grant,
         lambda n: leases.claim(tx, queue, n, lease_ttl, types=types),

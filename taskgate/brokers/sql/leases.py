@@ -67,9 +67,10 @@ def claim(
     durable: bool = True,
     types: tuple[str, ...] | None = None,
 ) -> list[Lease]:
-    """Lease up to ``limit`` due tasks of ``queue`` (of ``types``, None: any -- see `due_where`),
-    oldest due first, inside the caller's
-    transaction. With data-modifying CTEs (PostgreSQL) it is the one-statement claim, so lease
+    """Lease up to ``limit`` due tasks of ``queue`` (of ``types``; None: any, see `due_where`),
+    oldest due first, inside the caller's transaction.
+
+    With data-modifying CTEs (PostgreSQL) it is the one-statement claim, so lease
     rows have one INSERT shape there (the server draws the tokens). ``durable`` (the default):
     the commit waits for the server's disk, as it must when the transaction writes more than
     the claim and what it writes must not be undone by a crash (acks, quota units); False for
