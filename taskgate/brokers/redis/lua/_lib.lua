@@ -296,32 +296,34 @@ local function make_ready(t, to, run_at)
   signal(t.queue)
 end
 
--- Up to `limit` entries {run_at, id} of `queue`'s tasks of one type due now, in claim order:
--- read from the type's due set and checked against `queue:<queue>`, which holds the truth. A
--- build without the due sets (a rolling deploy from one) claims and re-queues tasks through
--- `queue:<queue>` alone: an entry no longer there is dropped here (its task is leased or
--- final), and one whose run_at moved is moved too, so no task is leased twice or early.
+-- Up to `limit` ids of `queue`'s tasks of one type due now, in claim order, and their run_at
+-- (µs) in a second list: read from the type's due set and checked against `queue:<queue>`,
+-- which holds the truth, in one ZMSCORE. A build without the due sets (a rolling deploy from
+-- one) claims and re-queues tasks through `queue:<queue>` alone: an entry no longer there is
+-- dropped here (its task is leased or final), and one whose run_at moved is moved too, so no
+-- task is leased twice or early.
 local function due_of_type(queue, task_type, limit)
   local key, queue_key = due_key(queue, task_type), B .. 'queue:' .. queue
-  local due, offset = {}, 0
-  while #due < limit do
-    local found = redis.call('ZRANGEBYSCORE', key, '-inf', NOW_S, 'LIMIT', offset, limit - #due)
+  local ids, run_ats, offset = {}, {}, 0
+  while #ids < limit do
+    local found = redis.call('ZRANGEBYSCORE', key, '-inf', NOW_S, 'LIMIT', offset, limit - #ids)
     if #found == 0 then
       break
     end
-    for _, id in ipairs(found) do
-      local run_at = redis.call('ZSCORE', queue_key, id)
+    local scores = redis.call('ZMSCORE', queue_key, unpack(found))
+    for i, id in ipairs(found) do
+      local run_at = scores[i] and tonumber(scores[i])
       if not run_at then
         redis.call('ZREM', key, id)
-      elseif tonumber(run_at) <= NOW then
+      elseif run_at <= NOW then
         offset = offset + 1  -- stays in the range read: the next read starts past it
-        due[#due + 1] = { tonumber(run_at), id }
+        ids[#ids + 1], run_ats[#run_ats + 1] = id, run_at
       else
-        redis.call('ZADD', key, run_at, id)
+        redis.call('ZADD', key, scores[i], id)
       end
     end
   end
-  return due
+  return ids, run_ats
 end
 
 -- Whether `queue`'s due sets hold exactly the entries of `queue:<queue>` -- by count, which is
@@ -367,21 +369,27 @@ local function due_ids(queue, types, limit, checked)
   if types == '' then
     return redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
   end
-  local due = {}
-  for name in string.gmatch(types, '[^%z]+') do
-    for _, entry in ipairs(due_of_type(queue, name, limit)) do
-      due[#due + 1] = entry
+  local ids
+  if not string.find(types, '%z') then
+    ids = due_of_type(queue, types, limit)  -- one type: its own order is the claim order
+  else
+    local due = {}
+    for name in string.gmatch(types, '[^%z]+') do
+      local found, run_ats = due_of_type(queue, name, limit)
+      for i, id in ipairs(found) do
+        due[#due + 1] = { run_ats[i], id }
+      end
+    end
+    table.sort(due, function(a, b)
+      return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
+    end)
+    ids = {}
+    for i = 1, math.min(limit, #due) do
+      ids[i] = due[i][2]
     end
   end
-  table.sort(due, function(a, b)
-    return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
-  end)
-  if #due < limit and not checked and repair_due_sets(queue) then
+  if #ids < limit and not checked and repair_due_sets(queue) then
     return due_ids(queue, types, limit, true)
-  end
-  local ids = {}
-  for i = 1, math.min(limit, #due) do
-    ids[i] = due[i][2]
   end
   return ids
 end
