@@ -53,6 +53,7 @@ __all__ = [
     "lease_running",
     "one_statement_claim_parts",
     "reap",
+    "typed_as",
 ]
 
 CANCELED_ERROR = "canceled"
@@ -81,7 +82,7 @@ def claim(
     now = tx.now
     if tx.traits.update_returning:
         rows = tx.fetch(
-            _mark_running(tx.models, tx.traits, types is not None), claim_params(queue, limit, now, types)
+            _mark_running(tx.models, tx.traits, typed_as(types)), claim_params(queue, limit, now, types)
         )
         snapshots = [snapshot(row) for row in sorted(rows, key=due_order)]
     else:
@@ -111,7 +112,7 @@ def _lock_and_mark_running(tx: Tx, queue: str, limit: int, types: tuple[str, ...
     snapshots from the locked values plus what the update wrote -- two statements. The lock
     reads only the columns the update does not write (PyMySQL parses each column of each row,
     and each column's description, in Python)."""
-    lock_due, mark_running = _lock_then_mark(tx.models, tx.traits, types is not None)
+    lock_due, mark_running = _lock_then_mark(tx.models, tx.traits, typed_as(types))
     now = tx.now
     rows = tx.fetch(lock_due, claim_params(queue, limit, now, types))
     if not rows:
@@ -122,7 +123,7 @@ def _lock_and_mark_running(tx: Tx, queue: str, limit: int, types: tuple[str, ...
 
 
 @functools.lru_cache(maxsize=32)
-def _lock_then_mark(models: Models, traits: Traits, typed: bool) -> tuple[Select[Any], Update]:
+def _lock_then_mark(models: Models, traits: Traits, typed: int) -> tuple[Select[Any], Update]:
     """`_lock_and_mark_running`'s two statements, built once per schema."""
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
@@ -178,49 +179,56 @@ def claim_plan(
             for row in sorted(rows, key=due_order)
         ]
 
-    return OneStatement(
-        _one_statement_claim(tx.models, tx.traits, durable, types is not None), params, answer
-    )
+    return OneStatement(_one_statement_claim(tx.models, tx.traits, durable, typed_as(types)), params, answer)
 
 
 def claim_params(
     queue: str, limit: int, now: datetime, types: tuple[str, ...] | None = None
 ) -> dict[str, Any]:
-    """The parameters of a claim statement; ``types`` goes with a statement built ``typed``."""
+    """The parameters of a claim statement; ``types`` goes with one built ``typed_as(types)``."""
     # Parameter names must not be column names: in an UPDATE those would mean "SET this column".
     params: dict[str, Any] = {"p_queue": queue, "p_limit": limit, "p_now": now}
     if types is not None:
-        params["p_types"] = list(types)
+        if len(types) == 1:
+            params["p_type"] = types[0]
+        else:
+            params["p_types"] = list(types)
     return params
 
 
-def due_where(
-    task: Table, traits: Traits, now: ColumnElement[Any], *, typed: bool
-) -> list[ColumnElement[bool]]:
-    """The conditions of a due task of ``p_queue`` -- with ``typed``, of one of the types in
-    parameter ``p_types`` (`Claim.types`), one statement text for any number of them.
+def typed_as(types: tuple[str, ...] | None) -> int:
+    """How a claim statement for ``types`` is built (`due_where`): 0 for any type, 1 for one
+    (a plain parameter), 2 for several (a list)."""
+    return 0 if types is None else min(len(types), 2)
 
-    The claim index (queue, ready, run_at, id) serves the order; the type is checked on the
-    rows it passes, so due tasks of other types ahead cost a row visit each (the index has
-    no type column).
+
+def due_where(
+    task: Table, traits: Traits, now: ColumnElement[Any], *, typed: int
+) -> list[ColumnElement[bool]]:
+    """The conditions of a due task of ``p_queue`` -- of type ``p_type`` when ``typed`` is 1,
+    of one of the types in list parameter ``p_types`` when 2 (`Claim.types`; one statement
+    text for any number of them), of any type when 0.
+
+    A claim asks for the types its process handles, usually one per queue: that one is a
+    plain parameter, which every driver binds as cheaply as the queue's name. The claim index
+    (queue, ready, run_at, id) serves the order; the type is checked on the rows it passes,
+    so due tasks of other types ahead cost a row visit each (the index has no type column).
     """
     where = [task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now]
-    if typed:
+    if typed == 1:
+        where.append(task.c.type == bindparam("p_type"))
+    elif typed:
         where.append(traits.listed(task.c.type, "p_types"))
     return where
 
 
-# Claim statements are built once per schema: building statements this size costs more
-# than running them.
-
-
 @functools.lru_cache(maxsize=32)
-def _mark_running(models: Models, traits: Traits, typed: bool) -> Update:
+def _mark_running(models: Models, traits: Traits, typed: int) -> Update:
     """UPDATE up to ``p_limit`` due rows (locked, ``SKIP LOCKED``) to running, RETURNING them."""
     return _mark_running_up_to(models, traits, bindparam("p_limit", type_=Integer), typed=typed)
 
 
-def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int], *, typed: bool) -> Update:
+def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int], *, typed: int) -> Update:
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
     due = (
@@ -235,7 +243,7 @@ def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int
 
 
 @functools.lru_cache(maxsize=32)
-def _one_statement_claim(models: Models, traits: Traits, durable: bool, typed: bool) -> Select[Any]:
+def _one_statement_claim(models: Models, traits: Traits, durable: bool, typed: int) -> Select[Any]:
     """`_mark_running` and the INSERT of the leases, as data-modifying CTEs.
 
     Unless ``durable``, the commit does not wait for the server's disk
@@ -257,10 +265,10 @@ def _one_statement_claim(models: Models, traits: Traits, durable: bool, typed: b
 
 
 def one_statement_claim_parts(
-    models: Models, traits: Traits, limit: ColumnElement[int], *, typed: bool = False
+    models: Models, traits: Traits, limit: ColumnElement[int], *, typed: int = 0
 ) -> tuple[CTE, CTE]:
-    """The CTEs ``claimed`` (up to ``limit`` due tasks marked running, of ``p_types`` when
-    ``typed``) and ``new_leases`` (their leases, tokens drawn by the server), for statements
+    """The CTEs ``claimed`` (up to ``limit`` due tasks marked running, of the types `due_where`
+    says for ``typed``) and ``new_leases`` (their leases, tokens drawn by the server), for statements
     built around a claim."""
     lease = table_of(models.lease)
     claimed = _mark_running_up_to(models, traits, limit, typed=typed).cte("claimed")

@@ -29,7 +29,7 @@ from taskgate.brokers.base import Lease, QuotaGrant, QuotaSpec
 from taskgate.brokers.params import Claimed
 from taskgate.brokers.sql import leases
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
+from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts, typed_as
 from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.rows import snapshot
 from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
@@ -96,11 +96,11 @@ def claim_within_quota_plan(
         )
         return Claimed(leases=leases, quota=grant, exhausted=left == 0)
 
-    return OneStatement(_statement(tx.models, tx.traits, types is not None), params, answer)
+    return OneStatement(_statement(tx.models, tx.traits, typed_as(types)), params, answer)
 
 
 @functools.lru_cache(maxsize=32)
-def _statement(models: Models, traits: Traits, typed: bool) -> Select[Any]:
+def _statement(models: Models, traits: Traits, typed: int) -> Select[Any]:
     window = table_of(models.quota_window)
     quota_limit = bindparam("p_quota_limit", type_=Integer)
     at_window = (window.c.quota_key == bindparam("p_key"), window.c.window_start == bindparam("p_start"))

@@ -42,7 +42,7 @@ from sqlalchemy import Delete, Integer, Select, Update, bindparam, case, delete,
 from taskgate.brokers.base import Lease
 from taskgate.brokers.params import Claim, Claimed, Renewal, SharedLimits
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.leases import due_where
+from taskgate.brokers.sql.leases import claim_params, due_where, typed_as
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 
@@ -180,16 +180,17 @@ def _any_due(tx: Tx, queue: str, types: tuple[str, ...] | None) -> bool:
     this transaction or another that committed)."""
     if types is None:
         return bool(tx.fetch(_statements(tx.models, tx.traits).any_due, {"p_queue": queue, "p_now": tx.now}))
-    params = {"p_queue": queue, "p_now": tx.now, "p_types": list(types)}
-    return bool(tx.fetch(_any_due_of_types(tx.models, tx.traits), params))
+    params = claim_params(queue, 1, tx.now, types)
+    del params["p_limit"]  # the statement's limit is its own
+    return bool(tx.fetch(_any_due_of_types(tx.models, tx.traits, typed_as(types)), params))
 
 
 @functools.lru_cache(maxsize=32)
-def _any_due_of_types(models: Models, traits: Traits) -> Select[Any]:
+def _any_due_of_types(models: Models, traits: Traits, typed: int) -> Select[Any]:
     """`_any_due`'s statement for a claim of some types (`Claim.types`)."""
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
-    return select(task.c.id).where(*due_where(task, traits, now, typed=True)).limit(1)
+    return select(task.c.id).where(*due_where(task, traits, now, typed=typed)).limit(1)
 
 
 # -- the rate (GCRA) ---------------------------------------------------------------------
