@@ -80,7 +80,9 @@ class AlreadyFinalError(TaskgateError):
 
 
 class UnknownTypeError(TaskgateError):
-    """The claiming process has no handler for a task's type; the task is failed with this message."""
+    """A broker leased a task of a type the claiming process has no handler for (it asked only
+    for the types it handles: a broker that ignores `Claim.types`); the task is failed with this
+    message. A well-behaved broker never leases one: such tasks wait for a process that can run them."""
 
 
 class ShutdownError(TaskgateError):

@@ -72,8 +72,9 @@ class Gate:
     def handle(self, task_type: str, fn: Handler) -> None:
         """Register ``fn`` for ``task_type``: ``async def fn(task)`` awaited, plain ``def`` in a thread.
 
-        Raises `ConfigError` when the type's queue has no limits configured or the type has a
-        handler already.
+        The gate claims only tasks of types it has handlers for; one registered while it runs
+        is claimed from then on. Raises `ConfigError` when the type's queue has no limits
+        configured or the type has a handler already.
         """
         route(self.config, task_type)
         if not callable(fn):

@@ -124,10 +124,16 @@ class QueueStats:
       a `Gate.pause`, or a queue-wide `Throttled` -- and ``datetime.max`` in UTC
       (``datetime.max.replace(tzinfo=UTC)``) while it is paused until resumed; None when it is
       not held. No process claims from a held queue.
+    - ``unhandled`` (best effort): pending or retrying tasks of the queue, due for longer than
+      ``2 * lease_ttl``, of a type THIS process has no handler for -- tasks no process claims
+      because none registered a handler for their type (processes claim only the types they
+      handle). A process with no handler in the queue (a web process) counts every type, so
+      there a backlog the workers fall behind on counts as well.
     - ``reachable``: False when the store did not answer this read (or not within the deadline
       of a worker's broker call): ``queue_len``, ``quota_used``, ``quota_window_end``,
-      ``quota_exhausted`` and ``paused_until`` are then the last this process read (0, None
-      and False before any read), not current; ``running`` and ``quota_stalled`` are current.
+      ``quota_exhausted``, ``paused_until`` and ``unhandled`` are then the last this process
+      read (0, None and False before any read), not current; ``running`` and
+      ``quota_stalled`` are current.
     """
 
     workers: int
@@ -141,6 +147,7 @@ class QueueStats:
     quota_window_end: datetime | None = None
     reachable: bool = True
     paused_until: datetime | None = None
+    unhandled: int = 0
 
 
 TASK_FIELDS = tuple(f.name for f in fields(Task))

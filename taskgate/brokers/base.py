@@ -339,8 +339,9 @@ class Broker(Protocol):
 
     def queue_state(self, query: QueueQuery) -> QueueState:
         """How many tasks of ``query.queue`` are pending or retrying (due or not), its hold
-        (``held_until``, when held), and with ``query.quota`` the figures of that budget's
-        current window -- read only, one read.
+        (``held_until``, when held), with ``query.quota`` the figures of that budget's current
+        window, and with ``query.unhandled`` how many of those tasks it names -- read only, one
+        read.
 
         The window is the epoch-aligned one holding ``now`` (the medium's clock): one nothing
         was taken from yet answers ``used`` 0, one older than the newest kept (the clock
@@ -363,7 +364,9 @@ class Broker(Protocol):
         """Write ``claim.acks`` (as `settle` would, quietly), then lease up to ``claim.limit``
         due tasks of ``claim.queue`` (pending/retrying, ``run_at <= now``) -- one call.
 
-        Oldest due first (``run_at``, then id). Each becomes ``running`` with ``claims += 1``,
+        With ``types``, only tasks of those types are leased, oldest due first among them
+        however many due tasks of other types are older (they stay as they are); None leases
+        any type. Oldest due first (``run_at``, then id). Each becomes ``running`` with ``claims += 1``,
         ``started_at = now`` and a fresh token valid until ``now + lease_ttl``. A task is
         returned to at most one claimer while its lease is valid; never more than ``limit``.
         With ``quota``, each task claimed takes one unit of the window (fewer tasks when fewer
@@ -438,7 +441,9 @@ class Broker(Protocol):
         """Block up to ``timeout`` seconds until work may be due in ``queues``.
 
         Returns True when woken by a submit/requeue/wake-up (spurious True is allowed),
-        False on timeout; with ``timeout=0``, whether a task of ``queues`` is due now.
+        False on timeout; with ``timeout=0``, whether a task of ``queues`` is due now -- of
+        any type: a due task no claim of the caller takes (`Claim.types`) answers True too,
+        so a caller that finds nothing to claim waits its poll interval before asking again.
         `close` wakes every waiter.
         """
         ...

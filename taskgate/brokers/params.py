@@ -8,8 +8,9 @@ not a new method. Answers are plain frozen records too.
 Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` (with a
 `QuotaSpec`, `SharedLimits` and acks to carry); `Broker.settle` takes `Settle` (`Complete`,
 `Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
-`Heartbeat`; `Broker.replay` takes `Replay`; `Broker.queue_state` takes `QueueQuery` and answers
-`QueueState` (with the figures of a quota's window, `QuotaUsage`); `Broker.hold` takes `Hold`.
+`Heartbeat`; `Broker.replay` takes `Replay`; `Broker.queue_state` takes `QueueQuery` (with
+`Unhandled`) and answers `QueueState` (with the figures of a quota's window, `QuotaUsage`);
+`Broker.hold` takes `Hold`.
 
 A queue's hold (a pause by hand, or a queue-wide throttle: ``Retry.hold_queue``) is one time per
 queue, on the medium's clock, before which no claim leases its tasks (`Claimed.held_until`
@@ -72,6 +73,7 @@ __all__ = [
     "SharedLimits",
     "Submit",
     "Submitted",
+    "Unhandled",
 ]
 
 # The hold of a queue paused until resumed: later than any time a clock reads.
@@ -122,6 +124,17 @@ def _tuple_of(value: object, kinds: type | tuple[type, ...], *, what: str) -> tu
         if not isinstance(item, kinds):
             raise TypeError(f"{what}[{n}] has the wrong type: {type(item).__name__}")
     return items
+
+
+def _types(value: object, *, what: str) -> tuple[str, ...]:
+    """A sequence of task types as a sorted tuple without repeats (so equal sets of types
+    make equal parameters), each checked like `NewTask.type`."""
+    if type(value) is tuple and all(map(is_identifier, value)) and list(value) == sorted(set(value)):
+        return value  # the runtime's own, built once per set of handlers: a claim's hot path
+    items = _tuple_of(value, str, what=what)
+    for item in items:
+        check_identifier(item, what=f"{what} item")
+    return tuple(sorted(set(items)))  # type: ignore[arg-type]
 
 
 # -- submit ------------------------------------------------------------------------------
@@ -175,19 +188,41 @@ class Replay:
 
 
 @dataclass(frozen=True, slots=True)
+class Unhandled:
+    """Which of a queue's tasks `QueueState.unhandled` counts: pending or retrying, due for
+    longer than ``after`` (``run_at <= now - after``), of a type not in ``handled``.
+
+    ``handled``: the types the asking process has handlers for in the queue (sorted, without
+    repeats); empty counts every type -- a process with no handler (a web process) cannot
+    tell which types other processes handle.
+    """
+
+    after: timedelta
+    handled: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _duration(self.after, what="Unhandled.after", positive=False, maximum=MAX_DELAY)
+        object.__setattr__(self, "handled", _types(self.handled, what="Unhandled.handled"))
+
+
+@dataclass(frozen=True, slots=True)
 class QueueQuery:
     """What to read of ``queue``; see `Broker.queue_state`.
 
     ``quota``: also read the figures of that budget's current window (`QuotaUsage`).
+    ``unhandled``: also count the tasks it names (`QueueState.unhandled`).
     """
 
     queue: str
     quota: QuotaSpec | None = None
+    unhandled: Unhandled | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.queue, what="QueueQuery.queue")
         if self.quota is not None and not isinstance(self.quota, QuotaSpec):
             raise TypeError(f"QueueQuery.quota must be a QuotaSpec, got {type(self.quota).__name__}")
+        if self.unhandled is not None and not isinstance(self.unhandled, Unhandled):
+            raise TypeError(f"QueueQuery.unhandled must be Unhandled, got {type(self.unhandled).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +245,14 @@ class QuotaUsage:
 @dataclass(frozen=True, slots=True)
 class QueueState:
     """What `Broker.queue_state` read: ``queue_len`` (pending + retrying, due or not), when a
-    quota was asked its window's figures, and ``held_until``: the queue's hold when it is held
-    (`HELD_INDEFINITELY` until resumed), else None."""
+    quota was asked its window's figures, ``held_until``: the queue's hold when it is held
+    (`HELD_INDEFINITELY` until resumed), else None, and when `QueueQuery.unhandled` was given
+    the number of tasks it names (else 0)."""
 
     queue_len: int
     quota: QuotaUsage | None = None
     held_until: datetime | None = None
+    unhandled: int = 0
 
 
 # -- hold --------------------------------------------------------------------------------
@@ -321,7 +358,8 @@ class Claim:
     ``quota``: each task claimed also takes one unit of that window. ``shared``: each also
     takes one of the queue's shared slots and starts (brokers declaring ``shared_limits``).
     ``acks``: completions to write first, in the same call (a child they make ready may be
-    claimed by it).
+    claimed by it). ``types``: lease only tasks of these types (sorted, without repeats; at
+    least one) -- the ones the claiming process has handlers for; None leases any type.
     """
 
     queue: str
@@ -330,6 +368,7 @@ class Claim:
     quota: QuotaSpec | None = None
     shared: SharedLimits | None = None
     acks: tuple[Complete, ...] = ()
+    types: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.queue, what="queue")
@@ -341,6 +380,11 @@ class Claim:
             raise TypeError(f"Claim.shared must be SharedLimits, got {type(self.shared).__name__}")
         if type(self.acks) is not tuple or any(type(a) is not Complete for a in self.acks):
             object.__setattr__(self, "acks", _tuple_of(self.acks, Complete, what="Claim.acks"))
+        if self.types is not None:
+            types = _types(self.types, what="Claim.types")
+            if not types:
+                raise ValueError("Claim.types must name at least one type (None: any type)")
+            object.__setattr__(self, "types", types)
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,8 @@ def unstorable_result(exc: BaseException) -> Fail:
 
 
 def unknown_type(task: Task) -> Fail:
-    """The outcome for a task whose type has no handler in this process."""
+    """The outcome for a task whose type has no handler in this process: claims ask only for
+    handled types (`Claim.types`), so only a broker that leased another type anyway gets here."""
     error = UnknownTypeError(f"no handler registered for task type {task.type!r} in this process")
     return Fail(FailureKind.SKIP, describe(error))
 

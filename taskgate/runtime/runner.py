@@ -279,6 +279,7 @@ class Runtime:
             deadline=worker_deadline(conf),
             acks=acks,
             on_requeued=self.observe,  # canceled instead, when a cancel was asked: with cascade
+            types=self.handled_types(name),
         )
         acks.on_written = lambda: scheduler.wake(new_work=False)  # a backlog may have held claims
         scheduler.on_idle = self.queue_idle.fire
@@ -289,13 +290,22 @@ class Runtime:
         start = functools.partial(self._execute, executor, scheduler)
         work.start_soon(scheduler.run, start)
 
+    def handled_types(self, queue: str) -> tuple[str, ...]:
+        """The types with a handler here whose tasks go to ``queue``, sorted (`Claim.types`)."""
+        return tuple(sorted(t for t in self.handlers if self.config.queue_for(t) == queue))
+
     def add_queue_for(self, task_type: str) -> None:
-        """Start the scheduler of a type registered while running (no-op when not running)."""
+        """Claim tasks of a type registered while running: start its queue's scheduler, or
+        add the type to the one running (no-op when not running)."""
         name = self.config.queue_for(task_type)
         work, executor = self._work_group, self._executor_ref
-        if self._running and work is not None and executor is not None and name not in self.schedulers:
-            if not self.closing:
-                self._add_scheduler(work, executor, name)
+        if not self._running or work is None or executor is None or self.closing:
+            return
+        scheduler = self.schedulers.get(name)
+        if scheduler is None:
+            self._add_scheduler(work, executor, name)
+        else:
+            scheduler.handle_types(self.handled_types(name))
 
     async def _background_loops(self, scope: anyio.CancelScope) -> None:
         with scope:

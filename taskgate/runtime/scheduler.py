@@ -5,6 +5,11 @@ quota-exhausted queue never delays another. A same-process submit fires the queu
 `Signal` (no polling delay); delayed and retrying tasks become due by polling every
 ``poll_interval``.
 
+A claim asks only for the types this gate has handlers for in the queue
+(`QueueScheduler.types`, kept current by the runtime as handlers are registered): a task of
+another type waits for a process that can run it, and a queue whose only due tasks are of
+such types finds nothing, goes idle and waits its poll interval.
+
 Claimed leases go to the queue's ``workers`` long-lived worker tasks through a `Feed`, and
 finished handlers' acks to the queue's `AckWriter`: no task is spawned per run.
 
@@ -81,9 +86,12 @@ class QueueScheduler:
         deadline: float,
         acks: AckWriter,
         on_requeued: Requeued,
+        types: tuple[str, ...],
     ) -> None:
-        """``on_requeued`` is told the snapshots of tasks put back (`put_back`)."""
+        """``on_requeued`` is told the snapshots of tasks put back (`put_back`); ``types``: the
+        types this gate has handlers for in the queue (see `handle_types`)."""
         self.name, self.conf = name, conf
+        self.types = types
         self.acks = acks  # the queue's group commit of acks (see `taskgate.runtime.acks`)
         self._ready: Feed[ClaimedLease] = Feed()
         self._broker, self._calls = broker, calls
@@ -143,6 +151,12 @@ class QueueScheduler:
         self._held_here_until = 0.0
         self._store_holds = False
         self._paused_until = 0.0
+        self.wake()
+
+    def handle_types(self, types: tuple[str, ...]) -> None:
+        """From the next claim on, claim tasks of ``types`` (sorted, without repeats: a handler
+        was registered while running); look now, tasks of a new type may be waiting."""
+        self.types = types
         self.wake()
 
     def stop(self) -> None:
@@ -271,7 +285,7 @@ class QueueScheduler:
     async def _claim(self, n: int, shared: SharedLimits | None) -> Taken | None:
         self._claim_started = anyio.current_time()
         quota = None if self.quota is None else self.quota.spec
-        claim = Claim(self.name, n, self.conf.lease, quota=quota, shared=shared)
+        claim = Claim(self.name, n, self.conf.lease, quota=quota, shared=shared, types=self.types)
         try:
             # Shielded: an abandoned claim thread would still lease tasks that nobody runs,
             # stranding them until their lease expires (and costing them a lease_lost). A

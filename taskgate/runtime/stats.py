@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from taskgate.brokers.base import QuotaSpec
-from taskgate.brokers.params import QueueQuery, QueueState
+from taskgate.brokers.params import QueueQuery, QueueState, Unhandled
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError
 from taskgate.runtime.runner import worker_deadline
@@ -43,10 +43,12 @@ class StatsReader:
         self._down = False  # the last read failed: later failures log at DEBUG only
 
     async def read(self, queue: str, conf: QueueConfig) -> QueueStats:
-        """``queue``'s stats: ONE `Broker.queue_state` call (with its quota, if any), under a
-        worker call's deadline; the last figures with ``reachable=False`` when it fails."""
+        """``queue``'s stats: ONE `Broker.queue_state` call (with its quota, if any, and the
+        unhandled count), under a worker call's deadline; the last figures with
+        ``reachable=False`` when it fails."""
         spec = self._quota_spec(queue, conf)
-        state, reachable = await self._state(QueueQuery(queue, spec), worker_deadline(conf))
+        unhandled = Unhandled(after=2 * conf.lease, handled=self._runtime.handled_types(queue))
+        state, reachable = await self._state(QueueQuery(queue, spec, unhandled), worker_deadline(conf))
         scheduler = self._runtime.schedulers.get(queue)
         local_quota = scheduler.quota if scheduler is not None else None
         usage = state.quota
@@ -62,6 +64,7 @@ class StatsReader:
             quota_window_end=usage.window_end if usage is not None else None,
             reachable=reachable,
             paused_until=state.held_until,
+            unhandled=state.unhandled,
         )
 
     def _quota_spec(self, queue: str, conf: QueueConfig) -> QuotaSpec | None:

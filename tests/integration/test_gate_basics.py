@@ -17,7 +17,6 @@ from taskgate import (
     Status,
     Task,
     TaskExistsError,
-    TaskFailedError,
     TaskNotFoundError,
 )
 from taskgate.brokers.base import Capabilities
@@ -127,17 +126,6 @@ async def test_max_retry_defaults_to_config(gate_broker):
     gate = make_gate(gate_broker, max_retry=4)
     assert (await gate.get(await gate.submit("q"))).max_retry == 4
     assert (await gate.get(await gate.submit("q", max_retry=0))).max_retry == 0
-
-
-async def test_a_type_without_handler_here_is_failed_with_unknown_type(gate_broker):
-    gate = make_gate(gate_broker, routes={"known": "q", "stranger": "q"})
-    gate.handle("known", lambda task: None)
-    async with gate:
-        task_id = await gate.submit("stranger")
-        with pytest.raises(TaskFailedError) as failed:
-            await gate.wait(task_id, timeout=GUARD)
-    assert failed.value.task.status is Status.FAILED
-    assert "UnknownTypeError" in (failed.value.task.last_error or "")
 
 
 async def test_dependency_chain_runs_in_order_and_list_history_overview(gate_broker):

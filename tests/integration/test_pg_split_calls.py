@@ -113,6 +113,23 @@ def test_split_calls_answer_as_their_methods_do(broker: CountingSplits) -> None:
     assert broker.split_names == ["submit", "submit", "submit", "claim"]
 
 
+def test_a_claim_of_some_types_is_split_as_one_statement_and_leases_only_those(
+    broker: CountingSplits,
+) -> None:
+    _ready(broker)
+    steps.enqueue(broker, [new_task(type="new") for _ in range(50)])
+    mine = [new_task(type="old"), new_task(type="older")]
+    steps.enqueue(broker, mine)
+    typed = Claim("q", 5, TTL, types=("old", "older"))
+    leased = _split(broker, broker.claim, typed).leases
+    assert [lease.task.id for lease in leased] == sorted(t.id for t in mine)
+    quota = QuotaSpec("typed", 10, timedelta(hours=1))
+    broker.claim(Claim("q", 1, TTL, quota=quota, types=("new",)))  # opens the window in a thread
+    within = _split(broker, broker.claim, Claim("q", 5, TTL, quota=quota, types=("new",)))
+    assert len(within.leases) == 5 and within.quota is not None and within.quota.granted == 5
+    assert broker.split_names == ["claim", "claim"]
+
+
 def test_neither_a_claim_carrying_acks_nor_one_with_shared_limits_is_split(
     broker: CountingSplits,
 ) -> None:

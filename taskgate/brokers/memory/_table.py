@@ -21,6 +21,9 @@ READY_STATUSES = frozenset({Status.PENDING, Status.RETRYING})
 
 # (run_at, id, ready_seq): heap order is the claim order; the seq detects stale entries.
 _ReadyEntry = tuple[datetime, str, int]
+# One ready heap per (queue, type): a claim for some types finds its tasks without passing
+# the due tasks of the others.
+_HeapKey = tuple[str, str]
 
 
 class TaskTable:
@@ -32,7 +35,8 @@ class TaskTable:
         self.by_key: dict[str, list[str]] = {}
         self.replayed_by: dict[str, str] = {}
         self.running: dict[str, None] = {}
-        self._ready: defaultdict[str, list[_ReadyEntry]] = defaultdict(list)
+        self._ready: defaultdict[_HeapKey, list[_ReadyEntry]] = defaultdict(list)
+        self._types: defaultdict[str, dict[str, None]] = defaultdict(dict)  # a queue's types, ever
         self._counts: defaultdict[str, defaultdict[Status, int]] = defaultdict(lambda: defaultdict(int))
         self._queue_len: defaultdict[str, int] = defaultdict(int)
 
@@ -86,25 +90,26 @@ class TaskTable:
             self.running[record.id] = None
         elif record.status in READY_STATUSES:
             record.ready_seq += 1
-            heapq.heappush(self._ready[record.queue], (record.run_at, record.id, record.ready_seq))
+            key = (record.queue, record.type)
+            if key not in self._ready:
+                self._types[record.queue][record.type] = None
+            heapq.heappush(self._ready[key], (record.run_at, record.id, record.ready_seq))
 
     # -- ready heaps -----------------------------------------------------------------------
 
-    def start_due(self, queue: str, now: datetime, limit: int) -> list[Record]:
-        """Up to ``limit`` due ready records of ``queue``, oldest due first, moved to running.
+    def start_due(
+        self, queue: str, now: datetime, limit: int, types: tuple[str, ...] | None = None
+    ) -> list[Record]:
+        """Up to ``limit`` due ready records of ``queue`` (of ``types``; None: any), oldest due
+        first, moved to running.
 
         `set_status` to running written out for a batch (a claim's hot path): no call per record.
         """
-        heap = self._ready.get(queue)
-        due: list[Record] = []
-        while heap and len(due) < limit:
-            run_at, task_id, seq = heap[0]
-            if run_at > now:
-                break  # the earliest entry, stale or not: nothing live is due either
-            heapq.heappop(heap)
-            record = self._live(run_at, task_id, seq)
-            if record is not None:
-                due.append(record)
+        heaps = self._heaps(queue, types)
+        if len(heaps) == 1:
+            due = self._due_of(heaps[0], now, limit)
+        else:
+            due = self._due_merged(heaps, now, limit)
         for record in due:
             by_status = self._counts[record.type]
             by_status[record.status] -= 1
@@ -114,11 +119,52 @@ class TaskTable:
         self._queue_len[queue] -= len(due)
         return due
 
+    def _heaps(self, queue: str, types: tuple[str, ...] | None) -> list[list[_ReadyEntry]]:
+        """The ready heaps of ``queue``'s ``types`` (None: all its types) that exist."""
+        ready = self._ready
+        names = self._types.get(queue, ()) if types is None else types
+        return [ready[(queue, name)] for name in names if (queue, name) in ready]
+
+    def _due_of(self, heap: list[_ReadyEntry], now: datetime, limit: int) -> list[Record]:
+        """Up to ``limit`` live due records taken off one heap, in its order."""
+        due: list[Record] = []
+        while heap and len(due) < limit:
+            run_at, task_id, seq = heap[0]
+            if run_at > now:
+                break  # the earliest entry, stale or not: nothing live is due either
+            heapq.heappop(heap)
+            record = self._live(run_at, task_id, seq)
+            if record is not None:
+                due.append(record)
+        return due
+
+    def _due_merged(self, heaps: list[list[_ReadyEntry]], now: datetime, limit: int) -> list[Record]:
+        """Up to ``limit`` live due records taken off several heaps, oldest due first."""
+        due: list[Record] = []
+        while len(due) < limit:
+            best: list[_ReadyEntry] | None = None
+            for heap in heaps:
+                live = self._live_head(heap) is not None
+                if live and heap[0][0] <= now and (best is None or heap[0] < best[0]):
+                    best = heap
+            if best is None:
+                break
+            due.append(self.records[heapq.heappop(best)[1]])
+        return due
+
     def next_run_at(self, queue: str) -> datetime | None:
         """When the earliest ready record of ``queue`` is due, or None when it has none."""
-        heap = self._ready.get(queue)
-        head = self._live_head(heap) if heap else None
-        return None if head is None else head.run_at
+        heads = [head.run_at for head in map(self._live_head, self._heaps(queue, None)) if head is not None]
+        return min(heads, default=None)
+
+    def overdue(self, queue: str, cutoff: datetime, handled: tuple[str, ...]) -> int:
+        """Ready records of ``queue`` due at or before ``cutoff``, of a type not in ``handled``."""
+        count = 0
+        for name in self._types.get(queue, ()):
+            if name not in handled:
+                heap = self._ready[(queue, name)]
+                count += sum(1 for entry in heap if entry[0] <= cutoff and self._live(*entry) is not None)
+        return count
 
     def _live_head(self, heap: list[_ReadyEntry]) -> Record | None:
         """The record at the top of ``heap`` after discarding stale entries."""

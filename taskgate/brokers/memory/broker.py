@@ -221,16 +221,20 @@ class MemoryBroker:
 
     def queue_state(self, query: QueueQuery) -> QueueState:
         """Pending plus retrying tasks of ``query.queue`` (due or not), from a maintained
-        count, and ``query.quota``'s current window as claims would find it."""
+        count, ``query.quota``'s current window as claims would find it, and the tasks
+        ``query.unhandled`` names (a walk over the ready heaps of the types it counts)."""
         if not isinstance(query, QueueQuery):
             raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
         with self._cond:
             self._check_open()
             now = self._now()
             queue_len = self._table.queue_length(query.queue)
-            quota = query.quota
+            quota, unhandled = query.quota, query.unhandled
+            overdue = 0
+            if unhandled is not None:
+                overdue = self._table.overdue(query.queue, now - unhandled.after, unhandled.handled)
             usage = None if quota is None else self._quota.usage(quota, now)
-            return QueueState(queue_len, usage, self._holds.until(query.queue, now))
+            return QueueState(queue_len, usage, self._holds.until(query.queue, now), overdue)
 
     def hold(self, hold: Hold) -> datetime | None:
         """Hold ``hold.queue`` (keeping a longer hold) or end its hold; its hold after the call."""
@@ -272,21 +276,22 @@ class MemoryBroker:
             return Claimed([], acked, held_until=held)
         quota = claim.quota
         if quota is None:
-            return Claimed(self._lease_due(claim.queue, claim.limit, claim.lease_ttl, now), acked)
+            return Claimed(self._lease_due(claim, claim.limit, now), acked)
         grant = self._quota.reserve(quota.key, quota.limit, quota.period, claim.limit, now)
         if grant.granted <= 0:
             return Claimed([], acked, quota=grant, exhausted=True)
-        leases = self._lease_due(claim.queue, grant.granted, claim.lease_ttl, now)
+        leases = self._lease_due(claim, grant.granted, now)
         if len(leases) < grant.granted:
             # Units are spent only for tasks leased: the rest go back within the same hold.
             self._quota.release(grant, grant.granted - len(leases))
             grant = dataclasses.replace(grant, granted=len(leases))
         return Claimed(leases, acked, quota=grant)
 
-    def _lease_due(self, queue: str, limit: int, lease_ttl: timedelta, now: datetime) -> builtins.list[Lease]:
-        """Lease up to ``limit`` due tasks of ``queue`` (`TaskTable.start_due`): a token each."""
-        records = self._table.start_due(queue, now, limit)
-        expires_at = now + lease_ttl
+    def _lease_due(self, claim: Claim, limit: int, now: datetime) -> builtins.list[Lease]:
+        """Lease up to ``limit`` due tasks of ``claim``'s queue and types
+        (`TaskTable.start_due`): a token each."""
+        records = self._table.start_due(claim.queue, now, limit, claim.types)
+        expires_at = now + claim.lease_ttl
         leases = []
         for record, token in zip(records, new_tokens(len(records)), strict=True):
             record.claims += 1

@@ -269,18 +269,23 @@ class RedisBroker:
 
     def queue_state(self, query: QueueQuery) -> QueueState:
         """How many tasks of ``query.queue`` are pending or retrying (due or not) -- the
-        ``ZCARD`` of its queue -- and ``query.quota``'s current window: one read-only script."""
+        ``ZCARD`` of its queue --, ``query.quota``'s current window and the tasks
+        ``query.unhandled`` names (a ``ZCOUNT`` per type of the queue it counts): one
+        read-only script."""
         if not isinstance(query, QueueQuery):
             raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
-        quota = query.quota
-        if quota is None:
-            queue_len, held = self._run("queue_state", [query.queue, ""])
-            return QueueState(int(queue_len), held_until=hold_from(held))
-        args = [query.queue, quota.key, quota.limit, ttl_us(quota.period)]
-        queue_len, held, start_us, used = self._run("queue_state", args)
-        start = from_us(start_us)
-        usage = QuotaUsage(quota.key, quota.limit, int(used), start, start + quota.period)
-        return QueueState(int(queue_len), usage, hold_from(held))
+        quota, unhandled = query.quota, query.unhandled
+        args: builtins.list[Any] = [query.queue, "", 0, 0]
+        if quota is not None:
+            args[1:] = [quota.key, quota.limit, ttl_us(quota.period)]
+        if unhandled is not None:
+            args += [ttl_us(unhandled.after), "\0".join(unhandled.handled)]
+        queue_len, held, start_us, used, *overdue = self._run("queue_state", args)
+        usage = None
+        if quota is not None:
+            start = from_us(start_us)
+            usage = QuotaUsage(quota.key, quota.limit, int(used), start, start + quota.period)
+        return QueueState(int(queue_len), usage, hold_from(held), int(overdue[0]) if overdue else 0)
 
     def hold(self, hold: Hold) -> datetime | None:
         """Hold ``hold.queue`` (keeping a longer hold) or end its hold -- its ``hold:<queue>``

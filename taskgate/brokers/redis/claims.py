@@ -72,9 +72,15 @@ def _claim_part(claim: Claim) -> tuple[str, list[Any], Reading]:
         return "claim_limited", _limited_args(claim, claim.shared, ttl, tokens), _limited_reading(claim.quota)
     if claim.quota is not None:
         quota = claim.quota
-        args = [claim.queue, ttl, quota.key, quota.limit, ttl_us(quota.period), *tokens]
+        args = [claim.queue, ttl, quota.key, quota.limit, ttl_us(quota.period), _types(claim), *tokens]
         return "claim_quota", args, _quota_reading(quota)
-    return "claim", [claim.queue, ttl, *tokens], _plain_reading
+    return "claim", [claim.queue, ttl, _types(claim), *tokens], _plain_reading
+
+
+def _types(claim: Claim) -> str:
+    """`Claim.types` as the claim scripts take them: NUL-separated (no type holds a NUL), ""
+    for any type."""
+    return "" if claim.types is None else "\0".join(claim.types)
 
 
 def _plain_reading(values: Sequence[Any], acked: list[ItemAnswer]) -> Claimed:
@@ -104,6 +110,7 @@ def _limited_args(claim: Claim, shared: SharedLimits, ttl: int, tokens: list[str
         burst,
         *quota_args,
         shared.claimer,
+        _types(claim),
         len(shared.release),
         *shared.release,
         *tokens,

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import URL, Connection, Engine
@@ -292,10 +292,11 @@ class SQLBroker:
 
     def queue_state(self, query: QueueQuery) -> QueueState:
         """Pending plus retrying tasks of ``query.queue`` (due or not), from the claim index,
-        and ``query.quota``'s current window (its row, if any) -- one SELECT."""
+        ``query.quota``'s current window (its row, if any) and the tasks ``query.unhandled``
+        names (a range of the claim index) -- one SELECT."""
         if not isinstance(query, QueueQuery):
             raise TypeError(f"queue_state takes a QueueQuery, got {type(query).__name__}")
-        return self._read("queue_state", lambda tx: reads.queue_state(tx, query.queue, query.quota))
+        return self._read("queue_state", lambda tx: reads.queue_state(tx, query))
 
     def hold(self, hold: Hold) -> datetime | None:
         """Hold ``hold.queue`` (keeping a longer hold) or end its hold, under its row's lock in
@@ -329,15 +330,16 @@ class SQLBroker:
         if claim.shared is not None:
             return self._claim_shared(claim)
         if claim.quota is not None:
-            return self._claim_within_quota(acks, claim.queue, claim.limit, claim.lease_ttl, claim.quota)
+            return self._claim_within_quota(claim)
         if acks:
-            return self._claim_after_acks(acks, claim.queue, claim.limit, claim.lease_ttl)
-        return self._claim(claim.queue, claim.limit, claim.lease_ttl)
+            return self._claim_after_acks(claim)
+        return self._claim(claim)
 
     def _claim_shared(self, claim: Claim) -> Claimed:
         """``claim.acks`` (quietly), then the claim under its shared limits (and quota), in one
         transaction."""
         queue, lease_ttl, quota, acks = claim.queue, claim.lease_ttl, claim.quota, claim.acks
+        types = claim.types
         # A crash may undo the claim together with its slots and starts; not acks or units.
         durable = bool(acks) or quota is not None
         small = len(acks) + claim.limit <= INLINE_MAX_ROWS
@@ -353,12 +355,14 @@ class SQLBroker:
         def step(tx: Tx) -> Claimed:
             answers = batch.ack_many(tx, acks, snapshots=False) if acks else []
 
+            def oldest_due(k: int) -> builtins.list[Lease]:
+                return leases.claim(tx, queue, k, lease_ttl, durable=durable, types=types)
+
             def take(n: int, lease_up_to: slots.LeaseUpTo | None) -> Claimed:
-                if lease_up_to is None:
-                    lease_up_to = lambda k: leases.claim(tx, queue, k, lease_ttl, durable=durable)  # noqa: E731
+                lease = oldest_due if lease_up_to is None else lease_up_to
                 if quota is None:
-                    return Claimed(lease_up_to(n))
-                return _claim_within_units(tx, quota, n, lease_up_to)
+                    return Claimed(lease(n))
+                return _claim_within_units(tx, quota, n, lease)
 
             claimed = slots.hand_over(tx, claim, take) if hand_over else None
             if claimed is None:
@@ -367,37 +371,41 @@ class SQLBroker:
 
         return self._run("claim", step, inline=small)
 
-    def _claim(self, queue: str, limit: int, lease_ttl: timedelta) -> Claimed:
+    def _claim(self, claim: Claim) -> Claimed:
         """A claim alone: one statement in autocommit on PostgreSQL, a transaction elsewhere
         (which reads the queue's hold only when it leased nothing)."""
+        queue, limit, lease_ttl, types = claim.queue, claim.limit, claim.lease_ttl, claim.types
         if self._traits.dml_ctes:
-            step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl)  # noqa: E731
+            step = lambda tx: leases.claim_in_one_statement(tx, queue, limit, lease_ttl, types=types)  # noqa: E731
             return self._run("claim", step, one_statement=True)
 
         def claimed(tx: Tx) -> Claimed:
-            return holds.answer_if_held(tx, queue, Claimed(leases.claim(tx, queue, limit, lease_ttl)))
+            return holds.answer_if_held(
+                tx, queue, Claimed(leases.claim(tx, queue, limit, lease_ttl, types=types))
+            )
 
         return self._run("claim", claimed, inline=limit <= INLINE_MAX_ROWS)
 
-    def _claim_after_acks(
-        self, acks: tuple[Complete, ...], queue: str, limit: int, lease_ttl: timedelta
-    ) -> Claimed:
+    def _claim_after_acks(self, claim: Claim) -> Claimed:
         """The acks (quietly), then the claim, in ONE transaction (one commit where the two
         take two)."""
+        acks, queue, limit, lease_ttl = claim.acks, claim.queue, claim.limit, claim.lease_ttl
+        types = claim.types
 
         def step(tx: Tx) -> Claimed:
             acked = batch.ack_many(tx, acks, snapshots=False)
             return holds.answer_if_held(
-                tx, queue, Claimed(leases.claim(tx, queue, limit, lease_ttl), acked=acked)
+                tx, queue, Claimed(leases.claim(tx, queue, limit, lease_ttl, types=types), acked=acked)
             )
 
         return self._run("claim", step, inline=len(acks) + limit <= INLINE_MAX_ROWS)
 
-    def _claim_within_quota(
-        self, acks: tuple[Complete, ...], queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec
-    ) -> Claimed:
+    def _claim_within_quota(self, claim: Claim) -> Claimed:
         """``acks`` (quietly), then the claim within the quota, in one transaction: a unit of
         the window per task claimed. Without acks, PostgreSQL claims in one statement."""
+        acks, queue, limit, lease_ttl = claim.acks, claim.queue, claim.limit, claim.lease_ttl
+        quota, types = claim.quota, claim.types
+        assert quota is not None
         small = len(acks) + limit <= INLINE_MAX_ROWS
 
         def acked(tx: Tx) -> builtins.list[ItemAnswer]:
@@ -407,7 +415,7 @@ class SQLBroker:
             taken = self._run(
                 "claim",
                 lambda tx: quota_claim.claim_within_quota_in_one_statement(
-                    tx, queue, limit, lease_ttl, quota
+                    tx, queue, limit, lease_ttl, quota, types
                 ),
                 one_statement=True,
                 inline=small,
@@ -418,7 +426,7 @@ class SQLBroker:
 
             def counted(tx: Tx) -> Claimed:
                 answers = acked(tx)
-                claimed = quota_claim.claim_then_count(tx, queue, limit, lease_ttl, quota)
+                claimed = quota_claim.claim_then_count(tx, queue, limit, lease_ttl, quota, types)
                 return _with_acks(holds.answer_if_held(tx, queue, claimed), answers)
 
             try:
@@ -428,7 +436,9 @@ class SQLBroker:
 
         def step(tx: Tx) -> Claimed:
             answers = acked(tx)
-            claimed = _claim_within_units(tx, quota, limit, lambda k: leases.claim(tx, queue, k, lease_ttl))
+            claimed = _claim_within_units(
+                tx, quota, limit, lambda k: leases.claim(tx, queue, k, lease_ttl, types=types)
+            )
             return _with_acks(holds.answer_if_held(tx, queue, claimed), answers)
 
         return self._run("claim", step, inline=small)
@@ -624,10 +634,10 @@ class SQLBroker:
             return slots.hand_over_plan(tx, claim).then(_or_thread)  # None: count them instead
         if claim.quota is not None:
             plan = quota_claim.claim_within_quota_plan(
-                tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota
+                tx, claim.queue, claim.limit, claim.lease_ttl, claim.quota, claim.types
             )
             return plan.then(_or_thread)  # None: the window has no row yet, which a transaction opens
-        return leases.claim_plan(tx, claim.queue, claim.limit, claim.lease_ttl)
+        return leases.claim_plan(tx, claim.queue, claim.limit, claim.lease_ttl, types=claim.types)
 
     def _plan_submit(self, tx: Tx, submit: Submit) -> OneStatement[Submitted] | None:
         """The one-statement insert of a single task (a batch: None)."""

@@ -29,13 +29,20 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Select, Update, and_, bindparam, func, or_, select, true, update
+from sqlalchemy import Integer, Select, Update, and_, bindparam, func, or_, select, update
 
 from taskgate.brokers.base import Lease
-from taskgate.brokers.params import SharedLimits
+from taskgate.brokers.params import Claim
 from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.leases import lease_running, locked_due_columns, mark_locked_running
+from taskgate.brokers.sql.leases import (
+    claim_params,
+    due_where,
+    lease_running,
+    locked_due_columns,
+    mark_locked_running,
+    typed_as,
+)
 from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
@@ -60,8 +67,11 @@ def gcra_room(rps: float, burst: int, stored: datetime | None, now: datetime) ->
 class GroupLimits:
     """The groups' room for one claim, and what the claim spent of it."""
 
-    def __init__(self, tx: Tx, queue: str, shared: SharedLimits, lease_ttl: timedelta) -> None:
-        self._tx, self._queue, self._shared, self._ttl = tx, queue, shared, lease_ttl
+    def __init__(self, tx: Tx, claim: Claim) -> None:
+        shared = claim.shared
+        assert shared is not None, "GroupLimits needs Claim.shared"
+        self._tx, self._queue, self._shared, self._ttl = tx, claim.queue, shared, claim.lease_ttl
+        self._types = claim.types
         self._window = (
             window_bounds(tx.now, shared.group_quota_period)[0] if shared.group_quota_period else None
         )
@@ -72,7 +82,7 @@ class GroupLimits:
     def load(self) -> None:
         """Read each group's slots and row, and work out its room (after the claim gave back
         its slots and cleared the expired ones)."""
-        tx, shared, statements = self._tx, self._shared, _statements(self._tx.models, self._tx.traits)
+        tx, shared, statements = self._tx, self._shared, _statements(self._tx.models, self._tx.traits, 0)
         params = {"p_queue": self._queue}
         held: dict[str, int] = {}
         if shared.group_workers:
@@ -109,16 +119,14 @@ class GroupLimits:
     def lease_up_to(self, limit: int) -> list[Lease]:
         """Lease up to ``limit`` of the oldest due tasks whose group has room (see the module
         docstring), counting what each group took."""
-        tx, statements = self._tx, _statements(self._tx.models, self._tx.traits)
+        tx, statements = self._tx, _statements(self._tx.models, self._tx.traits, typed_as(self._types))
         picked: list[Mapping[str, Any]] = []
         after: Mapping[str, Any] | None = None  # the last row looked at: a next look starts past it
         while len(picked) < limit:
             wanted = limit - len(picked)
             full = [group for group, room in self._room.items() if room <= 0]
             params: dict[str, Any] = {
-                "p_queue": self._queue,
-                "p_now": tx.now,
-                "p_limit": wanted,
+                **claim_params(self._queue, wanted, tx.now, self._types),
                 "p_full": full,
             }
             if after is None:
@@ -152,7 +160,7 @@ class GroupLimits:
         shared, tx = self._shared, self._tx
         if not (shared.group_rps or shared.group_quota_limit):
             return
-        statements = _statements(tx.models, tx.traits)
+        statements = _statements(tx.models, tx.traits, 0)
         limits = table_of(tx.models.queue_limit)
         for group, n in sorted(self.taken.items()):
             row = self._rows.get(group)
@@ -185,7 +193,7 @@ class GroupLimits:
 class _Statements:
     __slots__ = ("due_with_room", "due_with_room_after", "group_rows", "slots_by_group", "write_group")
 
-    def __init__(self, models: Models, traits: Traits) -> None:
+    def __init__(self, models: Models, traits: Traits, typed: int) -> None:
         limits, slot, task = table_of(models.queue_limit), table_of(models.slot), table_of(models.task)
         of_queue = limits.c.queue == bindparam("p_queue")
         self.slots_by_group: Select[Any] = (
@@ -200,9 +208,7 @@ class _Statements:
         due = (
             select(*locked_due_columns(models))
             .where(
-                task.c.queue == bindparam("p_queue"),
-                task.c.ready == true(),
-                task.c.run_at <= now,
+                *due_where(task, traits, now, typed=typed),
                 holds.not_held(models, now),
                 # An expanding NOT IN: SQLAlchemy renders an empty list as matching everything.
                 or_(
@@ -229,5 +235,6 @@ class _Statements:
 
 
 @functools.lru_cache(maxsize=32)
-def _statements(models: Models, traits: Traits) -> _Statements:
-    return _Statements(models, traits)
+def _statements(models: Models, traits: Traits, typed: int) -> _Statements:
+    """The statements for claims of ``typed`` (`taskgate.brokers.sql.leases.typed_as`)."""
+    return _Statements(models, traits, typed)

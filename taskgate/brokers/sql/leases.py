@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     Row,
     Select,
+    Table,
     Update,
     bindparam,
     delete,
@@ -48,6 +49,7 @@ __all__ = [
     "claim_params",
     "claim_plan",
     "due_order",
+    "due_where",
     "heartbeat",
     "lease_lost_error",
     "lease_running",
@@ -55,27 +57,40 @@ __all__ = [
     "mark_locked_running",
     "one_statement_claim_parts",
     "reap",
+    "typed_as",
 ]
 
 CANCELED_ERROR = "canceled"
 
 
-def claim(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = True) -> list[Lease]:
-    """Lease up to ``limit`` due tasks of ``queue``, oldest due first, inside the caller's
-    transaction. With data-modifying CTEs (PostgreSQL) it is the one-statement claim, so lease
+def claim(
+    tx: Tx,
+    queue: str,
+    limit: int,
+    lease_ttl: timedelta,
+    *,
+    durable: bool = True,
+    types: tuple[str, ...] | None = None,
+) -> list[Lease]:
+    """Lease up to ``limit`` due tasks of ``queue`` (of ``types``; None: any, see `due_where`),
+    oldest due first, inside the caller's transaction.
+
+    With data-modifying CTEs (PostgreSQL) it is the one-statement claim, so lease
     rows have one INSERT shape there (the server draws the tokens). ``durable`` (the default):
     the commit waits for the server's disk, as it must when the transaction writes more than
     the claim and what it writes must not be undone by a crash (acks, quota units); False for
     a transaction whose every write a crash may undo together with the claim (see
     `_one_statement_claim`)."""
     if tx.traits.dml_ctes:
-        return claim_in_one_statement(tx, queue, limit, lease_ttl, durable=durable).leases
+        return claim_in_one_statement(tx, queue, limit, lease_ttl, durable=durable, types=types).leases
     now = tx.now
     if tx.traits.update_returning:
-        rows = tx.fetch(_mark_running(tx.models, tx.traits), claim_params(queue, limit, now))
+        rows = tx.fetch(
+            _mark_running(tx.models, tx.traits, typed_as(types)), claim_params(queue, limit, now, types)
+        )
         snapshots = [snapshot(row) for row in sorted(rows, key=due_order)]
     else:
-        snapshots = _lock_and_mark_running(tx, queue, limit)
+        snapshots = _lock_and_mark_running(tx, queue, limit, types)
     return lease_running(tx, snapshots, lease_ttl)
 
 
@@ -96,13 +111,13 @@ def lease_running(tx: Tx, tasks: list[Task], lease_ttl: timedelta) -> list[Lease
     ]
 
 
-def _lock_and_mark_running(tx: Tx, queue: str, limit: int) -> list[Task]:
+def _lock_and_mark_running(tx: Tx, queue: str, limit: int, types: tuple[str, ...] | None) -> list[Task]:
     """Without ``UPDATE … RETURNING`` (MySQL): lock the due rows, update them, and build the
     snapshots from the locked values plus what the update wrote -- two statements. The lock
     reads only the columns the update does not write (PyMySQL parses each column of each row,
     and each column's description, in Python)."""
-    lock_due, _ = _lock_then_mark(tx.models, tx.traits)
-    return mark_locked_running(tx, tx.fetch(lock_due, claim_params(queue, limit, tx.now)))
+    lock_due, _ = _lock_then_mark(tx.models, tx.traits, typed_as(types))
+    return mark_locked_running(tx, tx.fetch(lock_due, claim_params(queue, limit, tx.now, types)))
 
 
 def mark_locked_running(tx: Tx, rows: Sequence[Mapping[str, Any]]) -> list[Task]:
@@ -110,7 +125,7 @@ def mark_locked_running(tx: Tx, rows: Sequence[Mapping[str, Any]]) -> list[Task]
     values (every column `locked_due_columns` names) plus what the update wrote."""
     if not rows:
         return []
-    _, mark_running = _lock_then_mark(tx.models, tx.traits)
+    _, mark_running = _lock_then_mark(tx.models, tx.traits, 0)
     now = tx.now
     tx.write(mark_running, {"p_ids": [row["id"] for row in rows], "p_now": now})
     running = {**status_values(Status.RUNNING), "started_at": now}
@@ -126,14 +141,14 @@ def locked_due_columns(models: Models) -> list[Any]:
 
 
 @functools.lru_cache(maxsize=32)
-def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update]:
+def _lock_then_mark(models: Models, traits: Traits, typed: int) -> tuple[Select[Any], Update]:
     """`_lock_and_mark_running`'s two statements, built once per schema."""
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
     values = {**status_values(Status.RUNNING), "claims": task.c.claims + 1, "started_at": now}
     due = (
         select(*locked_due_columns(models))
-        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .where(*due_where(task, traits, now, typed=typed))
         .where(holds.not_held(models, now))
         .order_by(task.c.run_at, task.c.id)
         .limit(bindparam("p_limit", type_=Integer))
@@ -143,7 +158,13 @@ def _lock_then_mark(models: Models, traits: Traits) -> tuple[Select[Any], Update
 
 
 def claim_in_one_statement(
-    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = False
+    tx: Tx,
+    queue: str,
+    limit: int,
+    lease_ttl: timedelta,
+    *,
+    durable: bool = False,
+    types: tuple[str, ...] | None = None,
 ) -> Claimed:
     """`claim` as ONE statement (data-modifying CTEs, ``traits.dml_ctes``): run it in autocommit.
 
@@ -155,16 +176,22 @@ def claim_in_one_statement(
     transaction that writes more than the claim (acks carried along), whose commit must not
     be lost in a server crash.
     """
-    return tx.one(claim_plan(tx, queue, limit, lease_ttl, durable=durable))
+    return tx.one(claim_plan(tx, queue, limit, lease_ttl, durable=durable, types=types))
 
 
 def claim_plan(
-    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, *, durable: bool = False
+    tx: Tx,
+    queue: str,
+    limit: int,
+    lease_ttl: timedelta,
+    *,
+    durable: bool = False,
+    types: tuple[str, ...] | None = None,
 ) -> OneStatement[Claimed]:
     """`claim_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
     expires_at = now + lease_ttl
-    params = {**claim_params(queue, limit, now), "p_expires_at": expires_at}
+    params = {**claim_params(queue, limit, now, types), "p_expires_at": expires_at}
 
     def answer(rows: Sequence[Mapping[str, Any]]) -> Claimed:
         # One row at least: the hold's (its task columns NULL when nothing was claimed).
@@ -174,30 +201,61 @@ def claim_plan(
         ]
         return Claimed(leases, held_until=rows[0]["held_until"] if rows and not leases else None)
 
-    return OneStatement(_one_statement_claim(tx.models, tx.traits, durable), params, answer)
+    return OneStatement(_one_statement_claim(tx.models, tx.traits, durable, typed_as(types)), params, answer)
 
 
-def claim_params(queue: str, limit: int, now: datetime) -> dict[str, Any]:
+def claim_params(
+    queue: str, limit: int, now: datetime, types: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """The parameters of a claim statement; ``types`` goes with one built ``typed_as(types)``."""
     # Parameter names must not be column names: in an UPDATE those would mean "SET this column".
-    return {"p_queue": queue, "p_limit": limit, "p_now": now}
+    params: dict[str, Any] = {"p_queue": queue, "p_limit": limit, "p_now": now}
+    if types is not None:
+        if len(types) == 1:
+            params["p_type"] = types[0]
+        else:
+            params["p_types"] = list(types)
+    return params
 
 
-# Claim statements are built once per schema: building statements this size costs more
-# than running them.
+def typed_as(types: tuple[str, ...] | None) -> int:
+    """How a claim statement for ``types`` is built (`due_where`): 0 for any type, 1 for one
+    (a plain parameter), 2 for several (a list)."""
+    return 0 if types is None else min(len(types), 2)
+
+
+def due_where(
+    task: Table, traits: Traits, now: ColumnElement[Any], *, typed: int
+) -> list[ColumnElement[bool]]:
+    """The conditions of a due task of ``p_queue`` -- of type ``p_type`` when ``typed`` is 1,
+    of one of the types in list parameter ``p_types`` when 2 (`Claim.types`; one statement
+    text for any number of them), of any type when 0.
+
+    A claim asks for the types its process handles, usually one per queue: that one is a
+    plain parameter, which every driver binds as cheaply as the queue's name. The claim index
+    (queue, ready, run_at, id) serves the order; the type is checked on the rows it passes,
+    so due tasks of other types ahead cost a row visit each (the index has no type column).
+    """
+    where = [task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now]
+    if typed == 1:
+        where.append(task.c.type == bindparam("p_type"))
+    elif typed:
+        where.append(traits.listed(task.c.type, "p_types"))
+    return where
 
 
 @functools.lru_cache(maxsize=32)
-def _mark_running(models: Models, traits: Traits) -> Update:
+def _mark_running(models: Models, traits: Traits, typed: int) -> Update:
     """UPDATE up to ``p_limit`` due rows (locked, ``SKIP LOCKED``) to running, RETURNING them."""
-    return _mark_running_up_to(models, traits, bindparam("p_limit", type_=Integer))
+    return _mark_running_up_to(models, traits, bindparam("p_limit", type_=Integer), typed=typed)
 
 
-def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int]) -> Update:
+def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int], *, typed: int) -> Update:
     task = table_of(models.task)
     now = bindparam("p_now", type_=task.c.run_at.type)
     due = (
         select(task.c.id)
-        .where(task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now)
+        .where(*due_where(task, traits, now, typed=typed))
         .where(holds.not_held(models, now))
         .order_by(task.c.run_at, task.c.id)
         .limit(limit)
@@ -208,7 +266,7 @@ def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int
 
 
 @functools.lru_cache(maxsize=32)
-def _one_statement_claim(models: Models, traits: Traits, durable: bool) -> Select[Any]:
+def _one_statement_claim(models: Models, traits: Traits, durable: bool, typed: int) -> Select[Any]:
     """`_mark_running` and the INSERT of the leases, as data-modifying CTEs.
 
     Unless ``durable``, the commit does not wait for the server's disk
@@ -220,7 +278,8 @@ def _one_statement_claim(models: Models, traits: Traits, durable: bool) -> Selec
     claims in a transaction that also wrote acks (``durable``): a crash would undo those acks,
     and their tasks, completed, would run again.
     """
-    claimed, new_leases = one_statement_claim_parts(models, traits, bindparam("p_limit", type_=Integer))
+    limit = bindparam("p_limit", type_=Integer)
+    claimed, new_leases = one_statement_claim_parts(models, traits, limit, typed=typed)
     columns: list[Any] = [claimed, new_leases.c.token.label("lease_token")]
     no_flush_wait = None if durable else traits.commit_without_flush_wait()
     if no_flush_wait is not None:
@@ -236,11 +295,14 @@ def _now(models: Models) -> BindParameter[Any]:
     return bindparam("p_now", type_=table_of(models.task).c.run_at.type)
 
 
-def one_statement_claim_parts(models: Models, traits: Traits, limit: ColumnElement[int]) -> tuple[CTE, CTE]:
-    """The CTEs ``claimed`` (up to ``limit`` due tasks marked running) and ``new_leases``
-    (their leases, tokens drawn by the server), for statements built around a claim."""
+def one_statement_claim_parts(
+    models: Models, traits: Traits, limit: ColumnElement[int], *, typed: int = 0
+) -> tuple[CTE, CTE]:
+    """The CTEs ``claimed`` (up to ``limit`` due tasks marked running, of the types `due_where`
+    says for ``typed``) and ``new_leases`` (their leases, tokens drawn by the server), for statements
+    built around a claim."""
     lease = table_of(models.lease)
-    claimed = _mark_running_up_to(models, traits, limit).cte("claimed")
+    claimed = _mark_running_up_to(models, traits, limit, typed=typed).cte("claimed")
     expires_at = bindparam("p_expires_at", type_=lease.c.expires_at.type)
     new_leases = (
         insert(lease)

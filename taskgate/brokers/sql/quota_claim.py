@@ -29,7 +29,7 @@ from taskgate.brokers.base import Lease, QuotaGrant, QuotaSpec
 from taskgate.brokers.params import Claimed
 from taskgate.brokers.sql import holds, leases
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
+from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts, typed_as
 from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.rows import snapshot
 from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
@@ -50,14 +50,25 @@ class ShortWindow(Exception):
 
 
 def claim_within_quota_in_one_statement(
-    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec
+    tx: Tx,
+    queue: str,
+    limit: int,
+    lease_ttl: timedelta,
+    quota: QuotaSpec,
+    types: tuple[str, ...] | None = None,
 ) -> Claimed | None:
-    """The claim in one autocommit statement; None when the window has no row yet."""
-    return tx.one(claim_within_quota_plan(tx, queue, limit, lease_ttl, quota))
+    """The claim (of ``types``; None: any) in one autocommit statement; None when the window
+    has no row yet."""
+    return tx.one(claim_within_quota_plan(tx, queue, limit, lease_ttl, quota, types))
 
 
 def claim_within_quota_plan(
-    tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec
+    tx: Tx,
+    queue: str,
+    limit: int,
+    lease_ttl: timedelta,
+    quota: QuotaSpec,
+    types: tuple[str, ...] | None = None,
 ) -> OneStatement[Claimed | None]:
     """`claim_within_quota_in_one_statement`'s statement and the meaning of its rows."""
     now = tx.now
@@ -65,7 +76,7 @@ def claim_within_quota_plan(
     start, end = window_bounds(now, quota.period)
     expires_at = now + lease_ttl
     params = {
-        **claim_params(queue, limit, now),
+        **claim_params(queue, limit, now, types),
         "p_expires_at": expires_at,
         "p_key": key,
         "p_start": start,
@@ -86,11 +97,11 @@ def claim_within_quota_plan(
         held = None if leases else rows[0]["held_until"]
         return Claimed(leases=leases, quota=grant, exhausted=left == 0, held_until=held)
 
-    return OneStatement(_statement(tx.models, tx.traits), params, answer)
+    return OneStatement(_statement(tx.models, tx.traits, typed_as(types)), params, answer)
 
 
 @functools.lru_cache(maxsize=32)
-def _statement(models: Models, traits: Traits) -> Select[Any]:
+def _statement(models: Models, traits: Traits, typed: int) -> Select[Any]:
     window = table_of(models.quota_window)
     quota_limit = bindparam("p_quota_limit", type_=Integer)
     at_window = (window.c.quota_key == bindparam("p_key"), window.c.window_start == bindparam("p_start"))
@@ -98,7 +109,7 @@ def _statement(models: Models, traits: Traits) -> Select[Any]:
     used = func.coalesce(select(locked_window.c.used).scalar_subquery(), quota_limit)
     units_left = func.greatest(0, quota_limit - used)
     claimed, new_leases = one_statement_claim_parts(
-        models, traits, func.least(bindparam("p_limit", type_=Integer), units_left)
+        models, traits, func.least(bindparam("p_limit", type_=Integer), units_left), typed=typed
     )
     spent = (
         update(window)
@@ -139,7 +150,14 @@ def _window_statements(models: Models) -> tuple[Update, Select[Any]]:
     return add_if_it_fits, select(window.c.used).where(*at_window)
 
 
-def claim_then_count(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota: QuotaSpec) -> Claimed:
+def claim_then_count(
+    tx: Tx,
+    queue: str,
+    limit: int,
+    lease_ttl: timedelta,
+    quota: QuotaSpec,
+    types: tuple[str, ...] | None = None,
+) -> Claimed:
     """Claim first, then add the claimed count to the window -- only where it still fits.
 
     The conditional ``UPDATE`` checks and adds under the window row's lock in one statement, so
@@ -149,7 +167,7 @@ def claim_then_count(tx: Tx, queue: str, limit: int, lease_ttl: timedelta, quota
     """
     key, quota_limit = quota.key, quota.limit
     start, end = window_bounds(tx.now, quota.period)
-    claimed = leases.claim(tx, queue, limit, lease_ttl)
+    claimed = leases.claim(tx, queue, limit, lease_ttl, types=types)
     add_if_it_fits, read_used = _window_statements(tx.models)
     at_window = {"p_key": key, "p_start": start}
     if claimed:

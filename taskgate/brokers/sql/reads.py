@@ -6,11 +6,11 @@ import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import BindParameter, Integer, Label, Select, bindparam, func, select, true
+from sqlalchemy import BindParameter, Integer, Label, Select, bindparam, false, func, select, true
 
-from taskgate.brokers.base import QuotaSpec
-from taskgate.brokers.params import QueueState, QuotaUsage
+from taskgate.brokers.params import QueueQuery, QueueState, QuotaUsage
 from taskgate.brokers.sql import holds
+from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.rows import snapshot, snapshot_select, task_of
 from taskgate.brokers.sql.tx import Tx, table_of
@@ -85,9 +85,12 @@ def counts(tx: Tx) -> dict[str, dict[Status, int]]:
     return result
 
 
-def queue_state(tx: Tx, queue: str, quota: QuotaSpec | None) -> QueueState:
-    """Pending plus retrying tasks of ``queue`` (due or not), from the claim index, and with
-    ``quota`` its current window's row -- one statement either way."""
+def queue_state(tx: Tx, query: QueueQuery) -> QueueState:
+    """Pending plus retrying tasks of ``query.queue`` (due or not), from the claim index, with
+    a quota its current window's row, and the tasks ``query.unhandled`` names -- one statement."""
+    queue, quota, unhandled = query.queue, query.quota, query.unhandled
+    if unhandled is not None:
+        return _with_unhandled(tx, query)
     if quota is None:
         (row,) = tx.fetch(_queue_and_hold(tx.models), {"p_queue": queue, "p_now": tx.now})
         return QueueState(int(row["n"]), held_until=row["held_until"])
@@ -104,7 +107,48 @@ def queue_state(tx: Tx, queue: str, quota: QuotaSpec | None) -> QueueState:
     return QueueState(int(row["n"]), usage, row["held_until"])
 
 
+def _with_unhandled(tx: Tx, query: QueueQuery) -> QueueState:
+    """`queue_state` counting the tasks `Unhandled` names too (a range of the claim index)."""
+    unhandled, quota = query.unhandled, query.quota
+    assert unhandled is not None
+    params: dict[str, Any] = {"p_queue": query.queue, "p_cutoff": tx.now - unhandled.after, "p_now": tx.now}
+    if unhandled.handled:
+        params["p_handled"] = list(unhandled.handled)
+    if quota is not None:
+        start, end = window_bounds(tx.now, quota.period)
+        params.update(p_key=quota.key, p_start=start)
+    statement = _state_and_unhandled(tx.models, tx.traits, quota is not None, bool(unhandled.handled))
+    (row,) = tx.fetch(statement, params)
+    usage = None
+    if quota is not None:
+        used = (
+            min(int(row["used"]), quota.limit)
+            if row["used"] is not None
+            else quota.limit
+            if row["newer"]
+            else 0
+        )
+        usage = QuotaUsage(key=quota.key, limit=quota.limit, used=used, window_start=start, window_end=end)
+    return QueueState(int(row["n"]), usage, row["held_until"], int(row["unhandled"]))
+
+
 # The statements of the reads, built once per schema (so they run prepared).
+
+
+@functools.lru_cache(maxsize=32)
+def _state_and_unhandled(models: Models, traits: Traits, quota: bool, except_handled: bool) -> Select[Any]:
+    """`_queue_and_hold` (or `_queue_and_window`) plus the count of ``p_queue``'s ready tasks due
+    at or before ``p_cutoff`` -- of a type not in ``p_handled`` when ``except_handled``."""
+    task = table_of(models.task)
+    cutoff = bindparam("p_cutoff", type_=task.c.run_at.type)
+    where = [task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= cutoff]
+    if except_handled:
+        # IS false, not NOT: MySQL's `listed` is a custom operator, which NOT cannot negate.
+        where.append(traits.listed(task.c.type, "p_handled").is_(false()))
+    overdue = select(func.count()).select_from(task).where(*where).scalar_subquery().label("unhandled")
+    if quota:
+        return _queue_and_window(models).add_columns(overdue)
+    return _queue_and_hold(models).add_columns(overdue)
 
 
 @functools.lru_cache(maxsize=32)

@@ -59,7 +59,13 @@ from taskgate.brokers.base import Lease
 from taskgate.brokers.params import Claim, Claimed, Renewal, SharedLimits
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.groups import GroupLimits
-from taskgate.brokers.sql.leases import claim_params, due_order, one_statement_claim_parts
+from taskgate.brokers.sql.leases import (
+    claim_params,
+    due_order,
+    due_where,
+    one_statement_claim_parts,
+    typed_as,
+)
 from taskgate.brokers.sql.rows import snapshot
 from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.models import Models
@@ -90,7 +96,7 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
     queue, now = claim.queue, tx.now
     row = _lock_queue_row(tx, queue)
     unused = shared.workers - _live_slots(tx, queue, shared.release)
-    groups = GroupLimits(tx, queue, shared, claim.lease_ttl) if shared.grouped else None
+    groups = GroupLimits(tx, claim) if shared.grouped else None
     if groups is not None:
         groups.load()
     turns = _Turns(row.waiters, shared.claimer, _micros(now))
@@ -105,7 +111,7 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
         groups.write()
     # Whether tasks are left due, asked at most once (nothing this claim does afterwards
     # changes it), and only where an answer depends on it.
-    due = functools.cache(lambda: _any_due(tx, queue))
+    due = functools.cache(lambda: _any_due(tx, queue, claim.types))
     retry_after = 0.0
     if rate is not None:
         rate.spend(taken)
@@ -151,7 +157,7 @@ def hand_over_plan(tx: Tx, claim: Claim) -> OneStatement[Claimed | None]:
     now = tx.now
     expires_at = now + claim.lease_ttl
     params = {
-        **claim_params(claim.queue, claim.limit, now),
+        **claim_params(claim.queue, claim.limit, now, claim.types),
         "p_group": _QUEUE_ROW,
         "p_tokens": list(shared.release),
         "p_expires_at": expires_at,
@@ -165,7 +171,7 @@ def hand_over_plan(tx: Tx, claim: Claim) -> OneStatement[Claimed | None]:
             [Lease(task=snapshot(row), token=row["lease_token"], expires_at=expires_at) for row in claimed]
         )
 
-    return OneStatement(_hand_over_statement(tx.models, tx.traits), params, answer)
+    return OneStatement(_hand_over_statement(tx.models, tx.traits, typed_as(claim.types)), params, answer)
 
 
 def give_back_slots(tx: Tx, queue: str, tokens: Sequence[str]) -> None:
@@ -255,10 +261,22 @@ def _hold_slots(tx: Tx, queue: str, leases: Sequence[Lease]) -> None:
         tx.traits.insert_rows(tx, table_of(tx.models.slot), rows)
 
 
-def _any_due(tx: Tx, queue: str) -> bool:
-    """Whether a task of ``queue`` is due now and not claimed (by this transaction or another
-    that committed)."""
-    return bool(tx.fetch(_statements(tx.models, tx.traits).any_due, {"p_queue": queue, "p_now": tx.now}))
+def _any_due(tx: Tx, queue: str, types: tuple[str, ...] | None) -> bool:
+    """Whether a task of ``queue`` (of ``types``, None: any) is due now and not claimed (by
+    this transaction or another that committed)."""
+    if types is None:
+        return bool(tx.fetch(_statements(tx.models, tx.traits).any_due, {"p_queue": queue, "p_now": tx.now}))
+    params = claim_params(queue, 1, tx.now, types)
+    del params["p_limit"]  # the statement's limit is its own
+    return bool(tx.fetch(_any_due_of_types(tx.models, tx.traits, typed_as(types)), params))
+
+
+@functools.lru_cache(maxsize=32)
+def _any_due_of_types(models: Models, traits: Traits, typed: int) -> Select[Any]:
+    """`_any_due`'s statement for a claim of some types (`Claim.types`)."""
+    task = table_of(models.task)
+    now = bindparam("p_now", type_=task.c.run_at.type)
+    return select(task.c.id).where(*due_where(task, traits, now, typed=typed)).limit(1)
 
 
 # -- the rate (GCRA) ---------------------------------------------------------------------
@@ -399,14 +417,14 @@ def _hand_back(models: Models, traits: Traits) -> Delete:
 
 
 @functools.lru_cache(maxsize=32)
-def _hand_over_statement(models: Models, traits: Traits) -> Select[Any]:
+def _hand_over_statement(models: Models, traits: Traits, typed: int) -> Select[Any]:
     """`hand_back` (RETURNING), the claim of at most as many tasks as it handed over, and a slot
     row per new lease, as data-modifying CTEs; one row at least, saying how many were handed."""
     slot = table_of(models.slot)
     handed = _hand_back(models, traits).returning(slot.c.token).cte("handed")
     handed_count = select(func.count()).select_from(handed).scalar_subquery()
     claimed, new_leases = one_statement_claim_parts(
-        models, traits, func.least(bindparam("p_limit", type_=Integer), handed_count)
+        models, traits, func.least(bindparam("p_limit", type_=Integer), handed_count), typed=typed
     )
     held = (
         insert(slot)

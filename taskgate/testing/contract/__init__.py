@@ -35,6 +35,7 @@ from taskgate.testing.contract._fixtures import BrokerFactory, ContractFixtures
 from taskgate.testing.contract._support import RACE_ROUNDS
 from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claim_acks import ClaimAcksContract
+from taskgate.testing.contract.claim_types import ClaimTypesContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
 from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.groups import GroupContract
@@ -66,6 +67,7 @@ class BrokerContract(
     LargeBatchContract,
     ClaimContract,
     ClaimAcksContract,
+    ClaimTypesContract,
     WaitContract,
     DependencyContract,
     CancelContract,

@@ -486,3 +486,22 @@ class SharedLimitsContract:
         assert held is not None and (held.leases, held.held_until) == ([], HELD_INDEFINITELY)
         broker.hold(Hold("q", resume=True))
         assert _ids(_grouped(broker, 10, group_workers=1)) == ids
+
+    def test_claims_handing_slots_over_or_limiting_groups_lease_only_their_types(
+        self, broker: Broker
+    ) -> None:
+        steps.enqueue(broker, [new_task(id=f"o{n}", type="other", group="a") for n in range(3)])
+        ids = [f"t{n}" for n in range(4)]
+        steps.enqueue(
+            broker, [new_task(id=task_id, type="t", group=f"g{n}") for n, task_id in enumerate(ids)]
+        )
+        if not broker.capabilities.shared_limits:
+            return  # refused, as every case above shows
+        first = broker.claim(Claim("q", 2, TTL, shared=SharedLimits(2), types=("t",)))
+        assert _ids(first) == ids[:2]
+        handing = SharedLimits(2, release=tuple(lease.token for lease in first.leases))
+        assert _ids(broker.claim(Claim("q", 2, TTL, shared=handing, types=("t",)))) == ids[2:]
+        if broker.capabilities.group_limits:
+            grouped = SharedLimits(10, group_workers=1)
+            assert _ids(broker.claim(Claim("q", 10, TTL, shared=grouped, types=("t",)))) == []
+            assert _ids(broker.claim(Claim("q", 10, TTL, shared=grouped, types=("other",)))) == ["o0"]

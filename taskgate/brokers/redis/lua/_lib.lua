@@ -23,6 +23,10 @@
 --                             [timeout_ms] [group] cancel_requested(0/1) [token]
 --                             [lease_until]; times in µs, timeout_ms in ms
 --   queue:<queue>      ZSET   pending+retrying ids, score run_at (µs): the claim order
+--   due:<n>:<queue>:<type>  ZSET  the same entries of one type (<n> is the queue name's
+--                             length, so the key is unambiguous): a claim of some types
+--                             (`due_ids`) reads only theirs, however many others are due
+--   types:<queue>      SET    every type a task of <queue> was stored with (never shrinks)
 --   leases             ZSET   running ids, score lease end (µs): what reap scans
 --   children:<id>      SET    ids of the tasks that depend on <id>
 --   bkey:<key>         LIST   executions of a business key, oldest first
@@ -123,10 +127,16 @@ local function publish_signals()
   SIGNALED = {}
 end
 
+-- The due set of one type of a queue (see the key patterns above).
+local function due_key(queue, task_type)
+  return B .. 'due:' .. #queue .. ':' .. queue .. ':' .. task_type
+end
+
 -- Take the task out of the structure its current status keeps it in.
 local function leave(t)
   if READY[t.status] then
     redis.call('ZREM', B .. 'queue:' .. t.queue, t.id)
+    redis.call('ZREM', due_key(t.queue, t.type), t.id)
   elseif t.status == 'running' then
     redis.call('ZREM', B .. 'leases', t.id)
     redis.call('HDEL', task_key(t.id), 'token', 'lease_until')
@@ -270,6 +280,7 @@ local function lease_task(id, token, lease_until)
   local v = redis.call('HMGET', key, unpack(SNAPSHOT_FIELDS, 1, AT.token - 1))
   local claims = tostring(tonumber(v[AT.claims]) + 1)
   zset_later(B .. 'queue:' .. v[AT.queue], id, false)
+  zset_later(due_key(v[AT.queue], v[AT.type]), id, false)
   move_status(id, v[AT.type], v[AT.created_at], v[AT.status], 'running')
   redis.call('HSET', key, 'status', 'running', 'token', token, 'lease_until', lease_until,
     'started_at', NOW_S, 'claims', claims)
@@ -284,7 +295,106 @@ local function make_ready(t, to, run_at)
   redis.call('HSET', task_key(t.id), 'run_at', run_at)
   t.run_at = run_at
   redis.call('ZADD', B .. 'queue:' .. t.queue, run_at, t.id)
+  redis.call('ZADD', due_key(t.queue, t.type), run_at, t.id)
   signal(t.queue)
+end
+
+-- Up to `limit` ids of `queue`'s tasks of one type due now, in claim order, and their run_at
+-- (µs) in a second list: read from the type's due set and checked against `queue:<queue>`,
+-- which holds the truth, in one ZMSCORE. A build without the due sets (a rolling deploy from
+-- one) claims and re-queues tasks through `queue:<queue>` alone: an entry no longer there is
+-- dropped here (its task is leased or final), and one whose run_at moved is moved too, so no
+-- task is leased twice or early.
+local function due_of_type(queue, task_type, limit)
+  local key, queue_key = due_key(queue, task_type), B .. 'queue:' .. queue
+  local ids, run_ats, offset = {}, {}, 0
+  while #ids < limit do
+    local found = redis.call('ZRANGEBYSCORE', key, '-inf', NOW_S, 'LIMIT', offset, limit - #ids)
+    if #found == 0 then
+      break
+    end
+    local scores = redis.call('ZMSCORE', queue_key, unpack(found))
+    for i, id in ipairs(found) do
+      local run_at = scores[i] and tonumber(scores[i])
+      if not run_at then
+        redis.call('ZREM', key, id)
+      elseif run_at <= NOW then
+        offset = offset + 1  -- stays in the range read: the next read starts past it
+        ids[#ids + 1], run_ats[#run_ats + 1] = id, run_at
+      else
+        redis.call('ZADD', key, scores[i], id)
+      end
+    end
+  end
+  return ids, run_ats
+end
+
+-- Whether `queue`'s due sets hold exactly the entries of `queue:<queue>` -- by count, which is
+-- all a build keeping both can have made -- and, when not, make them so: a build without the
+-- due sets (a rolling deploy from one) stored or re-queued tasks into `queue:<queue>` alone.
+-- O(1) per type of the queue when they agree; a walk of the queue when they do not. Returns
+-- whether they did not.
+local function repair_due_sets(queue)
+  local queue_key, types_key = B .. 'queue:' .. queue, B .. 'types:' .. queue
+  local names = redis.call('SMEMBERS', types_key)
+  local held = 0
+  for _, name in ipairs(names) do
+    held = held + redis.call('ZCARD', due_key(queue, name))
+  end
+  if held == redis.call('ZCARD', queue_key) then
+    return false
+  end
+  for _, name in ipairs(names) do
+    local key = due_key(queue, name)
+    for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+      if not redis.call('ZSCORE', queue_key, id) then
+        redis.call('ZREM', key, id)
+      end
+    end
+  end
+  local entries = redis.call('ZRANGE', queue_key, 0, -1, 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local id, run_at = entries[i], entries[i + 1]
+    local task_type = redis.call('HGET', task_key(id), 'type')
+    if task_type then
+      redis.call('SADD', types_key, task_type)
+      redis.call('ZADD', due_key(queue, task_type), run_at, id)
+    end
+  end
+  return true
+end
+
+-- Up to `limit` ids of `queue` due now, oldest due first (run_at, then id): of the types in
+-- `types` (NUL-separated; "" for any type). Each type's due set is read from its head, so due
+-- tasks of other types never stand in the way. A claim that finds fewer than it may take
+-- first checks the due sets against the queue (`repair_due_sets`) and then looks again.
+local function due_ids(queue, types, limit, checked)
+  if types == '' then
+    return redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
+  end
+  local ids
+  if not string.find(types, '%z') then
+    ids = due_of_type(queue, types, limit)  -- one type: its own order is the claim order
+  else
+    local due = {}
+    for name in string.gmatch(types, '[^%z]+') do
+      local found, run_ats = due_of_type(queue, name, limit)
+      for i, id in ipairs(found) do
+        due[#due + 1] = { run_ats[i], id }
+      end
+    end
+    table.sort(due, function(a, b)
+      return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
+    end)
+    ids = {}
+    for i = 1, math.min(limit, #due) do
+      ids[i] = due[i][2]
+    end
+  end
+  if #ids < limit and not checked and repair_due_sets(queue) then
+    return due_ids(queue, types, limit, true)
+  end
+  return ids
 end
 
 -- Status on arrival given the parents' statuses (same rule as the memory broker).

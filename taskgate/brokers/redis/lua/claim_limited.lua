@@ -16,9 +16,10 @@
 -- ARGV[8]  quota limit (units per window)
 -- ARGV[9]  quota period in µs
 -- ARGV[10] this claimer's id ("" : no turn-taking, see below)
--- ARGV[11] number R of slot tokens to give back first (slots of tasks that finished)
--- ARGV[12..11+R] those tokens
--- ARGV[12+R..] one fresh lease token per task that may be claimed (their count is the limit)
+-- ARGV[11] the types to claim, NUL-separated ("" for any type; see `due_ids`)
+-- ARGV[12] number R of slot tokens to give back first (slots of tasks that finished)
+-- ARGV[13..12+R] those tokens
+-- ARGV[13+R..] one fresh lease token per task that may be claimed (their count is the limit)
 --
 -- Turn-taking: a claimer whose tasks finish gives their slots back in its next claim, so
 -- without a rule it would take them straight back and other processes would never see a free
@@ -35,19 +36,20 @@
 --          {"held", until} when the queue is held (`queue_hold`): the slots named are given
 --          back, nothing else taken
 --
--- Touches: hold:<q> STRING (read), slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING, quota:<key> HASH,
---          queue:<q> ZSET, leases ZSET, task:<id> HASH, stats HASH, idx:status:<s> ZSET,
---          signal:<q> channel (PUBLISH).
+-- Touches: hold:<q> STRING (read), slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING,
+--          quota:<key> HASH, queue:<q> ZSET, due:<n>:<q>:<type> ZSET, leases ZSET, task:<id> HASH,
+--          stats HASH, idx:status:<s> ZSET, signal:<q> channel (PUBLISH).
 
 local queue = ARGV[2]
 local slots = B .. 'slots:' .. queue
 local claimer = ARGV[10]
-local released = tonumber(ARGV[11])
-local first_token = 12 + released
+local types = ARGV[11]
+local released = tonumber(ARGV[12])
+local first_token = 13 + released
 local wanted = #ARGV - first_token + 1
 if released > 0 then
   local tokens = {}
-  for i = 12, 11 + released do
+  for i = 13, 12 + released do
     tokens[#tokens + 1] = ARGV[i]
   end
   call_chunked('ZREM', slots, tokens)
@@ -78,7 +80,7 @@ end
 local limit = math.min(wanted, free)
 
 local function any_due()
-  return #redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, 1) > 0
+  return #due_ids(queue, types, 1) > 0
 end
 
 -- Slots given back here and left to waiters: wake them (see "Turn-taking" above).
@@ -116,7 +118,7 @@ if limit <= 0 then
   return reply
 end
 -- One id more than the limit: whether tasks are left due for the waiters.
-local ids = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit + 1)
+local ids = due_ids(queue, types, limit + 1)
 local n = math.min(#ids, limit)
 if n > 0 and tonumber(ARGV[5]) > 0 then
   local retry_after

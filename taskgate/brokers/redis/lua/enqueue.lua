@@ -20,7 +20,8 @@
 --
 -- Touches: task:<id> HASH (write), task:<parent> HASH (read), children:<parent> SET,
 --          bkey:<key> LIST, stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
---          idx:status:<s> / idx:group:<g> ZSET, queue:<q> ZSET, signal:<q> channel (PUBLISH).
+--          idx:status:<s> / idx:group:<g> ZSET, queue:<q> ZSET, due:<n>:<q>:<type> ZSET,
+--          types:<q> SET, signal:<q> channel (PUBLISH).
 
 local FIELDS = 14
 
@@ -107,6 +108,7 @@ end
 -- are written at once, so a later task of the batch reads its parents' statuses from them.
 
 local NO_PARENTS = {}
+local KNOWN_TYPES = {}  -- "<queue>\0<type>" already added to types:<queue> by this call
 
 local function store(n)
   local key = task_key(n.id)
@@ -137,12 +139,18 @@ local function store(n)
   for _, parent in ipairs(parents) do
     redis.call('SADD', B .. 'children:' .. parent, n.id)
   end
+  local queue_type = n.queue .. '\0' .. n.type
+  if not KNOWN_TYPES[queue_type] then
+    KNOWN_TYPES[queue_type] = true
+    redis.call('SADD', B .. 'types:' .. n.queue, n.type)
+  end
   zset_later(B .. 'idx:all', n.id, NOW_S)
   zset_later(B .. 'idx:type:' .. n.type, n.id, NOW_S)
   zset_later(B .. 'idx:queue:' .. n.queue, n.id, NOW_S)
   recount({ id = n.id, type = n.type, created_at = NOW_S }, status)  -- the hash has its status
   if status == 'pending' then
     zset_later(B .. 'queue:' .. n.queue, n.id, run_at)
+    zset_later(due_key(n.queue, n.type), n.id, run_at)
     signal(n.queue)
   elseif status == 'canceled' then
     redis.call('HSET', key, 'finished_at', NOW_S, 'last_error', err)
@@ -208,6 +216,8 @@ local function store_plain(count, first, stride, flag, payload)
     call_chunked('ZADD', B .. index, created)
   end
   call_chunked('ZADD', B .. 'queue:' .. queue, due)
+  call_chunked('ZADD', due_key(queue, task_type), due)
+  redis.call('SADD', B .. 'types:' .. queue, task_type)
   count_status('pending:' .. task_type, count)
   signal(queue)
   -- One arrival for all: a reply of N alike arrays costs the server and the client more
