@@ -433,12 +433,14 @@ class SharedLimitsContract:
     def test_a_full_group_a_thousand_tasks_deep_never_hides_another(self, broker: Broker) -> None:
         # Ids padded to sort in submit order: the claim order of tasks due at the same time.
         ahead = [new_task(id=f"a-{i:04}", group="a") for i in range(1000)]
-        steps.enqueue(broker, [*ahead, new_task(id="b-0", group="b"), new_task(id="c-0", group="c")])
+        behind = [new_task(id=f"{g}-0", group=g) for g in "bc"] + [new_task(id="d-0", type="u", group="d")]
+        steps.enqueue(broker, [*ahead, *behind])
         if (first := _grouped(broker, 2, group_workers=1)) is None:
             return
         assert _ids(first) == ["a-0000", "b-0"]
-        typed = Claim("q", 2, TTL, shared=SharedLimits(20, group_workers=1), types=("t",))
-        assert _ids(broker.claim(typed)) == ["c-0"]  # a claim of some types walks as far
+        shared = SharedLimits(20, group_workers=1)  # a claim of some types walks as far:
+        assert _ids(broker.claim(Claim("q", 2, TTL, shared=shared, types=("t",)))) == ["c-0"]
+        assert _ids(broker.claim(Claim("q", 2, TTL, shared=shared, types=("t", "u")))) == ["d-0"]
         assert broker.get("a-0999").status is Status.PENDING
 
     def test_a_group_limit_holds_across_claimers(self, broker_factory: BrokerFactory) -> None:

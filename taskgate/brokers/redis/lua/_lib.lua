@@ -753,37 +753,44 @@ local function group_state(limits, queue, group, held)
   return state
 end
 
--- Up to `limit` ids of `queue` due now (of `types`, see `due_ids`), in claim order, passing
--- over those of a group without room, and the group of each (false: none). Reads the due
--- candidates in growing chunks and looks at GROUP_WALK_CAP of them at most. `states` (group
--- -> `group_state`) is filled for every group met; its rooms are what the picks left.
+-- The due candidates of `queue` (of `types`, see `due_ids`) from the `seen + 1`th to the
+-- `upto`th, in claim order: a list holding them from its `from`th entry on, and how many
+-- candidates there are up to the last one read (fewer than `upto`: no more are due).
+local function due_chunk(queue, types, seen, upto)
+  if types == '' then  -- the next chunk alone
+    local found = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', seen,
+      upto - seen)
+    return found, 1, seen + #found
+  end
+  if seen > 0 and not string.find(types, '%z') then  -- one type's next chunk alone
+    local found = due_of_type(queue, types, upto - seen, seen)
+    return found, 1, seen + #found
+  end
+  -- From the head: the first chunk (`due_ids` checks the due sets), or several types' sets
+  -- merged again (about three times the reads of one pass, over the whole walk).
+  local found = due_ids(queue, types, upto)
+  return found, seen + 1, #found
+end
+
+-- Up to `limit` ids of `queue` due now (of `types`), in claim order, passing over those of a
+-- group without room, and the group of each (false: none). Reads the due candidates in
+-- growing chunks and looks at GROUP_WALK_CAP of them at most. `states` (group ->
+-- `group_state`) is filled for every group met; its rooms are what the picks left.
 local function due_with_room(limits, queue, types, limit, held, states)
   local ids, groups = {}, {}
   local seen, size = 0, math.max(limit, GROUP_WALK_FIRST)
   while #ids < limit and seen < GROUP_WALK_CAP do
     local upto = math.min(seen + size, GROUP_WALK_CAP)
-    local found, from, read
-    if types == '' then  -- the next chunk alone
-      found = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', seen,
-        upto - seen)
-      from, read = 1, seen + #found
-    elseif seen > 0 and not string.find(types, '%z') then  -- one type's next chunk alone
-      found = due_of_type(queue, types, upto - seen, seen)
-      from, read = 1, seen + #found
-    else  -- from the head: the first chunk (`due_ids` checks the due sets), or several types'
-      found = due_ids(queue, types, upto)  -- sets merged again (three times the reads at most)
-      from, read = seen + 1, #found
-    end
+    local found, from, read = due_chunk(queue, types, seen, upto)
     for i = from, #found do
-      local id = found[i]
-      local group = redis.call('HGET', task_key(id), 'group')
+      local group = redis.call('HGET', task_key(found[i]), 'group')
       local state = group and states[group]
       if group and not state then
         state = group_state(limits, queue, group, held)
         states[group] = state
       end
       if not group or state.room > 0 then
-        ids[#ids + 1], groups[#groups + 1] = id, group or false
+        ids[#ids + 1], groups[#groups + 1] = found[i], group or false
         if state then
           state.room = state.room - 1
         end

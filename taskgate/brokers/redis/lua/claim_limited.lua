@@ -56,11 +56,12 @@
 --   candidate (an HGET) at a time: in chunks -- first max(limit + 1, 64), then twice as many
 --   each time, so a claim whose first candidates have room reads no more than one chunk --
 --   and never past GROUP_WALK_CAP (2000) candidates in all, which keeps one claim's server
---   time to about a millisecond or two. So a claim finds another group's task behind up to
+--   time to a few milliseconds (about 1 µs a candidate; a claim of some types re-reads or
+--   checks its due sets, about twice that). So a claim finds another group's task behind up to
 --   2000 due tasks of groups without room; one further back waits until tasks ahead of it
---   start or leave. An index per group would lift the cap at the price of one more ZSET
---   write in every submit, retry and lease, grouped or not: not worth it for a backlog that
---   deep of tenants that cannot start anyway.
+--   start or leave. An index of due tasks per group would lift the cap, but every submit,
+--   retry and lease of every queue, grouped or not, would pay one more ZSET write for it:
+--   too much for a case only a backlog over 2000 deep of groups at their limit meets.
 --
 -- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
 --          before the claim (-1 without a quota), snapshot...}: one snapshot per
