@@ -110,6 +110,11 @@ def test_every_key_a_workload_creates_lives_under_the_base_in_one_slot(
     quota = QuotaSpec("budget", 5, timedelta(hours=1))
     broker.claim(Claim("q", 1, TTL, quota=quota, shared=SharedLimits(workers=1, rps=2, claimer="a")))
     broker.claim(Claim("q", 1, TTL, shared=SharedLimits(workers=1, claimer="b")))  # b waits
+    steps.enqueue(broker, [NewTask(id="g", type="t", queue="gq", group="tenant")])
+    every_group_limit = SharedLimits(
+        workers=2, group_workers=1, group_rps=1, group_quota_limit=5, group_quota_period=timedelta(hours=1)
+    )
+    assert _ids(broker.claim(Claim("gq", 1, TTL, shared=every_group_limit))) == ["g"]
 
     keys = KeySpace(unique_prefix)
     everything = [k.decode() for k in client.scan_iter(match=f"*{unique_prefix}*")]
@@ -421,7 +426,7 @@ def test_a_batch_that_differs_in_more_than_ids_and_payloads_goes_row_by_row() ->
 def test_the_broker_declares_what_it_shares_and_how_it_is_called(open_broker: Factory) -> None:
     broker = open_broker()
     capabilities = broker.capabilities
-    assert capabilities.shared_limits and capabilities.shared_quota
+    assert capabilities.shared_limits and capabilities.shared_quota and capabilities.group_limits
     assert capabilities.cross_process and capabilities.push_wakeups
     assert capabilities.acks_in_claims and capabilities.split_calls
     assert isinstance(broker, SplitCaller)  # the protocol itself: the contract's surface tests
@@ -544,6 +549,31 @@ def test_a_limited_claim_takes_no_slot_when_nothing_is_due(
     broker = open_broker(clock=ManualClock())
     assert _limited(broker, 2, 2).leases == []
     assert _slots_held(client, unique_prefix) == set()
+
+
+def test_a_grouped_claim_looks_at_2000_due_tasks_at_most(open_broker: Factory) -> None:
+    broker = open_broker(clock=ManualClock())
+    ahead = [NewTask(id=f"a{i:04}", type="t", queue="q", group="a") for i in range(2001)]
+    for first in range(0, len(ahead), 500):
+        steps.enqueue(broker, ahead[first : first + 500])
+    steps.enqueue(broker, [NewTask(id="b", type="t", queue="q", group="b")])
+    # a is full after its first task; b is the 2002nd candidate: past the walk's cap.
+    assert _ids(_limited(broker, 10, 10, group_workers=1)) == ["a0000"]
+    assert _ids(_limited(broker, 10, 10, group_workers=1)) == []
+    assert broker.get("b").status is Status.PENDING
+    assert _ids(_limited(broker, 10, 10, group_workers=2)) == ["a0001"]  # a has room again
+
+
+def test_the_map_of_slots_to_groups_is_pruned_as_slots_go(
+    open_broker: Factory, client: redis.Redis, unique_prefix: str
+) -> None:
+    broker = open_broker(clock=ManualClock())
+    steps.enqueue(broker, [NewTask(id=f"t{i}", type="t", queue="q", group=f"g{i % 7}") for i in range(300)])
+    for _ in range(150):
+        taken = _limited(broker, 4, 2, group_workers=1).leases
+        _give_back_slots(broker, [lease.token for lease in taken])
+    # Each claim maps its two slots; given back at once, their entries wait for a prune.
+    assert client.hlen(KeySpace(unique_prefix).slot_groups("q")) <= 64 + 2
 
 
 def test_a_limited_claims_slots_expire_with_the_lease(open_broker: Factory) -> None:

@@ -244,11 +244,12 @@ def test_quota_and_shared_workers_together_never_over_issue(
 
 @pytest.fixture
 def grouped_store(store: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    """``store``, on the backends that count groups so far (Redis refuses group limits)."""
+    """``store``, on the backends that count groups (``capabilities.group_limits``: every
+    server backend here; a broker without it is skipped)."""
     broker = _broker(store)
     try:
         if not broker.capabilities.group_limits:
-            pytest.skip(f"{type(broker).__name__} does not count groups yet (capabilities.group_limits)")
+            pytest.skip(f"{type(broker).__name__} does not count groups (capabilities.group_limits)")
     finally:
         broker.close()
     return store

@@ -89,6 +89,7 @@ class RedisBroker:
     capabilities = Capabilities(
         shared_quota=True,
         shared_limits=True,
+        group_limits=True,
         cross_process=True,
         push_wakeups=True,
         acks_in_claims=True,

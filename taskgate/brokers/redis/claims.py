@@ -1,7 +1,7 @@
 """A `Claim` as one script call: which script runs it, its arguments, and its reply as `Claimed`.
 
-A claim runs ``claim.lua``; with a quota ``claim_quota.lua``; with shared limits (and a quota,
-if any) ``claim_limited.lua``. Acks it carries make it the chained form of the same script
+A claim runs ``claim.lua``; with a quota ``claim_quota.lua``; with shared limits (and a quota
+and group limits, if any) ``claim_limited.lua``. Acks it carries make it the chained form of the same script
 (``ack_many.lua`` in quiet mode first, see ``lua/_chain.lua``): one ``FCALL`` whatever the claim
 carries, so slots, starts and quota units are spent only for tasks claimed.
 """
@@ -64,11 +64,6 @@ def _claim_part(claim: Claim) -> tuple[str, list[Any], Reading]:
     tokens = new_tokens(claim.limit)
     ttl = ttl_us(claim.lease_ttl)
     if claim.shared is not None:
-        if claim.shared.grouped:
-            # Before anything is sent: no group limits here yet (capabilities.group_limits).
-            raise ValueError(
-                "SharedLimits.group_workers/group_rps/group_quota_limit: RedisBroker has no group limits"
-            )
         return "claim_limited", _limited_args(claim, claim.shared, ttl, tokens), _limited_reading(claim.quota)
     if claim.quota is not None:
         quota = claim.quota
@@ -111,10 +106,27 @@ def _limited_args(claim: Claim, shared: SharedLimits, ttl: int, tokens: list[str
         *quota_args,
         shared.claimer,
         _types(claim),
+        _group_limits(shared),
         len(shared.release),
         *shared.release,
         *tokens,
     ]
+
+
+def _group_limits(shared: SharedLimits) -> str:
+    """The group limits as ``claim_limited.lua`` takes them: "" for none (the claim then runs
+    no group code), else "workers rps burst quota period_us", 0 where unset."""
+    if not shared.grouped:
+        return ""
+    period = shared.group_quota_period
+    values = (
+        shared.group_workers,
+        repr(float(shared.group_rps)),
+        shared.group_burst,
+        shared.group_quota_limit,
+        0 if period is None else ttl_us(period),
+    )
+    return " ".join(map(str, values))
 
 
 def _rate(shared: SharedLimits) -> tuple[float, int]:

@@ -59,6 +59,10 @@ class KeySpace:
         """ZSET of a queue's concurrency slots, token -> expiry (µs)."""
         return f"{self.base}slots:{queue}"
 
+    def slot_groups(self, queue: str) -> str:
+        """HASH of a queue's slot tokens -> group, for the slots of grouped tasks."""
+        return f"{self.base}slot_groups:{queue}"
+
     def pattern(self) -> str:
         """A ``SCAN MATCH`` pattern for every key of this broker (for operators and tests)."""
         escaped = re.sub(r"([\[\]*?\\{}])", r"\\\1", self.base)

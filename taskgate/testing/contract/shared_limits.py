@@ -430,6 +430,19 @@ class SharedLimitsContract:
         assert _ids(first) == [ids[0], ids[40]]  # past a's 39 waiting tasks; b's second must wait
         assert all(broker.get(task_id).status is Status.PENDING for task_id in ids[1:40])
 
+    def test_a_full_group_a_thousand_tasks_deep_never_hides_another(self, broker: Broker) -> None:
+        # Ids padded to sort in submit order: the claim order of tasks due at the same time.
+        ahead = [new_task(id=f"a-{i:04}", group="a") for i in range(1000)]
+        behind = [new_task(id=f"{g}-0", group=g) for g in "bc"] + [new_task(id="d-0", type="u", group="d")]
+        steps.enqueue(broker, [*ahead, *behind])
+        if (first := _grouped(broker, 2, group_workers=1)) is None:
+            return
+        assert _ids(first) == ["a-0000", "b-0"]
+        shared = SharedLimits(20, group_workers=1)  # a claim of some types walks as far:
+        assert _ids(broker.claim(Claim("q", 2, TTL, shared=shared, types=("t",)))) == ["c-0"]
+        assert _ids(broker.claim(Claim("q", 2, TTL, shared=shared, types=("t", "u")))) == ["d-0"]
+        assert broker.get("a-0999").status is Status.PENDING
+
     def test_a_group_limit_holds_across_claimers(self, broker_factory: BrokerFactory) -> None:
         one, two = broker_factory(), broker_factory()
         ids = _in_groups(one, ["a", "a", "a", "b"])

@@ -38,6 +38,16 @@
 --   idx:group:<group>  ZSET   ids of one group (of any queue), score created_at
 --   idx:status:<st>    ZSET   ids in one status but running (`leases` holds those), score
 --                             created_at
+--   slots:<queue>      ZSET   shared slot token (= lease token) -> expiry (µs)
+--   slot_waiters:<queue> ZSET claimer id -> expiry (µs): claimers owed a free slot
+--   rate:<queue>       STRING the queue's GCRA arrival time (µs); expires once past
+--   quota:<key>        HASH   start (window start, µs), used (units taken in it)
+--   slot_groups:<queue> HASH  slot token -> group, for slots of grouped tasks leased by a
+--                             claim with group limits; entries of slots no longer held are
+--                             pruned by such claims (`prune_slot_groups`)
+--   group_rate:<n>:<queue>:<group>  STRING  a group's GCRA arrival time (µs); expires once past
+--   group_quota:<n>:<queue>:<group> HASH    a group's quota window: start (µs), used; expires
+--                             one period after its window ended
 --   hold:<queue>       STRING the queue's hold: until when (µs), or "-1" until resumed; no
 --                             claim leases its tasks while held (`queue_hold`)
 --   signal:<queue>     Pub/Sub CHANNEL (not a key): PUBLISHed when a task of <queue> becomes
@@ -304,10 +314,11 @@ end
 -- which holds the truth, in one ZMSCORE. A build without the due sets (a rolling deploy from
 -- one) claims and re-queues tasks through `queue:<queue>` alone: an entry no longer there is
 -- dropped here (its task is leased or final), and one whose run_at moved is moved too, so no
--- task is leased twice or early.
-local function due_of_type(queue, task_type, limit)
+-- task is leased twice or early. `skip`: pass over that many first (a walk in chunks that read
+-- them already, which dropped or moved the entries no longer due: the ones left are theirs).
+local function due_of_type(queue, task_type, limit, skip)
   local key, queue_key = due_key(queue, task_type), B .. 'queue:' .. queue
-  local ids, run_ats, offset = {}, {}, 0
+  local ids, run_ats, offset = {}, {}, skip or 0
   while #ids < limit do
     local found = redis.call('ZRANGEBYSCORE', key, '-inf', NOW_S, 'LIMIT', offset, limit - #ids)
     if #found == 0 then
@@ -645,4 +656,187 @@ local function quota_window(key, limit, period)
     used = tonumber(redis.call('HGET', key, 'used') or '0')
   end
   return start, used, math.max(0, limit - used), false
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Group limits (claim_limited.lua, only when a group limit is set): each group of a queue
+-- (a task's `group` field) holds at most `workers` of the queue's slots, starts at `rps` with
+-- bursts of `burst` (GCRA, as the queue's), and `quota` starts per epoch-aligned `period`.
+-- A group's slots are the queue's own (slots:<queue>, renewed by heartbeat.lua and given back
+-- by settle.lua and the next claim as ever), joined to their group by slot_groups:<queue>:
+-- nothing else needs to know about groups, and a slot that expires, or is given back, stops
+-- counting for its group at once.
+
+-- How many due candidates a grouped claim looks at, at most, and how many it reads first
+-- (then twice as many each time: a claim whose first candidates have room reads no more).
+-- See claim_limited.lua for why a cap, and why this one.
+local GROUP_WALK_CAP = 2000
+local GROUP_WALK_FIRST = 64
+
+-- A group's key of `kind` in `queue` (<n>: the queue name's length, so the key is unambiguous).
+local function group_key(kind, queue, group)
+  return B .. kind .. ':' .. #queue .. ':' .. queue .. ':' .. group
+end
+
+-- The group limits as claim_limited.lua takes them ("workers rps burst quota period_us";
+-- 0 where unset), or nil for "" (no group limit).
+local function group_limits(text)
+  if text == '' then
+    return nil
+  end
+  local v = {}
+  for word in string.gmatch(text, '%S+') do
+    v[#v + 1] = tonumber(word)
+  end
+  return { workers = v[1], rps = v[2], burst = math.max(v[3], 1), quota = v[4], period = v[5] }
+end
+
+-- Drop the entries of slot_groups:<queue> whose slot is no longer held, once they outnumber
+-- the held ones: amortized O(1) per slot a grouped claim took (the expired and given-back
+-- slots leave their entries behind: neither settle.lua nor heartbeat.lua knows of groups).
+local function prune_slot_groups(queue)
+  local map, slots = B .. 'slot_groups:' .. queue, B .. 'slots:' .. queue
+  if redis.call('HLEN', map) <= 2 * redis.call('ZCARD', slots) + 64 then
+    return
+  end
+  local tokens = redis.call('HKEYS', map)
+  local gone = {}
+  for first = 1, #tokens, VARIADIC_CHUNK do
+    local last = math.min(first + VARIADIC_CHUNK - 1, #tokens)
+    local scores = redis.call('ZMSCORE', slots, unpack(tokens, first, last))
+    for i = first, last do
+      if not scores[i - first + 1] then
+        gone[#gone + 1] = tokens[i]
+      end
+    end
+  end
+  call_chunked('HDEL', map, gone)
+end
+
+-- How many of `queue`'s slots each group holds: its live slots (the expired ones are purged
+-- already) joined to their groups. O(slots held), read once per claim.
+local function group_slots_held(queue)
+  local tokens = redis.call('ZRANGE', B .. 'slots:' .. queue, 0, -1)
+  local map, held = B .. 'slot_groups:' .. queue, {}
+  for first = 1, #tokens, VARIADIC_CHUNK do
+    local last = math.min(first + VARIADIC_CHUNK - 1, #tokens)
+    local groups = redis.call('HMGET', map, unpack(tokens, first, last))
+    for _, group in ipairs(groups) do
+      if group then
+        held[group] = (held[group] or 0) + 1
+      end
+    end
+  end
+  return held
+end
+
+-- One group's room in this claim: how many of its tasks may start now, and what its rate and
+-- quota stand at (to write back what the claim took: `spend_group`).
+local function group_state(limits, queue, group, held)
+  local state = { room = math.huge }
+  if limits.workers > 0 then
+    state.room = limits.workers - (held[group] or 0)
+  end
+  if limits.rps > 0 then
+    local interval = 1000000 / limits.rps
+    local stored = redis.call('GET', group_key('group_rate', queue, group))
+    state.tat = math.max(tonumber(stored or '0'), NOW)
+    local room = math.floor((NOW + limits.burst * interval - state.tat) / interval + 1e-9)
+    state.room = math.min(state.room, math.max(0, room))
+  end
+  if limits.quota > 0 then
+    local left
+    state.start, state.used, left, state.forgotten =
+      quota_window(group_key('group_quota', queue, group), limits.quota, limits.period)
+    state.room = math.min(state.room, left)
+  end
+  return state
+end
+
+-- The due candidates of `queue` (of `types`, see `due_ids`) from the `seen + 1`th to the
+-- `upto`th, in claim order: a list holding them from its `from`th entry on, and how many
+-- candidates there are up to the last one read (fewer than `upto`: no more are due).
+local function due_chunk(queue, types, seen, upto)
+  if types == '' then  -- the next chunk alone
+    local found = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', seen,
+      upto - seen)
+    return found, 1, seen + #found
+  end
+  if seen > 0 and not string.find(types, '%z') then  -- one type's next chunk alone
+    local found = due_of_type(queue, types, upto - seen, seen)
+    return found, 1, seen + #found
+  end
+  -- From the head: the first chunk (`due_ids` checks the due sets), or several types' sets
+  -- merged again (about three times the reads of one pass, over the whole walk).
+  local found = due_ids(queue, types, upto)
+  return found, seen + 1, #found
+end
+
+-- Up to `limit` ids of `queue` due now (of `types`), in claim order, passing over those of a
+-- group without room, and the group of each (false: none). Reads the due candidates in
+-- growing chunks and looks at GROUP_WALK_CAP of them at most. `states` (group ->
+-- `group_state`) is filled for every group met; its rooms are what the picks left.
+local function due_with_room(limits, queue, types, limit, held, states)
+  local ids, groups = {}, {}
+  local seen, size = 0, math.max(limit, GROUP_WALK_FIRST)
+  while #ids < limit and seen < GROUP_WALK_CAP do
+    local upto = math.min(seen + size, GROUP_WALK_CAP)
+    local found, from, read = due_chunk(queue, types, seen, upto)
+    for i = from, #found do
+      local group = redis.call('HGET', task_key(found[i]), 'group')
+      local state = group and states[group]
+      if group and not state then
+        state = group_state(limits, queue, group, held)
+        states[group] = state
+      end
+      if not group or state.room > 0 then
+        ids[#ids + 1], groups[#groups + 1] = found[i], group or false
+        if state then
+          state.room = state.room - 1
+        end
+        if #ids == limit then
+          break
+        end
+      end
+    end
+    if read < upto then
+      break  -- nothing more is due
+    end
+    seen, size = upto, size * 2
+  end
+  return ids, groups
+end
+
+-- Write what a claim took of a group's limits: `n` starts of its rate and of its quota window.
+-- The quota's key is kept one period past its window (then the group starts afresh).
+local function spend_group(limits, queue, group, state, n)
+  if limits.rps > 0 then
+    local tat = state.tat + n * 1000000 / limits.rps
+    redis.call('SET', group_key('group_rate', queue, group), string.format('%.3f', tat),
+      'PX', math.ceil((tat - NOW) / 1000) + 60000)
+  end
+  if limits.quota > 0 and not state.forgotten then
+    local key = group_key('group_quota', queue, group)
+    redis.call('HSET', key, 'start', int_str(state.start), 'used', int_str(state.used + n))
+    redis.call('PEXPIRE', key, math.ceil((state.start + 2 * limits.period - NOW) / 1000))
+  end
+end
+
+-- What a grouped claim took, written: the first `n` of its picks (`due_with_room`: `groups`,
+-- the group of each) were leased under the tokens ARGV[first_token..]; each grouped one's slot
+-- is mapped to its group, and each group's rate and quota spent once for all its starts.
+local function spend_groups(limits, queue, states, groups, args, first_token, n)
+  local taken, mapped = {}, {}
+  for i = 1, n do
+    local group = groups[i]
+    if group then
+      taken[group] = (taken[group] or 0) + 1
+      mapped[#mapped + 1] = args[first_token - 1 + i]
+      mapped[#mapped + 1] = group
+    end
+  end
+  call_chunked('HSET', B .. 'slot_groups:' .. queue, mapped)
+  for group, count in pairs(taken) do
+    spend_group(limits, queue, group, states[group], count)
+  end
 end

@@ -4,6 +4,8 @@
 -- one step, so slots, starts and units are taken only for tasks claimed, and nothing is
 -- given back afterwards. A slot's token IS its task's lease token and expires with the lease
 -- (heartbeat.lua renews it with the lease; settle.lua and the next claim give it back).
+-- With group limits (ARGV[12]), each group of the queue is limited on its own too: see
+-- "Groups" below.
 --
 -- KEYS[1]  base (hash-tagged prefix)
 -- ARGV[1]  now in µs, or "" for the server's TIME
@@ -17,9 +19,11 @@
 -- ARGV[9]  quota period in µs
 -- ARGV[10] this claimer's id ("" : no turn-taking, see below)
 -- ARGV[11] the types to claim, NUL-separated ("" for any type; see `due_ids`)
--- ARGV[12] number R of slot tokens to give back first (slots of tasks that finished)
--- ARGV[13..12+R] those tokens
--- ARGV[13+R..] one fresh lease token per task that may be claimed (their count is the limit)
+-- ARGV[12] the group limits, "" for none, else "workers rps burst quota period_us" (each 0
+--          where unset; burst 0 means 1)
+-- ARGV[13] number R of slot tokens to give back first (slots of tasks that finished)
+-- ARGV[14..13+R] those tokens
+-- ARGV[14+R..] one fresh lease token per task that may be claimed (their count is the limit)
 --
 -- Turn-taking: a claimer whose tasks finish gives their slots back in its next claim, so
 -- without a rule it would take them straight back and other processes would never see a free
@@ -27,9 +31,38 @@
 -- (until now + lease ttl; noted once, so it keeps its place in line); every other claimer
 -- leaves one free slot per noted waiter, and a waiter one per waiter noted before it -- first
 -- come, first served, so the claimer whose own handlers just finished (and who hears of the
--- free slots first) does not jump the line. A waiter that gets a slot is struck off. A claimer that gave slots back (ARGV[11]) and left free ones
--- to waiters while tasks are still due publishes signal:<q>, so a waiter claims now instead of
--- at its next look (only then: a waiter that died must not make every claim publish).
+-- free slots first) does not jump the line. A waiter that gets a slot is struck off. A
+-- claimer that gave slots back (ARGV[13]) and left free ones to waiters while tasks are still
+-- due publishes signal:<q>, so a waiter claims now instead of at its next look (only then: a
+-- waiter that died must not make every claim publish).
+--
+-- Groups (only when ARGV[12] sets a limit: a claim without one runs none of this, and costs
+-- what it did before groups). Each group of the queue (a task's `group` field) is limited on
+-- its own; tasks without a group count against the queue's limits only.
+-- - Slots: a group's slots are the queue's own slots whose token slot_groups:<q> maps to it.
+--   Slots are given back (settle.lua, a claim's ARGV[13..]), renewed (heartbeat.lua) and
+--   expire in slots:<q> alone, so a group's count follows at once and those scripts need not
+--   know of groups -- simpler than a ZSET per group, which each of them would have to keep in
+--   step. The price: a claim with group_workers counts the groups' slots by reading every
+--   live slot of the queue (ZRANGE + HMGET, O(slots held), about the queue's workers), and
+--   the map's entries of slots no longer held are pruned once they outnumber the held ones.
+-- - Rate: a GCRA arrival time per group (group_rate:*), as the queue's; quota: a window per
+--   group (group_quota:*, `quota_window`). A group's rate holding its tasks back sets no
+--   retry_after: only the queue's rate does (other groups may still have room).
+-- - The walk (`due_with_room`): the due candidates in claim order, passing over those of a
+--   group without room (a group's room is read once, the first time one of its tasks is
+--   met); slots, starts and units are spent only for the tasks leased. Redis keeps no due
+--   order per group, so a group at its limit with many due tasks ahead is walked past one
+--   candidate (an HGET) at a time: in chunks -- first max(limit + 1, 64), then twice as many
+--   each time, so a claim whose first candidates have room reads no more than one chunk --
+--   and never past GROUP_WALK_CAP (2000) candidates in all, which keeps one claim's server
+--   time to a few milliseconds (about 1 µs a candidate; a claim of some types re-reads or
+--   checks its due sets, about twice that). So a claim finds another group's task behind up to
+--   2000 due tasks of groups without room; one further back waits until tasks ahead of it
+--   start or leave. An index of due tasks per group would lift the cap, but every submit,
+--   retry and lease of every queue, grouped or not, would pay one more ZSET write for it:
+--   too much for a case only a backlog over 2000 deep of groups at their limit meets.
+--
 -- Returns  {"ok", retry_after_seconds (string), quota window start (µs), quota units left
 --          before the claim (-1 without a quota), snapshot...}: one snapshot per
 --          claimed task, oldest due first; retry_after > 0 when the rate held tasks back;
@@ -38,18 +71,20 @@
 --
 -- Touches: hold:<q> STRING (read), slots:<q> ZSET, slot_waiters:<q> ZSET, rate:<q> STRING,
 --          quota:<key> HASH, queue:<q> ZSET, due:<n>:<q>:<type> ZSET, leases ZSET, task:<id> HASH,
---          stats HASH, idx:status:<s> ZSET, signal:<q> channel (PUBLISH).
+--          stats HASH, idx:status:<s> ZSET, signal:<q> channel (PUBLISH); with group limits
+--          also slot_groups:<q> HASH (token -> group), group_rate:<n>:<q>:<group> STRING,
+--          group_quota:<n>:<q>:<group> HASH {start, used}.
 
 local queue = ARGV[2]
 local slots = B .. 'slots:' .. queue
 local claimer = ARGV[10]
 local types = ARGV[11]
-local released = tonumber(ARGV[12])
-local first_token = 13 + released
+local released = tonumber(ARGV[13])
+local first_token = 14 + released
 local wanted = #ARGV - first_token + 1
 if released > 0 then
   local tokens = {}
-  for i = 13, 12 + released do
+  for i = 14, 13 + released do
     tokens[#tokens + 1] = ARGV[i]
   end
   call_chunked('ZREM', slots, tokens)
@@ -118,7 +153,15 @@ if limit <= 0 then
   return reply
 end
 -- One id more than the limit: whether tasks are left due for the waiters.
-local ids = due_ids(queue, types, limit + 1)
+local grouped, ids, groups, states = group_limits(ARGV[12]), nil, nil, nil
+if grouped then
+  states = {}
+  prune_slot_groups(queue)
+  ids, groups = due_with_room(grouped, queue, types, limit + 1,
+    grouped.workers > 0 and group_slots_held(queue) or {}, states)
+else
+  ids = due_ids(queue, types, limit + 1)
+end
 local n = math.min(#ids, limit)
 if n > 0 and tonumber(ARGV[5]) > 0 then
   local retry_after
@@ -130,6 +173,9 @@ for i = 1, n do
   local token = ARGV[first_token - 1 + i]
   zset_later(slots, token, lease_until)
   reply[#reply + 1] = lease_task(ids[i], token, lease_until)
+end
+if grouped and n > 0 then
+  spend_groups(grouped, queue, states, groups, ARGV, first_token, n)
 end
 if quota_key and n > 0 then
   redis.call('HSET', quota_key, 'start', int_str(window_start), 'used', int_str(used + n))
