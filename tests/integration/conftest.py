@@ -115,3 +115,22 @@ def sql_server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
 def networked_sql(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
     """`sql_server` for the backends with a server: PostgreSQL and MySQL."""
     return server_for(request, tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(url, broker options)`` of a store that several worker processes of a test open: a
+    SQLite file, a fresh PostgreSQL or MariaDB database, or a Redis key prefix (purged after)."""
+    backend = str(request.param)
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}", {}
+    elif backend == "redis":
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
+        yield url, {"key_prefix": prefix}
+        client = redis.Redis.from_url(url)
+        try:
+            purge_keys(client, KeySpace(prefix).pattern())
+        finally:
+            client.close()
+    else:
+        yield request.getfixturevalue(f"{backend}_url"), {}

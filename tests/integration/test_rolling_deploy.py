@@ -9,19 +9,15 @@ process, polling the same queue all along, leaves them to it.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from helpers.redis_servers import purge_keys
 from limits_worker import Ledger
 from rolling_worker import QUEUE, RollingSpec, serve
 
 from taskgate.brokers import open_broker
 from taskgate.brokers.base import NewTask
-from taskgate.brokers.redis.keys import KeySpace
 from taskgate.task import Filter, Status, Task
 from taskgate.testing import steps
 
@@ -30,24 +26,6 @@ pytestmark = pytest.mark.slow
 SPAWN = multiprocessing.get_context("spawn")
 JOIN_TIMEOUT = 120.0
 EACH = 20  # tasks of each type
-
-
-@pytest.fixture(params=["sqlite", "postgresql", "mysql", "redis"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(url, broker options)`` of a store both processes of the test open."""
-    backend = str(request.param)
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}", {}
-    elif backend == "redis":
-        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
-        yield url, {"key_prefix": prefix}
-        client = redis.Redis.from_url(url)
-        try:
-            purge_keys(client, KeySpace(prefix).pattern())
-        finally:
-            client.close()
-    else:
-        yield request.getfixturevalue(f"{backend}_url"), {}
 
 
 def _submit(store: tuple[str, dict[str, Any]]) -> None:

@@ -12,18 +12,15 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import redis
-from helpers.redis_servers import purge_keys
 from limits_worker import Ledger, WorkerSpec, serve
 
 from taskgate.brokers import open_broker
 from taskgate.brokers.base import Broker, NewTask
-from taskgate.brokers.redis.keys import KeySpace
 from taskgate.task import Filter, Status
 from taskgate.testing import steps
 
@@ -34,24 +31,6 @@ _T = TypeVar("_T")
 SPAWN = multiprocessing.get_context("spawn")
 PROCESSES = 3
 JOIN_TIMEOUT = 120.0
-
-
-@pytest.fixture(params=["sqlite", "postgresql", "mysql", "redis"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(url, broker options)`` of a store every process of the test opens."""
-    backend = str(request.param)
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}", {}
-    elif backend == "redis":
-        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
-        yield url, {"key_prefix": prefix}
-        client = redis.Redis.from_url(url)
-        try:
-            purge_keys(client, KeySpace(prefix).pattern())
-        finally:
-            client.close()
-    else:
-        yield request.getfixturevalue(f"{backend}_url"), {}
 
 
 def _broker(store: tuple[str, dict[str, Any]]) -> Broker:

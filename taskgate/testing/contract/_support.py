@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import pytest
 
-from taskgate.brokers.base import Broker, Lease, NewTask
+from taskgate.brokers.base import Broker, FailureKind, Lease, NewTask
 from taskgate.brokers.params import Complete
 from taskgate.ids import new_id
 from taskgate.task import Filter, Status, Task
@@ -141,3 +141,20 @@ def race_pair(first: Callable[[], A], second: Callable[[], B]) -> tuple[Outcome[
     """`race` of two actions with different result types."""
     one, two = race([first, second])
     return cast("Outcome[A]", one), cast("Outcome[B]", two)
+
+
+def every_snapshot(broker: Broker, **fields: Any) -> list[Task]:
+    """Submit one task with ``fields``, run it through a retry to completion, and collect each
+    snapshot of it the broker answered on the way: the submit's, both claims', the retry's,
+    the ack's, `get`'s, `list`'s and the business key's executions."""
+    (submitted,) = steps.enqueue(broker, [new_task(business_key=f"k-{new_id()}", **fields)])
+    lease = claim_one(broker)
+    retried = steps.retry(
+        broker, lease.task.id, lease.token, kind=FailureKind.BUSINESS, error="boom", delay=timedelta(0)
+    )
+    again = claim_one(broker)
+    (acked,) = steps.ack_many(broker, [(again.task.id, again.token, None)])
+    assert isinstance(acked, Task)
+    listed = broker.list(Filter())
+    history = steps.history(broker, str(submitted.business_key))
+    return [submitted, lease.task, retried, again.task, acked, broker.get(submitted.id), *listed, *history]

@@ -10,42 +10,26 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from taskgate.brokers.base import Broker, FailureKind
+from taskgate.brokers.base import Broker
 from taskgate.brokers.params import Submit
 from taskgate.ids import new_id
-from taskgate.task import Filter, Status, Task
+from taskgate.task import Filter, Status
 from taskgate.testing import steps
-from taskgate.testing.contract._support import claim_one, new_task, submit
+from taskgate.testing.contract._support import every_snapshot, new_task, submit
 
 __all__ = ["GroupContract"]
 
 GROUP = "user-42"
 
 
-def _every_snapshot(broker: Broker, group: str | None) -> list[Task]:
-    """Submit one task in ``group``, run it through a retry to completion, and collect each
-    snapshot of it the broker answered on the way."""
-    (submitted,) = steps.enqueue(broker, [new_task(group=group, business_key=f"k-{new_id()}")])
-    lease = claim_one(broker)
-    retried = steps.retry(
-        broker, lease.task.id, lease.token, kind=FailureKind.BUSINESS, error="boom", delay=timedelta(0)
-    )
-    again = claim_one(broker)
-    (acked,) = steps.ack_many(broker, [(again.task.id, again.token, None)])
-    assert isinstance(acked, Task)
-    listed = broker.list(Filter())
-    history = steps.history(broker, str(submitted.business_key))
-    return [submitted, lease.task, retried, again.task, acked, broker.get(submitted.id), *listed, *history]
-
-
 class GroupContract:
     """A task's ``group`` round-trips through every snapshot and filters `list`."""
 
     def test_a_tasks_group_is_in_every_snapshot_of_it(self, broker: Broker) -> None:
-        assert {task.group for task in _every_snapshot(broker, GROUP)} == {GROUP}
+        assert {task.group for task in every_snapshot(broker, group=GROUP)} == {GROUP}
 
     def test_a_task_without_a_group_has_none_in_every_snapshot(self, broker: Broker) -> None:
-        assert {task.group for task in _every_snapshot(broker, None)} == {None}
+        assert {task.group for task in every_snapshot(broker, group=None)} == {None}
 
     def test_each_task_of_a_batch_keeps_its_own_group(self, broker: Broker) -> None:
         groups = [None, "a", "a", "b", None]

@@ -10,42 +10,25 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from taskgate.brokers.base import MAX_DELAY, Broker, FailureKind
+from taskgate.brokers.base import MAX_DELAY, Broker
 from taskgate.brokers.params import Submit
 from taskgate.ids import new_id
-from taskgate.task import Filter, Task
 from taskgate.testing import steps
-from taskgate.testing.contract._support import claim_one, new_task, submit
+from taskgate.testing.contract._support import every_snapshot, new_task, submit
 
 __all__ = ["TimeoutContract"]
 
 TIMEOUT = timedelta(seconds=1, milliseconds=500)
 
 
-def _every_snapshot(broker: Broker, timeout: timedelta | None) -> list[Task]:
-    """Submit one task with ``timeout``, run it through a retry to completion, and collect
-    each snapshot of it the broker answered on the way."""
-    (submitted,) = steps.enqueue(broker, [new_task(timeout=timeout, business_key=f"k-{new_id()}")])
-    lease = claim_one(broker)
-    retried = steps.retry(
-        broker, lease.task.id, lease.token, kind=FailureKind.BUSINESS, error="boom", delay=timedelta(0)
-    )
-    again = claim_one(broker)
-    (acked,) = steps.ack_many(broker, [(again.task.id, again.token, None)])
-    assert isinstance(acked, Task)
-    listed = broker.list(Filter())
-    history = steps.history(broker, str(submitted.business_key))
-    return [submitted, lease.task, retried, again.task, acked, broker.get(submitted.id), *listed, *history]
-
-
 class TimeoutContract:
     """A task's ``timeout`` round-trips through every snapshot; None stays None."""
 
     def test_a_tasks_timeout_is_in_every_snapshot_of_it(self, broker: Broker) -> None:
-        assert {task.timeout for task in _every_snapshot(broker, TIMEOUT)} == {TIMEOUT}
+        assert {task.timeout for task in every_snapshot(broker, timeout=TIMEOUT)} == {TIMEOUT}
 
     def test_a_task_without_a_timeout_has_none_in_every_snapshot(self, broker: Broker) -> None:
-        assert {task.timeout for task in _every_snapshot(broker, None)} == {None}
+        assert {task.timeout for task in every_snapshot(broker, timeout=None)} == {None}
 
     def test_each_task_of_a_batch_keeps_its_own_timeout(self, broker: Broker) -> None:
         timeouts = [None, TIMEOUT, TIMEOUT, timedelta(minutes=5), None]
