@@ -26,7 +26,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, Select, Update, and_, bindparam, func, or_, select, update
@@ -35,6 +35,7 @@ from taskgate.brokers.base import Lease
 from taskgate.brokers.params import Claim
 from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.gcra import Gcra
 from taskgate.brokers.sql.leases import (
     claim_params,
     due_where,
@@ -47,21 +48,7 @@ from taskgate.brokers.sql.quotas import window_bounds
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.models import Models
 
-__all__ = ["GroupLimits", "gcra_room"]
-
-# Rate arithmetic is in whole microseconds; a start is allowed this much before it is due so
-# that a time rounded to the microsecond never withholds one.
-_ROUNDING = 1e-6
-
-
-def gcra_room(rps: float, burst: int, stored: datetime | None, now: datetime) -> tuple[int, float]:
-    """Starts a GCRA rate of ``rps`` with bursts of ``burst`` allows now, given its stored
-    arrival time, and how many seconds that time is ahead of now (never behind: idle time earns
-    no extra burst)."""
-    interval = 1.0 / rps
-    ahead = max(0.0, (stored - now).total_seconds()) if stored is not None else 0.0
-    room = math.floor((max(burst, 1) * interval - ahead) / interval + _ROUNDING)
-    return max(0, room), ahead
+__all__ = ["GroupLimits"]
 
 
 class GroupLimits:
@@ -100,9 +87,7 @@ class GroupLimits:
         if shared.group_workers:
             room = min(room, shared.group_workers - held)
         if shared.group_rps and row is not None:
-            room = min(
-                room, gcra_room(shared.group_rps, shared.group_burst, row["rate_tat"], self._tx.now)[0]
-            )
+            room = min(room, self._rate(row).room())
         if shared.group_quota_limit and row is not None and row["quota_window"] == self._window:
             room = min(room, shared.group_quota_limit - int(row["quota_used"] or 0))
         return room
@@ -179,12 +164,17 @@ class GroupLimits:
                 values["p_used"] = (row or {}).get("quota_used")
             tx.write(statements.write_group, values)
 
-    def _new_tat(self, row: Mapping[str, Any] | None, starts: int) -> datetime:
-        shared, now = self._shared, self._tx.now
-        _, ahead = gcra_room(
-            shared.group_rps, shared.group_burst, None if row is None else row["rate_tat"], now
+    def _rate(self, row: Mapping[str, Any] | None) -> Gcra:
+        """The group's start rate as its row leaves it (None: no row yet)."""
+        shared = self._shared
+        return Gcra(
+            shared.group_rps, shared.group_burst, None if row is None else row["rate_tat"], self._tx.now
         )
-        return now + timedelta(microseconds=round((ahead + starts / shared.group_rps) * 1_000_000))
+
+    def _new_tat(self, row: Mapping[str, Any] | None, starts: int) -> datetime:
+        rate = self._rate(row)
+        rate.spend(starts)
+        return rate.tat
 
 
 # -- statements, built once per schema ---------------------------------------------------

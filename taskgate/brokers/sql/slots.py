@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -56,8 +55,9 @@ from sqlalchemy import (
 )
 
 from taskgate.brokers.base import Lease
-from taskgate.brokers.params import Claim, Claimed, Renewal, SharedLimits
+from taskgate.brokers.params import Claim, Claimed, Renewal
 from taskgate.brokers.sql.dialects import Traits
+from taskgate.brokers.sql.gcra import Gcra
 from taskgate.brokers.sql.groups import GroupLimits
 from taskgate.brokers.sql.leases import (
     claim_params,
@@ -74,9 +74,6 @@ __all__ = ["can_hand_over", "claim_shared", "give_back_slots", "hand_over", "han
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _QUEUE_ROW = ""  # ``group_name`` of the row that holds the queue's own limits
-# Rate arithmetic is in whole microseconds; a start is allowed this much before it is due so
-# that a time rounded to the microsecond never withholds one.
-_ROUNDING = 1e-6
 
 # How to lease up to n tasks, when not the oldest due: the groups' pick (`GroupLimits`).
 LeaseUpTo = Callable[[int], list[Lease]]
@@ -102,7 +99,7 @@ def claim_shared(tx: Tx, claim: Claim, take: Take) -> Claimed:
     turns = _Turns(row.waiters, shared.claimer, _micros(now))
     free = unused - turns.owed
     wanted = min(claim.limit, free)
-    rate = _Rate(shared, row.rate_tat, now) if shared.rps > 0 else None
+    rate = Gcra(shared.rps, shared.burst, row.rate_tat, now) if shared.rps > 0 else None
     allowed = wanted if rate is None else min(wanted, rate.room())
     claimed = take(allowed, None if groups is None else groups.lease_up_to) if allowed > 0 else Claimed([])
     taken = len(claimed.leases)
@@ -210,7 +207,7 @@ def _lock_queue_row(tx: Tx, queue: str) -> _QueueRow:
     return _QueueRow(rate_tat=row["rate_tat"], waiters=_decode_waiters(row["waiters"]))
 
 
-def _write_queue_row(tx: Tx, queue: str, row: _QueueRow, rate: _Rate | None, turns: _Turns) -> None:
+def _write_queue_row(tx: Tx, queue: str, row: _QueueRow, rate: Gcra | None, turns: _Turns) -> None:
     """Store what the claim changed: the rate's arrival time, the waiters (nothing if neither)."""
     tat = rate.tat if rate is not None and rate.changed else row.rate_tat
     waiters = turns.waiters if turns.changed else row.waiters
@@ -280,39 +277,6 @@ def _any_due_of_types(models: Models, traits: Traits, typed: int) -> Select[Any]
 
 
 # -- the rate (GCRA) ---------------------------------------------------------------------
-
-
-class _Rate:
-    """The queue's start rate as a generic cell rate algorithm: a start is allowed while the
-    theoretical arrival time ``tat`` is at most ``burst`` intervals ahead of now."""
-
-    def __init__(self, shared: SharedLimits, stored: datetime | None, now: datetime) -> None:
-        self._interval = 1.0 / shared.rps
-        self._burst = max(shared.burst, 1)
-        self._now = now
-        # Seconds the arrival time is ahead of now (never behind: idle time earns no extra burst).
-        self._ahead = max(0.0, (stored - now).total_seconds()) if stored is not None else 0.0
-        self.changed = False
-
-    def room(self) -> int:
-        """Starts allowed now."""
-        return max(0, math.floor((self._burst * self._interval - self._ahead) / self._interval + _ROUNDING))
-
-    def spend(self, starts: int) -> None:
-        """Move the arrival time on by ``starts``."""
-        if starts > 0:
-            self._ahead += starts * self._interval
-            self.changed = True
-
-    def wait(self) -> float:
-        """Seconds until the next start is allowed, rounded up to the microsecond."""
-        seconds = max(0.0, self._ahead - (self._burst - 1) * self._interval)
-        return math.ceil(seconds * 1_000_000 - _ROUNDING) / 1_000_000
-
-    @property
-    def tat(self) -> datetime:
-        """The arrival time to store."""
-        return self._now + timedelta(microseconds=round(self._ahead * 1_000_000))
 
 
 # -- turn-taking -------------------------------------------------------------------------
