@@ -77,7 +77,10 @@ class GroupLimits:
                 row["group_name"]: int(row["held"]) for row in tx.fetch(statements.slots_by_group, params)
             }
         if shared.group_rps or shared.group_quota_limit:
-            self._rows = {row["group_name"]: row for row in tx.fetch(statements.group_rows, params)}
+            # Only rows that still limit their group: a rate ahead of now, a quota window that is
+            # the current one -- a busy queue's older tenants need not be read by every claim.
+            binding = {**params, "p_now": tx.now, "p_window": self._window}
+            self._rows = {row["group_name"]: row for row in tx.fetch(statements.group_rows, binding)}
         for group in {*held, *self._rows}:
             self._room[group] = self._room_of(group, held.get(group, 0))
 
@@ -191,9 +194,13 @@ class _Statements:
             .where(slot.c.queue == bindparam("p_queue"), slot.c.group_name.is_not(None))
             .group_by(slot.c.group_name)
         )
+        limiting = or_(
+            limits.c.rate_tat > bindparam("p_now", type_=limits.c.rate_tat.type),
+            limits.c.quota_window == bindparam("p_window", type_=limits.c.quota_window.type),
+        )
         self.group_rows: Select[Any] = select(
             limits.c.group_name, limits.c.rate_tat, limits.c.quota_window, limits.c.quota_used
-        ).where(of_queue, limits.c.group_name != "")
+        ).where(of_queue, limits.c.group_name != "", limiting)
         now = bindparam("p_now", type_=task.c.run_at.type)
         due = (
             select(*locked_due_columns(models))
