@@ -85,6 +85,8 @@ ItemAnswer = Task | LeaseLostError | TaskNotFoundError | None
 
 
 def _count(value: object, *, what: str, minimum: int) -> int:
+    if type(value) is int and value >= minimum:
+        return value  # the common case first: these run on every claim
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, got {value!r}")
     if value < minimum:
@@ -102,6 +104,8 @@ def _duration(value: object, *, what: str, positive: bool, maximum: timedelta | 
 
 
 def _rate(value: object, *, what: str) -> None:
+    if (type(value) is float or type(value) is int) and 0 <= value < math.inf:
+        return
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what} must be a number, got {value!r}")
     if not 0 <= value < math.inf:
@@ -319,7 +323,10 @@ class SharedLimits:
         _count(self.workers, what="SharedLimits.workers", minimum=1)
         _rate(self.rps, what="SharedLimits.rps")
         _count(self.burst, what="SharedLimits.burst", minimum=0)
-        object.__setattr__(self, "release", _tuple_of(self.release, str, what="SharedLimits.release"))
+        release = self.release
+        if type(release) is not tuple or not all(type(token) is str for token in release):
+            # (the runtime's own tuple of str, made once per claim, skips the general check)
+            object.__setattr__(self, "release", _tuple_of(release, str, what="SharedLimits.release"))
         if not isinstance(self.claimer, str):
             raise TypeError(f"SharedLimits.claimer must be a str, got {type(self.claimer).__name__}")
         _count(self.group_workers, what="SharedLimits.group_workers", minimum=0)

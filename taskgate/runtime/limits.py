@@ -43,8 +43,8 @@ class Limits(Protocol):
         then its slot. None: the limits are this process's (`take_rate`, `spent`)."""
         ...
 
-    def give_back(self, slots: Sequence[Slot]) -> None:
-        """Note ``slots`` as free; they go back with the next claim or `flush` (never waits)."""
+    def give_back(self, slot: str) -> None:
+        """Note ``slot`` as free; it goes back with the next claim or `flush` (never waits)."""
         ...
 
     def restore_releases(self, tokens: Sequence[str]) -> None:
@@ -76,7 +76,7 @@ class LocalLimits:
         """Counted here: nothing for the claim to carry."""
         return None
 
-    def give_back(self, slots: Sequence[Slot]) -> None:
+    def give_back(self, slot: str) -> None:
         """Local slots are the scheduler's running count: nothing to note."""
 
     def restore_releases(self, tokens: Sequence[str]) -> None:
@@ -133,9 +133,9 @@ class SharedQueueLimits:
             group_quota_period=conf.period if conf.group_quota_limit else None,
         )
 
-    def give_back(self, slots: Sequence[Slot]) -> None:
-        """Note ``slots`` for the next claim (or `flush`) to give back."""
-        self._to_release.extend(s for s in slots if s is not None)
+    def give_back(self, slot: str) -> None:
+        """Note ``slot`` for the next claim (or `flush`) to give back."""
+        self._to_release.append(slot)
 
     def restore_releases(self, tokens: Sequence[str]) -> None:
         """Note again slots a failed claim may not have given back (a second release is harmless)."""

@@ -385,7 +385,7 @@ class Runtime:
         def free_slot() -> None:
             scheduler.running -= 1
             if slot is not None:
-                scheduler.limits.give_back([slot])  # goes back with the next claim
+                scheduler.limits.give_back(slot)  # goes back with the next claim
             scheduler.wake(new_work=False)
 
         ctx = RunContext(

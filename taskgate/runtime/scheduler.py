@@ -290,10 +290,16 @@ class QueueScheduler:
             # Shielded: an abandoned claim thread would still lease tasks that nobody runs,
             # stranding them until their lease expires (and costing them a lease_lost). A
             # broker called inline has no thread to abandon: a cancellation lands at the call's
-            # checkpoint, before it claims (and a scope per claim is a tenth of a memory cycle).
-            shield = shared is not None or not self._calls.inline
+            # checkpoint, before it claims (and a scope per claim is a tenth of a memory cycle);
+            # the slots the claim was to give back are then kept for the last flush.
+            shield = not self._calls.inline
             with anyio.CancelScope(shield=True) if shield else nullcontext():
-                claimed = await self._claim_by(claim)
+                try:
+                    claimed = await self._claim_by(claim)
+                except anyio.get_cancelled_exc_class():
+                    if shared is not None:
+                        self.limits.restore_releases(shared.release)
+                    raise
             taken = claimed.leases, claimed.quota
             await self._put_back_if_cancelled(taken)
         except BrokerError as exc:

@@ -51,7 +51,7 @@ async def test_workers_and_rate_hold_in_every_window(gate_broker):
     assert starts[-1] - starts[0] >= (n - burst) / rps - EPSILON
 
 
-SHARED_BACKENDS = ["sqlite", "postgresql", "mysql", "redis"]
+SHARED_BACKENDS = ["memory", "sqlite", "postgresql", "mysql", "redis"]
 
 
 @pytest.mark.parametrize("backend", SHARED_BACKENDS, indirect=True)

@@ -2,7 +2,7 @@
 
 A claim that answers after its deadline (or after its caller gave up), leases a shutdown or a
 cancellation leaves unstarted: each task goes back to pending with no counter moved, its quota
-unit back in its window and (Redis) its global slot free again. A handler that had started
+unit back in its window and its shared slot free again. A handler that had started
 keeps its unit (SPEC Part 1, shutdown).
 
 On all five backends, each with the test's `ManualClock`: no lease expires and no quota
@@ -107,16 +107,13 @@ def _quota(workers: int, *, lease_ttl: float | str = "1h") -> QueueConfig:
 
 # -- a claim of the scheduler that answers after its deadline --------------------------------
 
-# (backend, what the held claim carries): every scheduler claim path -- with shared limits
-# where the broker keeps them (every backend but memory), so every claim counts the queue's
-# workers across processes. Acks ride on claims only where the broker declares
+# (backend, what the held claim carries): every scheduler claim path -- with shared limits,
+# which every backend keeps, so every claim counts the queue's workers across processes (on
+# memory: across the broker's gates). Acks ride on claims only where the broker declares
 # ``acks_in_claims``, but every broker's claim takes them.
 _EXTRAS = ((), ("acks",), ("quota",), ("quota", "acks"))
-SHARED = ("sqlite", "postgresql", "mysql", "redis")
-SCHEDULER_PATHS = [
-    *[("memory", frozenset(extras)) for extras in _EXTRAS],
-    *[(backend, frozenset({"shared", *extras})) for backend in SHARED for extras in _EXTRAS],
-]
+BACKENDS = ("memory", "sqlite", "postgresql", "mysql", "redis")
+SCHEDULER_PATHS = [(backend, frozenset({"shared", *extras})) for backend in BACKENDS for extras in _EXTRAS]
 
 
 @pytest.mark.parametrize(
@@ -153,20 +150,19 @@ async def test_a_claim_that_answers_after_its_deadline_puts_its_tasks_back(
         assert late.put_back.get(task_id, 0) >= 1
     if with_quota:
         assert await _units_left(broker) == LIMIT - len(ids)  # one unit per handler started
-    if backend in SHARED:
-        assert await _free_slots(broker, 1) == 1
+    assert await _free_slots(broker, 1) == 1
 
 
 # -- shutdown, cancellation and the quota ----------------------------------------------------
 
-# What a claim within the quota carries on each backend.
-QUOTA_CLAIM = {backend: frozenset({"quota", "shared"}) for backend in SHARED}
+# What a claim within the quota carries (on every backend).
+QUOTA_CLAIM = frozenset({"quota", "shared"})
 
 
 async def test_a_run_cancelled_during_a_claim_within_a_quota_gives_the_units_back(
     broker: Broker, backend: str
 ) -> None:
-    late = Late(broker, QUOTA_CLAIM.get(backend, frozenset({"quota"})), acks_ride=False)
+    late = Late(broker, QUOTA_CLAIM, acks_ride=False)
     gate = make_gate(late, {"q": _quota(2)})
     gate.handle("q", lambda task: "ran")
     ids = await gate.submit_many("q", [None, None])
@@ -179,14 +175,13 @@ async def test_a_run_cancelled_during_a_claim_within_a_quota_gives_the_units_bac
         task = await gate.get(task_id)
         assert (task.status, task.claims, task.attempts, task.lease_lost) == (Status.PENDING, 1, 0, 0)
     assert await _units_left(broker) == LIMIT  # no handler started: every unit is back
-    if backend in SHARED:
-        assert await _free_slots(broker, 2) == 2
+    assert await _free_slots(broker, 2) == 2
 
 
 async def test_after_the_shutdown_grace_a_task_that_never_started_gives_its_unit_back(
     broker: Broker, backend: str
 ) -> None:
-    late = Late(broker, QUOTA_CLAIM.get(backend, frozenset({"quota"})), acks_ride=False)
+    late = Late(broker, QUOTA_CLAIM, acks_ride=False)
     late.armed = False
     gate = make_gate(late, {"q": _quota(2)})
     started = anyio.Event()
@@ -214,5 +209,4 @@ async def test_after_the_shutdown_grace_a_task_that_never_started_gives_its_unit
     # The handler that started keeps its unit (it may have called the gateway); the task
     # claimed after the grace, whose handler never started, gives its unit back.
     assert await _units_left(broker) == LIMIT - 1
-    if backend in SHARED:
-        assert await _free_slots(broker, 2) == 2
+    assert await _free_slots(broker, 2) == 2

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from taskgate import Config, ConfigError, Gate, QueueConfig
+from taskgate.brokers.base import Capabilities
 from taskgate.brokers.memory import MemoryBroker
 
 BROKER = MemoryBroker()
@@ -196,7 +197,15 @@ def test_from_mapping_either_builds_or_raises_config_error(data: dict[str, Any])
             assert queue.workers >= 1 and queue.rps >= 0 and queue.lease > timedelta(0)
 
 
+class _UngroupedBroker(MemoryBroker):
+    """A broker that shares limits but cannot count groups."""
+
+    capabilities = Capabilities(shared_quota=True, shared_limits=True, nonblocking=True)
+
+
 def test_group_limits_on_a_broker_that_cannot_count_groups_are_refused() -> None:
-    config = Config(broker=MemoryBroker(), queues={"q": QueueConfig(workers=2, group_workers=1)})
-    with pytest.raises(ConfigError, match=r"queue 'q' sets group limits: broker MemoryBroker .*group_limits"):
+    config = Config(broker=_UngroupedBroker(), queues={"q": QueueConfig(workers=2, group_workers=1)})
+    with pytest.raises(
+        ConfigError, match=r"queue 'q' sets group limits: broker _UngroupedBroker .*group_limits"
+    ):
         Gate(config)

@@ -18,11 +18,9 @@ from taskgate.brokers.params import (
     Complete,
     Fail,
     GiveBack,
-    Heartbeat,
     Requeue,
     Retry,
     Settle,
-    SharedLimits,
     Submit,
     Submitted,
 )
@@ -224,49 +222,10 @@ def test_a_pending_task_costs_the_broker_a_few_hundred_bytes() -> None:
 
 def test_the_broker_declares_what_it_honours_and_has_no_retired_method() -> None:
     broker = MemoryBroker()
-    assert broker.capabilities == Capabilities(shared_quota=True, nonblocking=True)
-    assert [name for name in RETIRED if hasattr(broker, name)] == []
-
-
-def test_a_claim_with_shared_limits_is_refused_before_its_acks_are_written() -> None:
-    broker = MemoryBroker(clock=ManualClock())
-    steps.enqueue(broker, [_task(), _task()])
-    (lease,) = steps.claim(broker, "q", 1, TTL)
-    carried = Claim("q", 1, TTL, shared=SharedLimits(workers=1), acks=(Complete(lease.task.id, lease.token),))
-    with pytest.raises(ValueError, match=r"Claim\.shared.*capabilities\.shared_limits"):
-        broker.claim(carried)
-    assert broker.get(lease.task.id) == lease.task
-    assert steps.queue_length(broker, "q") == 1
-
-
-def test_a_heartbeat_naming_a_slot_queue_is_refused_and_keeps_the_lease() -> None:
-    broker = MemoryBroker(clock=ManualClock())
-    steps.enqueue(broker, [_task()])
-    (lease,) = steps.claim(broker, "q", 1, TTL)
-    with pytest.raises(ValueError, match=r"Heartbeat\.slot_queue.*capabilities\.shared_limits"):
-        broker.heartbeat(Heartbeat(lease.task.id, lease.token, TTL * 2, slot_queue="q"))
-    assert broker.get(lease.task.id) == lease.task
-
-
-def test_a_settle_giving_back_slots_is_refused_before_anything_changes() -> None:
-    broker = MemoryBroker(clock=ManualClock())
-    steps.enqueue(broker, [_task()])
-    claimed = broker.claim(Claim("q", 1, TTL, quota=MINUTELY))
-    (lease,) = claimed.leases
-    assert claimed.quota is not None
-    give_back = GiveBack(quota=((claimed.quota, 1),), queue="q", slots=(lease.token,))
-    with pytest.raises(ValueError, match=r"GiveBack\.slots.*capabilities\.shared_limits"):
-        broker.settle(Settle((Complete(lease.task.id, lease.token),), give_back=give_back))
-    assert broker.get(lease.task.id) == lease.task
-    steps.enqueue(broker, [_task() for _ in range(5)])
-    assert (
-        len(
-            steps.claim_within_quota(
-                broker, "q", 5, TTL, key="k", quota_limit=5, period=MINUTELY.period
-            ).leases
-        )
-        == 4
+    assert broker.capabilities == Capabilities(
+        shared_quota=True, shared_limits=True, group_limits=True, nonblocking=True
     )
+    assert [name for name in RETIRED if hasattr(broker, name)] == []
 
 
 def test_settle_answers_each_item_on_its_own_in_one_call() -> None:

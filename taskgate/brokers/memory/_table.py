@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import datetime
 
 from taskgate.brokers.memory._record import Record
@@ -110,14 +111,41 @@ class TaskTable:
             due = self._due_of(heaps[0], now, limit)
         else:
             due = self._due_merged(heaps, now, limit)
-        for record in due:
+        self.start(queue, due)
+        return due
+
+    def start(self, queue: str, records: list[Record]) -> None:
+        """Move ready ``records`` of ``queue`` to running (their heap entries go stale)."""
+        for record in records:
             by_status = self._counts[record.type]
             by_status[record.status] -= 1
             by_status[Status.RUNNING] += 1
             record.status = Status.RUNNING
             self.running[record.id] = None
-        self._queue_len[queue] -= len(due)
-        return due
+        self._queue_len[queue] -= len(records)
+
+    def due_in_order(self, queue: str, now: datetime, types: tuple[str, ...] | None) -> Iterator[Record]:
+        """The due ready records of ``queue`` (of ``types``; None: any), oldest due first,
+        without taking any: a walk that may pass over records (a claim under group limits).
+
+        The heaps are read, not popped: a frontier of heap positions, smallest entry first,
+        whose children join it as it is taken -- k records cost O(k log k), whatever lies
+        behind them. Do not change the table while the walk is under way.
+        """
+        heaps = self._heaps(queue, types)
+        frontier = [(heap[0], n, 0) for n, heap in enumerate(heaps) if heap]
+        heapq.heapify(frontier)
+        while frontier:
+            entry, n, position = heapq.heappop(frontier)
+            if entry[0] > now:
+                return  # the smallest entry left: nothing behind it is due either
+            record = self._live(*entry)
+            if record is not None:
+                yield record
+            heap = heaps[n]
+            for child in (2 * position + 1, 2 * position + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], n, child))
 
     def _heaps(self, queue: str, types: tuple[str, ...] | None) -> list[list[_ReadyEntry]]:
         """The ready heaps of ``queue``'s ``types`` (None: all its types) that exist."""
@@ -151,6 +179,10 @@ class TaskTable:
                 break
             due.append(self.records[heapq.heappop(best)[1]])
         return due
+
+    def has_due(self, queue: str, now: datetime, types: tuple[str, ...] | None) -> bool:
+        """Whether a ready record of ``queue`` (of ``types``; None: any) is due at ``now``."""
+        return next(self.due_in_order(queue, now, types), None) is not None
 
     def next_run_at(self, queue: str) -> datetime | None:
         """When the earliest ready record of ``queue`` is due, or None when it has none."""

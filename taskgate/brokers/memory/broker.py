@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import itertools
 import secrets
 import threading
 import time
@@ -24,6 +25,7 @@ from taskgate.brokers.base import (
 from taskgate.brokers.checks import check_count, check_queues, check_timeout
 from taskgate.brokers.memory._dependencies import arrival_status, settle_children
 from taskgate.brokers.memory._holds import HoldBook
+from taskgate.brokers.memory._limits import Admit, SharedBook
 from taskgate.brokers.memory._quota import QuotaBook
 from taskgate.brokers.memory._record import Record
 from taskgate.brokers.memory._table import READY_STATUSES, TaskTable
@@ -45,6 +47,7 @@ from taskgate.brokers.params import (
     Requeue,
     Retry,
     Settle,
+    SharedLimits,
     Submit,
     Submitted,
 )
@@ -66,10 +69,6 @@ __all__ = ["MemoryBroker"]
 
 _CANCELED_ERROR = "canceled"
 
-# All of a memory broker's users share its one process, so there is nothing to share limits
-# across: `Gate` counts workers and rate in the process (``shared_limits`` is False).
-_NO_SHARED_LIMITS = "MemoryBroker has no shared limits (capabilities.shared_limits is False)"
-
 
 class MemoryBroker:
     """Tasks in this process's memory; thread-safe, one lock per broker.
@@ -77,12 +76,13 @@ class MemoryBroker:
     Every method holds one `threading.Condition` for its whole transition, so each is atomic
     with respect to every other thread. Claims pop per-queue heaps ordered by
     ``(run_at, id)``; counts and queue lengths are maintained counters. Times come from
-    ``clock`` (default: the system clock). All users live in one process, so quota counts
-    are shared by construction (``shared_quota=True``). Methods only hold the lock for
+    ``clock`` (default: the system clock). All users live in one process, so quota counts,
+    slots, rates and group limits are shared by every gate of the broker by construction
+    (``shared_quota``, ``shared_limits``, ``group_limits``). Methods only hold the lock for
     in-memory work, so the runtime calls them on its event loop (``nonblocking=True``).
     """
 
-    capabilities = Capabilities(shared_quota=True, nonblocking=True)
+    capabilities = Capabilities(shared_quota=True, shared_limits=True, group_limits=True, nonblocking=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -90,6 +90,7 @@ class MemoryBroker:
         self._table = TaskTable()
         self._quota = QuotaBook()
         self._holds = HoldBook()
+        self._limits = SharedBook()
         # Bumped (under the lock) whenever a queue may have new work; waiters compare.
         self._signals: defaultdict[str, int] = defaultdict(int)
         self._closed = False
@@ -253,11 +254,13 @@ class MemoryBroker:
         tasks of ``claim.queue``, oldest due first (``run_at``, then id) -- one lock hold.
 
         With ``claim.quota``, each task leased takes one unit of the window, and the units no
-        task took go back before the lock is released. ``claim.shared`` raises `ValueError`
-        (``capabilities.shared_limits`` is False), changing nothing.
+        task took go back before the lock is released. With ``claim.shared``, each also takes
+        a slot and a start of the queue (and of its group), per `SharedLimits`
+        (`taskgate.brokers.memory._limits`); a subclass declaring less refuses what it does not
+        declare (`ValueError`), changing nothing.
         """
         if claim.shared is not None:
-            raise ValueError(f"Claim.shared: {_NO_SHARED_LIMITS}")
+            self._check_declared(claim.shared)
         if not claim.acks:
             with self._cond:  # nothing to settle: the plain lock, the claim's hot path
                 return self._claim_due(claim, self._now(), [])
@@ -270,27 +273,56 @@ class MemoryBroker:
             return self._claim_due(claim, now, acked)
 
     def _claim_due(self, claim: Claim, now: datetime, acked: builtins.list[ItemAnswer]) -> Claimed:
-        """The leasing half of `claim` (under the lock), within its quota when it has one."""
+        """The leasing half of `claim` (under the lock), within its limits and quota."""
+        shared = claim.shared
+        if shared is not None and shared.release:
+            self._limits.release(claim.queue, shared.release)  # held or not: their tasks are done
         held = self._holds.until(claim.queue, now)
         if held is not None:
             return Claimed([], acked, held_until=held)
+        if shared is None:
+            return self._take(claim, claim.limit, now, None, acked)
+        claimed, wake = self._limits.claim(
+            claim,
+            now,
+            lambda n, admit: self._take(claim, n, now, admit, acked),
+            lambda: self._table.has_due(claim.queue, now, claim.types),
+        )
+        if wake:
+            self._signal([claim.queue])
+        return claimed
+
+    def _take(
+        self, claim: Claim, limit: int, now: datetime, admit: Admit | None, acked: builtins.list[ItemAnswer]
+    ) -> Claimed:
+        """Lease up to ``limit`` due tasks that ``admit`` lets through, within the claim's quota."""
         quota = claim.quota
         if quota is None:
-            return Claimed(self._lease_due(claim, claim.limit, now), acked)
-        grant = self._quota.reserve(quota.key, quota.limit, quota.period, claim.limit, now)
+            return Claimed(self._lease_due(claim, limit, now, admit), acked)
+        grant = self._quota.reserve(quota.key, quota.limit, quota.period, limit, now)
         if grant.granted <= 0:
             return Claimed([], acked, quota=grant, exhausted=True)
-        leases = self._lease_due(claim, grant.granted, now)
+        leases = self._lease_due(claim, grant.granted, now, admit)
         if len(leases) < grant.granted:
             # Units are spent only for tasks leased: the rest go back within the same hold.
             self._quota.release(grant, grant.granted - len(leases))
             grant = dataclasses.replace(grant, granted=len(leases))
         return Claimed(leases, acked, quota=grant)
 
-    def _lease_due(self, claim: Claim, limit: int, now: datetime) -> builtins.list[Lease]:
-        """Lease up to ``limit`` due tasks of ``claim``'s queue and types
-        (`TaskTable.start_due`): a token each."""
-        records = self._table.start_due(claim.queue, now, limit, claim.types)
+    def _lease_due(
+        self, claim: Claim, limit: int, now: datetime, admit: Admit | None = None
+    ) -> builtins.list[Lease]:
+        """Lease up to ``limit`` due tasks of ``claim``'s queue and types, oldest due first,
+        passing over those ``admit`` refuses: a token each."""
+        if admit is None:
+            records = self._table.start_due(claim.queue, now, limit, claim.types)
+        else:
+            records = builtins.list(
+                itertools.islice(
+                    filter(admit, self._table.due_in_order(claim.queue, now, claim.types)), limit
+                )
+            )
+            self._table.start(claim.queue, records)
         expires_at = now + claim.lease_ttl
         leases = []
         for record, token in zip(records, new_tokens(len(records)), strict=True):
@@ -305,15 +337,19 @@ class MemoryBroker:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
 
         An expired lease that no reaper took back yet is still held and can be renewed.
-        ``slot_queue`` raises `ValueError`: there are no shared slots to renew.
+        With ``slot_queue``, the lease's slot is renewed with it, or answered ``slot_lost``
+        when it was given back or expired.
         """
-        if heartbeat.slot_queue is not None:
-            raise ValueError(f"Heartbeat.slot_queue: {_NO_SHARED_LIMITS}")
+        if heartbeat.slot_queue is not None and not self.capabilities.shared_limits:
+            raise ValueError(f"Heartbeat.slot_queue: {self._undeclared('shared_limits')}")
         with self._cond:
             now = self._now()
             record = self._holding(heartbeat.task_id, heartbeat.token)
-            record.lease_expires_at = now + heartbeat.lease_ttl
-            return Renewal(expires_at=record.lease_expires_at, cancel_requested=record.cancel_requested)
+            expires_at = record.lease_expires_at = now + heartbeat.lease_ttl
+            slot_lost = heartbeat.slot_queue is not None and not self._limits.renew(
+                heartbeat.slot_queue, heartbeat.token, expires_at, now
+            )
+            return Renewal(expires_at, record.cancel_requested, slot_lost)
 
     def settle(self, settle: Settle) -> builtins.list[ItemAnswer]:
         """End the runs of ``settle.items`` in ONE lock hold, then give back its quota units;
@@ -322,12 +358,10 @@ class MemoryBroker:
         Items are independent: an unknown id or a stale token answers its own item with
         `TaskNotFoundError`/`LeaseLostError` and changes nothing for it. An item that took
         effect answers its snapshot, or None when ``snapshots`` is False (none is built).
-        ``give_back.slots`` raises `ValueError` before anything changes: there are no shared
-        slots.
         """
         give_back = settle.give_back
-        if give_back is not None and give_back.slots:
-            raise ValueError(f"GiveBack.slots: {_NO_SHARED_LIMITS}")
+        if give_back is not None and give_back.slots and not self.capabilities.shared_limits:
+            raise ValueError(f"GiveBack.slots: {self._undeclared('shared_limits')}")
         with self._transition:
             now = self._now()
             answers: builtins.list[ItemAnswer] = []
@@ -338,7 +372,7 @@ class MemoryBroker:
                 else:  # the snapshot inside the lock, before anything else can change the record
                     answers.append(done.snapshot() if settle.snapshots else None)
             if give_back is not None:
-                self._give_back_quota(give_back)
+                self._give_back(give_back)
             return answers
 
     def _settle_item(self, item: Finish, now: datetime) -> Record | LeaseLostError | TaskNotFoundError:
@@ -373,10 +407,13 @@ class MemoryBroker:
             self._finish(record, Status.CANCELED, now)
         return record
 
-    def _give_back_quota(self, give_back: GiveBack) -> None:
-        """Return each grant's units to the window it came from (never below 0; under the lock)."""
+    def _give_back(self, give_back: GiveBack) -> None:
+        """Return each grant's units to the window it came from (never below 0) and the slots
+        to their queue (under the lock)."""
         for grant, n in give_back.quota:
             self._quota.release(grant, n)
+        if give_back.queue is not None and give_back.slots:
+            self._limits.release(give_back.queue, give_back.slots)
 
     def _holding(self, task_id: str, token: str) -> Record:
         """The record of ``task_id`` if ``token`` is its current lease, else `LeaseLostError`."""
@@ -508,6 +545,18 @@ class MemoryBroker:
             self._cond.notify_all()
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _check_declared(self, shared: SharedLimits) -> None:
+        """Refuse the shared limits this broker's class does not declare (a subclass may
+        declare less: then it is held to the protocol's refusals)."""
+        capabilities = self.capabilities
+        if not capabilities.shared_limits:
+            raise ValueError(f"Claim.shared: {self._undeclared('shared_limits')}")
+        if shared.grouped and not capabilities.group_limits:
+            raise ValueError(f"Claim.shared sets group limits: {self._undeclared('group_limits')}")
+
+    def _undeclared(self, capability: str) -> str:
+        return f"{type(self).__name__} does not declare capabilities.{capability}"
 
     def _now(self) -> datetime:
         """The clock's time, after checking the broker is open (call under the lock)."""

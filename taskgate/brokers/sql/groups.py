@@ -32,10 +32,10 @@ from typing import Any
 from sqlalchemy import Integer, Select, Update, and_, bindparam, func, or_, select, update
 
 from taskgate.brokers.base import Lease
+from taskgate.brokers.gcra import Gcra
 from taskgate.brokers.params import Claim
 from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.gcra import Gcra
 from taskgate.brokers.sql.leases import (
     claim_params,
     due_where,

@@ -55,9 +55,9 @@ from sqlalchemy import (
 )
 
 from taskgate.brokers.base import Lease
+from taskgate.brokers.gcra import Gcra
 from taskgate.brokers.params import Claim, Claimed, Renewal
 from taskgate.brokers.sql.dialects import Traits
-from taskgate.brokers.sql.gcra import Gcra
 from taskgate.brokers.sql.groups import GroupLimits
 from taskgate.brokers.sql.leases import (
     claim_params,

@@ -2,8 +2,10 @@
 
 The state is one stored time, the theoretical arrival time ``tat``: a start is allowed while it
 is at most ``burst`` intervals ahead of now, and each start moves it on by one interval. A
-queue's rate (`taskgate.brokers.sql.slots`) and each group's (`taskgate.brokers.sql.groups`)
-keep theirs in their ``<prefix>queue_limits`` row.
+queue's rate and each group's keep theirs where the broker keeps its shared limits: the SQL
+broker in a ``<prefix>queue_limits`` row (`taskgate.brokers.sql.slots`,
+`taskgate.brokers.sql.groups`), the memory broker in memory (`taskgate.brokers.memory._limits`);
+the Redis broker's Lua scripts apply the same rule (``gcra_take`` in ``_lib.lua``).
 """
 
 from __future__ import annotations
