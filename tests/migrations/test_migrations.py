@@ -26,17 +26,6 @@ from taskgate.models import NAMING_CONVENTION, SCHEMA_REVISION, Models, models_f
 from taskgate.task import Filter, Status
 from taskgate.testing import steps
 
-# A fresh, uniquely named PostgreSQL database per test (overlapping test runs cannot collide).
-
-
-@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database of each kind."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'migrated.db'}"
-    fixture = "postgresql_url" if request.param == "postgresql" else "mysql_url"
-    return str(request.getfixturevalue(fixture))
-
 
 def drift(url: str, models: Models) -> list[Any]:
     """alembic's autogenerate diff between the database at ``url`` and ``models``."""
