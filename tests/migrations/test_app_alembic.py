@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from helpers.sql_databases import make_tables
 from sqlalchemy import create_engine, inspect
 
 from taskgate.brokers.base import NewTask
@@ -152,7 +153,7 @@ def test_an_app_migration_over_tables_taskgate_migrate_made_adds_only_the_apps_t
 
 def test_an_app_that_does_not_mount_the_tables_leaves_taskgates_alone(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'app.db'}"
-    SQLBroker(url).close()  # taskgate made its tables on first use
+    make_tables(url)  # taskgate made its tables on first use
     project = app_project(tmp_path / "app", url, mount=False)
 
     migration = project.autogenerate("customers")
@@ -167,7 +168,7 @@ def test_an_app_that_does_not_mount_the_tables_leaves_taskgates_alone(tmp_path: 
 def test_without_include_object_autogenerate_would_drop_taskgates_tables(tmp_path: Path, mount: bool) -> None:
     """What `include_object` is for: the same project without it proposes the drops."""
     url = f"sqlite:///{tmp_path / 'app.db'}"
-    SQLBroker(url).close()
+    make_tables(url)
     project = app_project(tmp_path / "app", url, mount=mount)
     env = project.root / "migrations" / "env.py"
     env.write_text(env.read_text().replace(f", {HOOK}", ""))
