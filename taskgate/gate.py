@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import json
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
@@ -237,6 +238,20 @@ class Gate:
         if task.status is Status.COMPLETED:
             return task.result
         raise TaskFailedError(task)
+
+    async def wait_json(self, id: str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (SPEC name)
+        """`wait`, with the result decoded from JSON: what the handler returned (None for none).
+
+        A result that is not JSON (a handler that returned bytes of its own) raises `ValueError`
+        naming the task; `wait` returns those bytes as they are.
+        """
+        result = await self.wait(id, timeout=timeout)
+        if result is None:
+            return None
+        try:
+            return json.loads(result)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"the result of {id} is not JSON ({exc}); wait() returns its bytes") from None
 
     async def _wait_step(self, task_id: str) -> Task | None:
         waiters = self._runtime.waiters
