@@ -117,6 +117,11 @@ class Runtime:
         confs = [self.config.queue_config(self.config.queue_for(t)) for t in self.handlers]
         return [*self.config.queues.values(), *(c for c in confs if c is not None)]
 
+    @property
+    def is_running(self) -> bool:
+        """`run` is under way (from its start until it has returned)."""
+        return self._running
+
     def check_open(self) -> None:
         """Raise `ShutdownError` once shutdown has begun."""
         if self.closing:

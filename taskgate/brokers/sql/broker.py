@@ -197,6 +197,11 @@ class SQLBroker:
         url = self._engine.url.render_as_string(hide_password=True)
         return f"<SQLBroker {url} prefix={self._models.prefix!r}{' closed' if self._closed else ''}>"
 
+    @property
+    def clock(self) -> Clock | None:
+        """The clock given at construction; None: the database server's."""
+        return self._clock
+
     def _ready(self) -> ValueLimit | None:
         """Prepare the schema on the first call (again after a failed one); the server's
         largest value (MySQL), for the size checks. Never on an event loop: an attempt there
