@@ -78,7 +78,7 @@ def _sql_statement(dialect: str, table: str, lo: int, hi: int) -> str:
 def _fill_sql(store: Store, m: int, budget: float) -> int:
     from taskgate.brokers.sql.engine import make_engine
 
-    store.open()  # creates the tables
+    store.open().counts()  # its first call creates the tables
     table = models_for("taskgate_").task.__table__.name  # type: ignore[attr-defined]
     engine = make_engine(store.url) if store.backend == "sqlite" else create_engine(store.url)
     when = datetime.now(UTC) - timedelta(hours=1)

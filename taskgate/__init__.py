@@ -8,6 +8,7 @@ memory, SQLite, PostgreSQL, MySQL/MariaDB and Redis.
 
 from __future__ import annotations
 
+from taskgate.backoff import Backoff
 from taskgate.brokers.base import UNSET
 from taskgate.clock import Clock, ManualClock, SystemClock
 from taskgate.config import Config, QueueConfig
@@ -38,6 +39,7 @@ __all__ = [
     "UNSET",
     "AlreadyFinalError",
     "AlreadyReplayedError",
+    "Backoff",
     "BrokerError",
     "Clock",
     "CompletedNotAllowedError",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from taskgate.backoff import Backoff
 from taskgate.brokers.base import MAX_DELAY
 from taskgate.durations import DurationLike, parse_duration
 from taskgate.errors import ConfigError
@@ -80,6 +81,8 @@ class QueueConfig:
       window of ``quota_period``). A group at its limit never holds up another group's tasks;
       tasks without a group count against the queue's limits only. Counted in the store
       across processes: they need ``shared_limits`` and a broker that counts groups.
+    - ``backoff``: the `Backoff` between business-failure retries of the queue's tasks whose
+      handler sets none (None: the default, ``Backoff()``); from a mapping, its keys.
     """
 
     workers: int
@@ -96,6 +99,7 @@ class QueueConfig:
     group_rps: float = 0
     group_burst: int = 0
     group_quota_limit: int = 0
+    backoff: Backoff | None = None
 
     def __post_init__(self) -> None:
         owner = "QueueConfig"
@@ -112,6 +116,7 @@ class QueueConfig:
         self._check_quota(owner)
         self._check_timeout(owner)
         self._check_groups(owner)
+        self._check_backoff(owner)
 
     def _check_quota(self, owner: str) -> None:
         _int_field(owner, "quota_limit", self.quota_limit, minimum=0)
@@ -140,6 +145,17 @@ class QueueConfig:
                 f"{owner}: group limits are counted in the store across processes: they need "
                 "shared_limits=True"
             )
+
+    def _check_backoff(self, owner: str) -> None:
+        value: object = self.backoff
+        if isinstance(value, Mapping):  # Config.from_mapping: a YAML mapping of Backoff's keys
+            try:
+                value = Backoff(**value)
+            except TypeError as exc:
+                raise ConfigError(f"{owner}.backoff: {exc}") from None
+            object.__setattr__(self, "backoff", value)
+        if value is not None and not isinstance(value, Backoff):
+            raise ConfigError(f"{owner}.backoff must be a taskgate.Backoff or None, got {value!r}")
 
     def _check_timeout(self, owner: str) -> None:
         if self.timeout is None:

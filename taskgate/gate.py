@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import json
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from taskgate.backoff import Backoff
 from taskgate.brokers.base import UNSET, Capabilities, Unset, check_identifier
 from taskgate.brokers.params import Hold, Replay
 from taskgate.brokers.split import SplitCaller
@@ -26,6 +28,7 @@ from taskgate.durations import DurationLike
 from taskgate.errors import ConfigError, TaskFailedError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.runtime.executor import Handler
+from taskgate.runtime.outcome import HandlerPolicy
 from taskgate.runtime.runner import Runtime
 from taskgate.runtime.stats import StatsReader
 from taskgate.runtime.submission import build_tasks, pause_for, route
@@ -61,34 +64,65 @@ class Gate:
             _check_positive("reap_interval", reap_interval)
         self.config = config
         self._handlers: dict[str, Handler] = {}
+        self._policies: dict[str, HandlerPolicy] = {}
         self._runtime = Runtime(
-            config, self._handlers, poll_interval=poll_interval, reap_interval=reap_interval
+            config,
+            self._handlers,
+            poll_interval=poll_interval,
+            reap_interval=reap_interval,
+            policies=self._policies,
         )
         self._stats = StatsReader(config, self._runtime)
         self._task_group: TaskGroup | None = None
 
     # -- handlers --------------------------------------------------------------------------------
 
-    def handle(self, task_type: str, fn: Handler) -> None:
+    def handle(
+        self,
+        task_type: str,
+        fn: Handler,
+        *,
+        retry_if: Callable[[Exception], object] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
         """Register ``fn`` for ``task_type``: ``async def fn(task)`` awaited, plain ``def`` in a thread.
 
         The gate claims only tasks of types it has handlers for; one registered while it runs
-        is claimed from then on. Raises `ConfigError` when the type's queue has no limits
-        configured or the type has a handler already.
+        is claimed from then on. ``retry_if(exc)`` decides whether an ordinary exception the
+        handler raised is retried (false: the task fails at once; a ``retry_if`` that raises
+        counts as false and is logged; called on the event loop, so keep it quick); `Throttled`
+        and `SkipRetry` never reach it. ``backoff`` replaces its queue's (`QueueConfig.backoff`).
+        Raises `ConfigError` when the type's queue has no limits configured, the type has a
+        handler already, or ``backoff`` is not a `Backoff`; `TypeError` for a ``fn`` or
+        ``retry_if`` that is not callable. Nothing is registered then.
         """
         route(self.config, task_type)
         if not callable(fn):
             raise TypeError(f"handler for {task_type!r} must be callable, got {fn!r}")
+        if retry_if is not None and not callable(retry_if):
+            raise TypeError(f"retry_if for {task_type!r} must be callable or None, got {retry_if!r}")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise ConfigError(
+                f"backoff for {task_type!r} must be a taskgate.Backoff or None, got {backoff!r}"
+            )
         if task_type in self._handlers:
             raise ConfigError(f"task type {task_type!r} already has a handler")
+        if retry_if is not None or backoff is not None:
+            self._policies[task_type] = HandlerPolicy(backoff, retry_if)
         self._handlers[task_type] = fn
         self._runtime.add_queue_for(task_type)
 
-    def handler(self, task_type: str) -> Callable[[H], H]:
-        """Decorator form of `handle`."""
+    def handler(
+        self,
+        task_type: str,
+        *,
+        retry_if: Callable[[Exception], object] | None = None,
+        backoff: Backoff | None = None,
+    ) -> Callable[[H], H]:
+        """Decorator form of `handle`, with the same keywords."""
 
         def register(fn: H) -> H:
-            self.handle(task_type, fn)
+            self.handle(task_type, fn, retry_if=retry_if, backoff=backoff)
             return fn
 
         return register
@@ -237,6 +271,20 @@ class Gate:
         if task.status is Status.COMPLETED:
             return task.result
         raise TaskFailedError(task)
+
+    async def wait_json(self, id: str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (SPEC name)
+        """`wait`, with the result decoded from JSON: what the handler returned (None for none).
+
+        A result that is not JSON (a handler that returned bytes of its own) raises `ValueError`
+        naming the task; `wait` returns those bytes as they are.
+        """
+        result = await self.wait(id, timeout=timeout)
+        if result is None:
+            return None
+        try:
+            return json.loads(result)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"the result of {id} is not JSON ({exc}); wait() returns its bytes") from None
 
     async def _wait_step(self, task_id: str) -> Task | None:
         waiters = self._runtime.waiters

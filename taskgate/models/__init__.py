@@ -6,10 +6,14 @@ sees them::
 
     from taskgate.models import mount
     taskgate_models = mount(Base.metadata, prefix="taskgate_")
+
+and passes `include_object` to its env.py's ``context.configure`` so that autogenerate leaves
+taskgate's own version table alone (`taskgate.models.autogenerate`).
 """
 
 from __future__ import annotations
 
+from taskgate.models.autogenerate import include_object
 from taskgate.models.build import (
     DEFAULT_PREFIX,
     NAMING_CONVENTION,
@@ -45,6 +49,7 @@ __all__ = [
     "TaskColumns",
     "build_models",
     "check_prefix",
+    "include_object",
     "models_for",
     "mount",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "check_prefix",
     "models_for",
     "mount",
+    "prefixes_in_use",
 ]
 
 DEFAULT_PREFIX = "taskgate_"
@@ -60,6 +61,9 @@ NAMING_CONVENTION: dict[str, str] = {
 }
 
 _M = TypeVar("_M")
+
+# Every prefix whose tables this process has built (mounted or for a broker), and the default.
+_PREFIXES_IN_USE: set[str] = {DEFAULT_PREFIX}
 
 
 def check_prefix(prefix: object) -> str:
@@ -108,6 +112,7 @@ def build_models(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
     SQLAlchemy's ``InvalidRequestError`` if ``metadata`` already holds these tables.
     """
     prefix = check_prefix(prefix)
+    _PREFIXES_IN_USE.add(prefix)
     target = metadata if metadata is not None else MetaData(naming_convention=NAMING_CONVENTION)
     base = _declarative_base(target)
     tasks = f"{prefix}tasks"
@@ -133,6 +138,11 @@ def mount(metadata: MetaData, prefix: str = DEFAULT_PREFIX) -> Models:
 def models_for(prefix: str) -> Models:
     """The models of ``prefix`` in taskgate's own `MetaData`, built once per process."""
     return build_models(prefix)
+
+
+def prefixes_in_use() -> frozenset[str]:
+    """The default prefix and every prefix whose tables this process built (`build_models`)."""
+    return frozenset(_PREFIXES_IN_USE)
 
 
 def _declarative_base(metadata: MetaData) -> type[DeclarativeBase]:

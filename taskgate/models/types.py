@@ -1,10 +1,15 @@
-"""Column types that behave the same on SQLite, PostgreSQL and MySQL/MariaDB."""
+"""Column types that behave the same on SQLite, PostgreSQL and MySQL/MariaDB.
+
+An application that mounts taskgate's tables (`taskgate.models.mount`) gets these types written
+into the migrations its alembic autogenerates, so their names and constructor arguments are
+kept stable: ``ExactString(length=...)`` and ``UTCDateTime(timezone=True)``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import DateTime, LargeBinary, String, Text
 from sqlalchemy.dialects import mysql
@@ -17,6 +22,7 @@ __all__ = [
     "MARIADB_EXACT_COLLATION",
     "MYSQL_DIALECTS",
     "MYSQL_EXACT_COLLATION",
+    "RENDERED_MODULE",
     "Blob",
     "ExactString",
     "LongText",
@@ -25,6 +31,16 @@ __all__ = [
 ]
 
 MYSQL_DIALECTS = ("mysql", "mariadb")
+
+_T = TypeVar("_T")
+
+# alembic's autogenerate writes a type from outside SQLAlchemy as ``<its __module__>.<repr>``
+# and adds no import for it, so ``taskgate.models.types.UTCDateTime(...)`` failed with a
+# NameError in an app's migration. Each instance names its module by an expression that
+# imports it (the class keeps its real ``__module__``), so the migration runs as generated
+# without a hook in the app's env.py. (An env.py setting ``user_module_prefix`` replaces
+# this prefix for every type, taskgate's too.)
+RENDERED_MODULE = "__import__('taskgate.models.types').models.types"
 
 # MySQL's BLOB/TEXT stop at 64 KiB; payloads and errors need more room there.
 Blob = LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL_DIALECTS)
@@ -46,7 +62,17 @@ def exact_collation(dialect: Dialect) -> str:
     return MARIADB_EXACT_COLLATION if getattr(dialect, "is_mariadb", False) else MYSQL_EXACT_COLLATION
 
 
-class ExactString(TypeDecorator[str]):
+class _RenderedImportably(TypeDecorator[_T]):
+    """A type alembic writes into a migration as an expression that imports its module."""
+
+    cache_ok = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.__module__ = RENDERED_MODULE
+
+
+class ExactString(_RenderedImportably[str]):
     """A ``VARCHAR(length)`` compared byte for byte on every database, trailing spaces included.
 
     SQLite and PostgreSQL compare strings so already; on MySQL/MariaDB the column gets the
@@ -65,7 +91,7 @@ class ExactString(TypeDecorator[str]):
         return dialect.type_descriptor(self.impl_instance)
 
 
-class UTCDateTime(TypeDecorator[datetime]):
+class UTCDateTime(_RenderedImportably[datetime]):
     """A point in time stored as UTC with microseconds, always read back timezone-aware.
 
     PostgreSQL keeps ``timestamptz`` (so the session time zone never matters); MySQL keeps a

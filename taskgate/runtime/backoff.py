@@ -1,4 +1,5 @@
-"""Backoff after a business failure: ``min(2**n s, 10 min)`` with +/- 20 % jitter.
+"""Backoff after a business failure by default: ``min(2**n s, 10 min)`` with +/- 20 % jitter
+(`taskgate.Backoff()`), and the exponential pause of the runtime's own retries (`exponential`).
 
 Pure functions with an injectable random source, so tests pin the window exactly.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+
+from taskgate.backoff import Backoff
 
 __all__ = ["BACKOFF_CAP", "JITTER", "backoff_bounds", "business_backoff", "exponential"]
 
@@ -22,10 +25,13 @@ def exponential(n: int, *, base: float = 1.0, cap: float = BACKOFF_CAP) -> float
     return float(min(base * (2**n), cap))
 
 
+# The default `Backoff`, spelled out: the formula of this module's docstring.
+_DEFAULT = Backoff(base=1.0, factor=2, max=BACKOFF_CAP, jitter=JITTER)
+
+
 def backoff_bounds(attempts: int) -> tuple[float, float]:
     """The jitter window ``(low, high)`` in seconds of the retry after failure number ``attempts``."""
-    center = exponential(attempts)
-    return center * (1 - JITTER), center * (1 + JITTER)
+    return _DEFAULT.bounds(attempts)
 
 
 def business_backoff(attempts: int, rand: Callable[[], float] = random.random) -> float:
@@ -33,5 +39,4 @@ def business_backoff(attempts: int, rand: Callable[[], float] = random.random) -
 
     ``rand`` returns a float in ``[0, 1)`` and places the result inside `backoff_bounds`.
     """
-    low, high = backoff_bounds(attempts)
-    return low + (high - low) * rand()
+    return _DEFAULT.delay(attempts, rand)

@@ -41,6 +41,7 @@ from taskgate.runtime.outcome import (
     Discard,
     Fail,
     Outcome,
+    Policy,
     Retry,
     Stop,
     StopReason,
@@ -83,10 +84,13 @@ class Executor:
         on_settled: Settled,
         keeper: LeaseKeeper,
         on_hold: Callable[[str, float], None] = lambda queue, seconds: None,
+        policy_for: Callable[[Task], Policy] = lambda task: Policy(),
     ) -> None:
         """``on_hold(queue, seconds)`` is told of a queue-wide throttle before its worker is
-        free again, so this process starts nothing more of the queue while the hold is written."""
+        free again, so this process starts nothing more of the queue while the hold is written.
+        ``policy_for(task)``: the retry policy of a task whose handler raised."""
         self._broker, self._calls, self._handlers = broker, calls, handlers
+        self._policy_for = policy_for
         self._on_hold = on_hold
         self._throttled_max = throttled_max
         self._threads = thread_limiter
@@ -182,7 +186,7 @@ class Executor:
     def _decide(self, exc: BaseException, task: Task) -> Outcome:
         """`decide`, which never raises: whatever a handler raised, its task gets an outcome."""
         try:
-            return decide(exc, task, throttled_max=self._throttled_max)
+            return decide(exc, task, throttled_max=self._throttled_max, policy=self._policy_for(task))
         except Exception as broken:
             log.exception("task %s: the handler's failure could not be decided; the task fails", task.id)
             return Fail(

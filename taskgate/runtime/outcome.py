@@ -6,23 +6,29 @@ Nothing here touches the broker, so every path is unit-tested with plain values.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from taskgate.backoff import Backoff
 from taskgate.brokers.base import FailureKind
 from taskgate.brokers.checks import storable_error
 from taskgate.errors import SkipRetry, Throttled, UnknownTypeError, check_retry_after, check_scope
-from taskgate.runtime.backoff import business_backoff
 from taskgate.task import Task
 
 __all__ = [
+    "DEFAULT_BACKOFF",
+    "DEFAULT_POLICY",
     "Ack",
     "Discard",
     "Fail",
+    "HandlerPolicy",
     "Outcome",
+    "Policy",
     "Retry",
+    "RetryIf",
     "Stop",
     "StopReason",
     "decide",
@@ -30,6 +36,34 @@ __all__ = [
     "unknown_type",
     "unstorable_result",
 ]
+
+
+log = logging.getLogger("taskgate")
+
+DEFAULT_BACKOFF = Backoff()
+
+# Whether an ordinary exception a handler raised is worth another try.
+RetryIf = Callable[[Exception], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What decides the retries of one task: ``retry_if`` (None: every ordinary exception is
+    retried) and the `Backoff` between tries."""
+
+    backoff: Backoff = DEFAULT_BACKOFF
+    retry_if: RetryIf | None = None
+
+
+DEFAULT_POLICY = Policy()
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerPolicy:
+    """The retry options a handler was registered with (`Gate.handle`); None: not given."""
+
+    backoff: Backoff | None = None
+    retry_if: RetryIf | None = None
 
 
 class StopReason(Enum):
@@ -109,13 +143,18 @@ def unknown_type(task: Task) -> Fail:
 
 
 def decide(
-    exc: BaseException, task: Task, *, throttled_max: int, rand: Callable[[], float] = random.random
+    exc: BaseException,
+    task: Task,
+    *,
+    throttled_max: int,
+    policy: Policy = DEFAULT_POLICY,
+    rand: Callable[[], float] = random.random,
 ) -> Outcome:
     """The retry path for a handler that raised ``exc`` while running ``task``.
 
     `Throttled` retries after ``retry_after`` until ``throttled_max`` throttles; `SkipRetry`
-    fails at once; anything else counts an attempt and retries with backoff while
-    ``attempts <= max_retry``.
+    fails at once; anything else counts an attempt and, while ``attempts <= max_retry`` and
+    ``policy.retry_if`` (if any) says yes, retries after ``policy.backoff``.
     """
     if isinstance(exc, Throttled):
         try:
@@ -123,13 +162,29 @@ def decide(
             retry_after = check_retry_after(getattr(exc, "retry_after", None))
             whole_queue = check_scope(getattr(exc, "scope", "task")) == "queue"
         except (TypeError, ValueError) as bad:
-            return decide(bad, task, throttled_max=throttled_max, rand=rand)
+            return decide(bad, task, throttled_max=throttled_max, policy=policy, rand=rand)
         if task.throttled + 1 > throttled_max:
             return Fail(FailureKind.THROTTLED, describe(exc))  # failed for good: no hold either
         return Retry(FailureKind.THROTTLED, describe(exc), retry_after, hold_queue=whole_queue)
     if isinstance(exc, SkipRetry):
         return Fail(FailureKind.SKIP, describe(exc))
     attempts = task.attempts + 1
-    if attempts <= task.max_retry:
-        return Retry(FailureKind.BUSINESS, describe(exc), business_backoff(attempts, rand))
+    if attempts <= task.max_retry and _retried(policy.retry_if, exc, task):
+        return Retry(FailureKind.BUSINESS, describe(exc), policy.backoff.delay(attempts, rand))
     return Fail(FailureKind.BUSINESS, describe(exc))
+
+
+def _retried(retry_if: RetryIf | None, exc: BaseException, task: Task) -> bool:
+    """``retry_if(exc)``'s answer; a ``retry_if`` that raises answers no (logged), and an
+    exception that is not an `Exception` (a handler's own `BaseException`) is never offered."""
+    if retry_if is None:
+        return True
+    if not isinstance(exc, Exception):
+        return False
+    try:
+        return bool(retry_if(exc))
+    except Exception:
+        log.exception(
+            "task %s: retry_if raised on %s; the task fails without retrying", task.id, describe(exc)
+        )
+        return False

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Iterable, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import cast
 
 import anyio
@@ -30,7 +30,7 @@ from taskgate.runtime.executor import Executor, Handler
 from taskgate.runtime.hooks import HookDispatcher
 from taskgate.runtime.lease import LeaseKeeper
 from taskgate.runtime.limits import Limits, LocalLimits, SharedQueueLimits, Slot
-from taskgate.runtime.outcome import StopReason
+from taskgate.runtime.outcome import DEFAULT_BACKOFF, DEFAULT_POLICY, HandlerPolicy, Policy, StopReason
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.scheduler import QueueScheduler
 from taskgate.runtime.signals import Signal, TaskWaiters
@@ -59,8 +59,11 @@ class Runtime:
         *,
         poll_interval: float,
         reap_interval: float | None,
+        policies: Mapping[str, HandlerPolicy] | None = None,
     ) -> None:
+        """``policies``: the retry policy a handler was registered with, by task type."""
         self.config, self.broker, self.handlers = config, config.broker, handlers
+        self.policies: Mapping[str, HandlerPolicy] = policies if policies is not None else {}
         self.poll_interval = poll_interval
         self._reap_interval = reap_interval
         self.waiters = TaskWaiters()
@@ -113,6 +116,11 @@ class Runtime:
     def _all_queue_configs(self) -> list[QueueConfig]:
         confs = [self.config.queue_config(self.config.queue_for(t)) for t in self.handlers]
         return [*self.config.queues.values(), *(c for c in confs if c is not None)]
+
+    @property
+    def is_running(self) -> bool:
+        """`run` is under way (from its start until it has returned)."""
+        return self._running
 
     def check_open(self) -> None:
         """Raise `ShutdownError` once shutdown has begun."""
@@ -347,7 +355,19 @@ class Runtime:
             on_settled=lambda task: self.observe([task]),
             keeper=self.keeper,
             on_hold=self.hold_here,
+            policy_for=self.policy_for,
         )
+
+    def policy_for(self, task: Task) -> Policy:
+        """The retry policy of ``task``: its handler's ``retry_if``, and its handler's backoff,
+        else its queue's (`QueueConfig.backoff`), else the default."""
+        own = self.policies.get(task.type)
+        conf = self.config.queue_config(task.queue)
+        backoff = (own.backoff if own is not None else None) or (conf.backoff if conf is not None else None)
+        retry_if = own.retry_if if own is not None else None
+        if backoff is None and retry_if is None:
+            return DEFAULT_POLICY
+        return Policy(backoff or DEFAULT_BACKOFF, retry_if)
 
     def _limits(self, name: str, conf: QueueConfig) -> Limits:
         if conf.shared_limits and self.broker.capabilities.shared_limits:

@@ -1,4 +1,9 @@
-"""Test helpers for taskgate users and broker authors: the broker contract suite and steps.
+"""Test helpers for taskgate users and broker authors.
+
+An application's tests: `drain` runs a gate until its work is done, moving a `ManualClock`
+past every delay, back-off and throttle; `make_task` builds the `Task` a handler is called
+with; the pytest plugin (`taskgate.testing.plugin`, active once taskgate is installed) gives
+the fixtures ``taskgate_clock`` and ``memory_broker``.
 
 A broker's test file subclasses `BrokerContract` and gives it a ``broker_factory`` fixture;
 every contract case then runs against that broker, its optional cases chosen by what
@@ -45,6 +50,8 @@ from taskgate.clock import ManualClock  # noqa: E402
 from taskgate.testing import steps  # noqa: E402
 from taskgate.testing.contract import RACE_ROUNDS, BrokerContract, BrokerFactory  # noqa: E402
 from taskgate.testing.contract._support import claim_many, new_task  # noqa: E402
+from taskgate.testing.drain import drain  # noqa: E402
+from taskgate.testing.tasks import make_task  # noqa: E402
 
 __all__ = [
     "RACE_ROUNDS",
@@ -52,6 +59,8 @@ __all__ = [
     "BrokerFactory",
     "ManualClock",
     "claim_many",
+    "drain",
+    "make_task",
     "new_task",
     "steps",
 ]

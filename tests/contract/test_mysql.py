@@ -9,9 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers.sql_databases import MYSQL_URL, empty_tables, mysql_database, require_mysql, sql_brokers
+from helpers.sql_databases import (
+    MYSQL_URL,
+    empty_tables,
+    make_tables,
+    mysql_database,
+    require_mysql,
+    sql_brokers,
+)
 
-from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract, BrokerFactory
 
@@ -21,7 +27,7 @@ def database_url() -> Iterator[str]:
     """One MariaDB/MySQL database for the module, with taskgate's tables."""
     require_mysql()
     with mysql_database(MYSQL_URL) as url:
-        SQLBroker(url).close()
+        make_tables(url)
         yield url
 
 

@@ -13,12 +13,12 @@ from helpers.sql_databases import (
     POSTGRES_HOST,
     POSTGRES_PORT,
     empty_tables,
+    make_tables,
     postgresql_database,
     require_postgresql,
     sql_brokers,
 )
 
-from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
 from taskgate.testing import BrokerContract, BrokerFactory
 
@@ -28,7 +28,7 @@ def database_url() -> Iterator[str]:
     """One PostgreSQL database for the module, with taskgate's tables."""
     require_postgresql()
     with postgresql_database(POSTGRES_HOST, POSTGRES_PORT) as url:
-        SQLBroker(url).close()
+        make_tables(url)
         yield url
 
 

@@ -39,8 +39,8 @@ class TestSQLiteBrokerAttemptedInline(BrokerContract):
 
     def test_a_worker_s_transitions_are_answered_by_the_first_attempt(self, broker_factory: Any) -> None:
         broker = broker_factory()
-        steps.enqueue(broker, [new_task(queue="q")])
+        steps.enqueue(broker, [new_task(queue="q")])  # the first call prepares the schema, in a thread
         (lease,) = steps.claim(broker, "q", 10, TTL)
         steps.ack_many(broker, [(lease.task.id, lease.token, None)])
         broker.get(lease.task.id)
-        assert (broker.inline, broker.moved) == (4, 0)
+        assert (broker.inline, broker.moved) == (3, 1)

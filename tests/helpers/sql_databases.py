@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
-from sqlalchemy import create_engine, delete, update
+from sqlalchemy import Engine, create_engine, delete, update
 
 from taskgate.brokers.sql import SQLBroker
 from taskgate.brokers.sql.engine import normalize_url
@@ -30,6 +30,7 @@ __all__ = [
     "POSTGRES_PORT",
     "REDIS_URL",
     "empty_tables",
+    "make_tables",
     "mysql_database",
     "postgresql_database",
     "require_mysql",
@@ -110,6 +111,15 @@ def mysql_database(server_url: str = MYSQL_URL) -> Iterator[str]:
         with admin.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
         admin.close()
+
+
+def make_tables(url_or_engine: str | Engine) -> None:
+    """Let a broker create taskgate's tables (its first call does, never its constructor)."""
+    broker = SQLBroker(url_or_engine)
+    try:
+        broker.counts()
+    finally:
+        broker.close()
 
 
 def empty_tables(url: str, prefix: str = "taskgate_") -> None:

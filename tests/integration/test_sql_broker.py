@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from helpers.sql_databases import make_tables
 from sqlalchemy import Column, Integer, MetaData, Table, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.types import UserDefinedType
@@ -98,7 +99,7 @@ def test_times_keep_microseconds(url: str) -> None:
 
 def test_a_shared_engine_stays_open_after_close(tmp_path: Path) -> None:
     engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
-    SQLBroker(engine).close()
+    make_tables(engine)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM taskgate_tasks")).scalar() == 0
     engine.dispose()
@@ -122,9 +123,11 @@ def test_an_in_memory_sqlite_broker_serves_many_threads() -> None:
 
 
 def test_an_unreachable_server_raises_broker_error_with_the_driver_error_chained() -> None:
+    broker = SQLBroker("postgresql://postgres@127.0.0.1:1/nothing")
     with pytest.raises(BrokerError) as caught:
-        SQLBroker("postgresql://postgres@127.0.0.1:1/nothing")
+        broker.get("a")
     assert caught.value.__cause__ is not None
+    broker.close()
 
 
 def test_a_closed_broker_refuses_calls(tmp_path: Path) -> None:

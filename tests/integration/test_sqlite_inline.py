@@ -31,6 +31,7 @@ def path(tmp_path: Path) -> Path:
 @pytest.fixture
 def broker(path: Path) -> Iterator[SQLBroker]:
     opened = SQLBroker(f"sqlite:///{path}")
+    opened.counts()  # the first call, which prepares the schema, is never attempted inline
     yield opened
     opened.close()
 

@@ -12,7 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from helpers.sql_databases import mysql_database
+from helpers.sql_databases import make_tables, mysql_database
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect, text
 from sqlalchemy.schema import CreateTable
 
@@ -25,17 +25,6 @@ from taskgate.migrate import downgrade, main, upgrade
 from taskgate.models import NAMING_CONVENTION, SCHEMA_REVISION, Models, models_for, mount
 from taskgate.task import Filter, Status
 from taskgate.testing import steps
-
-# A fresh, uniquely named PostgreSQL database per test (overlapping test runs cannot collide).
-
-
-@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database of each kind."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'migrated.db'}"
-    fixture = "postgresql_url" if request.param == "postgresql" else "mysql_url"
-    return str(request.getfixturevalue(fixture))
 
 
 def drift(url: str, models: Models) -> list[Any]:
@@ -114,7 +103,7 @@ def test_postgresql_keeps_claim_and_business_key_indexes_partial_after_upgrade(p
 def test_postgresql_tables_made_by_the_broker_have_the_migrations_partial_indexes(
     postgresql_url: str,
 ) -> None:
-    SQLBroker(postgresql_url).close()
+    make_tables(postgresql_url)
 
     predicates = index_predicates(postgresql_url)
     assert {name: predicates[name] for name in PARTIAL_ON_POSTGRESQL} == PARTIAL_ON_POSTGRESQL
@@ -156,7 +145,7 @@ def test_mysql_string_columns_compare_exactly_whether_migrated_or_made_by_the_br
     upgrade(mysql_url)
     migrated = string_collations(mysql_url)
     with mysql_database() as created_url:
-        SQLBroker(created_url).close()
+        make_tables(created_url)
         created = string_collations(created_url)
 
     assert len(migrated) == STRING_COLUMNS
@@ -205,7 +194,7 @@ def test_mysql_0002_to_0003_keeps_the_rows_and_tells_trailing_spaces_apart(mysql
     command = re.escape(f"is at 0002, need 0005: run `taskgate-migrate upgrade {shown}`") + r"$"
     for create_tables in (False, True):  # tables there already: nothing to create, the check refuses
         with pytest.raises(SchemaError, match=command):
-            SQLBroker(mysql_url, create_tables=create_tables)
+            first_call(SQLBroker(mysql_url, create_tables=create_tables))
 
     upgrade(mysql_url)
     assert set(string_collations(mysql_url).values()) == {"utf8mb4_nopad_bin"}
@@ -250,7 +239,7 @@ def test_migrations_honour_a_table_prefix(tmp_path: Path) -> None:
 
 def test_tables_made_by_the_broker_match_the_migrations(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'created.db'}"
-    SQLBroker(url).close()
+    make_tables(url)
 
     upgrade(url)  # already stamped at head by the broker: nothing to do, nothing fails
 
@@ -260,20 +249,22 @@ def test_tables_made_by_the_broker_match_the_migrations(tmp_path: Path) -> None:
 def test_a_broker_on_an_unmigrated_database_says_how_to_migrate(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
 
+    broker = SQLBroker(url, create_tables=False)  # connects at its first call, not here
+
     with pytest.raises(SchemaError, match=r"at nothing, need 0005: run `taskgate-migrate upgrade sqlite:///"):
-        SQLBroker(url, create_tables=False)
+        first_call(broker)
 
 
 def test_a_broker_on_a_database_at_another_revision_names_both(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    SQLBroker(url).close()
+    make_tables(url)
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql("UPDATE taskgate_alembic_version SET version_num = '0000'")
     engine.dispose()
 
     with pytest.raises(SchemaError, match=r"is at 0000, need 0005: run `taskgate-migrate upgrade"):
-        SQLBroker(url, create_tables=False)
+        first_call(SQLBroker(url, create_tables=False))
 
 
 def test_tables_mount_into_an_application_metadata_next_to_its_own(tmp_path: Path) -> None:
@@ -304,6 +295,14 @@ def test_an_application_autogenerate_sees_the_mounted_tables(tmp_path: Path) -> 
 
     added = {op[1].name for op in diff if op[0] == "add_table"}
     assert added == {"app_users", *(t.name for t in mounted.tables)}
+
+
+def first_call(broker: SQLBroker) -> None:
+    """The broker's first call, which prepares (or checks) the schema; closed after it."""
+    try:
+        broker.counts()
+    finally:
+        broker.close()
 
 
 def _script_config() -> Config:

@@ -538,6 +538,11 @@ class MemoryBroker:
             return None
         return time.monotonic() + (min(run_ats) - now).total_seconds()
 
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker reads (the one given at construction, else the system clock)."""
+        return self._clock
+
     def close(self) -> None:
         """Wake every waiter; later calls raise `BrokerError` (waits return False). Idempotent."""
         with self._cond:

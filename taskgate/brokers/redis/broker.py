@@ -119,6 +119,11 @@ class RedisBroker:
         return f"<RedisBroker prefix={self._keys.prefix!r}{state}>"
 
     @property
+    def clock(self) -> Clock | None:
+        """The clock given at construction; None: the server's ``TIME``."""
+        return self._clock
+
+    @property
     def key_prefix(self) -> str:
         """The prefix given at construction; keys live under ``<prefix>{<tag>}:``."""
         return self._keys.prefix

@@ -37,6 +37,7 @@ from taskgate.brokers.base import (
     check_identifier,
 )
 from taskgate.brokers.checks import check_count, check_queues, check_timeout
+from taskgate.brokers.drivers import missing_driver
 from taskgate.brokers.params import (
     Claim,
     Claimed,
@@ -97,9 +98,12 @@ class SQLBroker:
     ``mysql://…`` which uses PyMySQL) or an existing `Engine`, whose pool is then shared with
     the application (taskgate's settings go on an option view of it; `close` leaves it open).
     ``table_prefix`` names the tables (an identifier, never interpolated raw into SQL).
-    ``create_tables=True`` creates missing tables on first use, safely when several processes
-    start at once; ``False`` expects a schema migrated with ``taskgate-migrate upgrade`` and
-    raises `SchemaError` saying so if it is missing or behind.
+    Constructing it never connects: the first call does (for a gate: `async with gate`, or its
+    first submit or read), preparing the schema then. ``create_tables=True`` creates missing
+    tables on that first use, safely when several processes start at once; ``False`` expects a
+    schema migrated with ``taskgate-migrate upgrade``, and the first call raises `SchemaError`
+    saying so if it is missing or behind. A URL whose driver is not installed raises
+    `ConfigError` naming the extra to install (``pip install 'taskgate[postgresql]'``).
     ``poll_interval`` (seconds) paces `wait_for_work` where no push wake-ups exist.
     ``clock``: when given, every time read or written comes from ``clock.now()`` (tests);
     otherwise from the database server's clock (the host's clock for SQLite), read every few
@@ -181,16 +185,38 @@ class SQLBroker:
             from taskgate.brokers.sql import pg_split  # psycopg is there: its dialect is in use
 
             self._send_split = pg_split.send
-        try:
-            self._value_limit = self._setup(create_tables)
-        except BaseException:
-            self._dispose()
-            raise
+        # The schema is prepared by the first call (`_ready`), never here: an application
+        # importing a module-level broker must not need its database up.
+        self._create_tables = create_tables
+        self._prepared_schema = False
+        self._schema_lock = threading.Lock()
+        self._value_limit: ValueLimit | None = None
         forks.register(self)
 
     def __repr__(self) -> str:
         url = self._engine.url.render_as_string(hide_password=True)
         return f"<SQLBroker {url} prefix={self._models.prefix!r}{' closed' if self._closed else ''}>"
+
+    @property
+    def clock(self) -> Clock | None:
+        """The clock given at construction; None: the database server's."""
+        return self._clock
+
+    def _ready(self) -> ValueLimit | None:
+        """Prepare the schema on the first call (again after a failed one); the server's
+        largest value (MySQL), for the size checks. Never on an event loop: an attempt there
+        (`nowait`) is sent to a thread first."""
+        if self._prepared_schema:
+            return self._value_limit
+        if nowait.active():
+            raise nowait.WouldBlock("the schema is not prepared yet")
+        with self._schema_lock:
+            if self._closed:
+                raise BrokerError("SQLBroker is closed")
+            if not self._prepared_schema:
+                self._value_limit = self._setup(self._create_tables)
+                self._prepared_schema = True
+        return self._value_limit
 
     def _setup(self, create_tables: bool) -> ValueLimit | None:
         with translated("preparing the taskgate schema"):
@@ -245,9 +271,10 @@ class SQLBroker:
 
     def _check_payloads(self, items: Sequence[NewTask]) -> None:
         """Refuse, before anything is sent, a payload the server could not take."""
-        if self._value_limit is not None:
+        limit = self._ready()
+        if limit is not None:
             for item in items:
-                create.check_value_size(item.payload, self._value_limit, what=f"payload of task {item.id}")
+                create.check_value_size(item.payload, limit, what=f"payload of task {item.id}")
 
     def replay(self, replay: Replay) -> Task:
         """Create execution ``replay.new_id`` re-running ``replay.execution_id``, atomically
@@ -258,7 +285,7 @@ class SQLBroker:
         """
         payload = replay.payload
         if not isinstance(payload, Unset):
-            create.check_value_size(payload, self._value_limit, what="payload")
+            create.check_value_size(payload, self._ready(), what="payload")
         return self._run(
             "replay",
             lambda tx: create.replay(tx, replay.execution_id, replay.new_id, replay.allow_completed, payload),
@@ -479,12 +506,11 @@ class SQLBroker:
 
     def _check_results(self, items: Sequence[Finish]) -> None:
         """Refuse, before anything is sent, a result the server could not take."""
-        if self._value_limit is not None:
+        limit = self._ready()
+        if limit is not None:
             for item in items:
                 if type(item) is Complete:
-                    create.check_value_size(
-                        item.result, self._value_limit, what=f"result of task {item.task_id}"
-                    )
+                    create.check_value_size(item.result, limit, what=f"result of task {item.task_id}")
 
     def heartbeat(self, heartbeat: Heartbeat) -> Renewal:
         """Extend the lease to ``now + lease_ttl`` and report whether a cancel was requested.
@@ -548,6 +574,7 @@ class SQLBroker:
             raise nowait.WouldBlock("wait_for_work blocks")
         if self._closed or not names:
             return False if self._closed else self._signals.wait([], [], seconds)
+        self._ready()
         self._ensure_listener()
         deadline = time.monotonic() + seconds
         seen = self._signals.seen(names)
@@ -583,7 +610,7 @@ class SQLBroker:
             return None
         held, send = self._autocommit_held(), self._send_split
         now = self._now_without_reading()
-        if held is None or send is None or now is None or self._closed:
+        if held is None or send is None or now is None or self._closed or not self._prepared_schema:
             return None
         conn = held.take()
         if conn is None:
@@ -669,6 +696,8 @@ class SQLBroker:
         """
         if self._closed:
             raise BrokerError("SQLBroker is closed")
+        if not self._prepared_schema:
+            self._ready()
         if nowait.active():
             if not inline:
                 raise nowait.WouldBlock(f"{operation} may take long")
@@ -792,6 +821,7 @@ class SQLBroker:
         self._serial = threading.Lock() if self._serial is not None else None
         self._writers = threading.Lock() if self._writers is not None else None
         self._listener_lock = threading.Lock()
+        self._schema_lock = threading.Lock()
         self._signals.after_fork_in_child()
         self._server_clock.after_fork_in_child()
         # The listener's thread is the parent's: this process LISTENs on a connection of its own.
@@ -826,7 +856,11 @@ def _open_engine(url_or_engine: str | URL | Engine) -> tuple[Engine, bool, bool]
         return engine, False, is_memory_sqlite(engine.url)
     if isinstance(url_or_engine, str | URL):
         url = normalize_url(url_or_engine)
-        return make_engine(url), True, is_memory_sqlite(url)
+        try:
+            engine = make_engine(url)
+        except ImportError as exc:  # SQLAlchemy imports the URL's driver here
+            raise missing_driver(url.drivername, url.get_driver_name(), exc) from exc
+        return engine, True, is_memory_sqlite(url)
     raise TypeError(f"SQLBroker needs a database URL or an Engine, got {type(url_or_engine).__name__}")
 
 
