@@ -43,7 +43,9 @@ class Task:
     still going after it is cancelled and counts as a business failure; None means its
     queue's ``QueueConfig.timeout`` applies, whichever process claims it. ``group`` is the
     group of its queue the task was submitted in (None: none), whose own limits
-    (``QueueConfig.group_workers`` and the like) it counts against.
+    (``QueueConfig.group_workers`` and the like) it counts against. ``last_traceback`` is the
+    formatted traceback of the handler's latest exception (None: it never raised), cut to its
+    newest 8 KiB -- `last_error` is that exception's ``"Type: message"``.
     """
 
     id: str
@@ -68,6 +70,7 @@ class Task:
     finished_at: datetime | None = None
     timeout: timedelta | None = None
     group: str | None = None
+    last_traceback: str | None = None
     cancel_requested: bool = field(default=False, compare=False)
 
     def json(self) -> Any:

@@ -202,7 +202,7 @@ def test_mysql_0002_to_0003_keeps_the_rows_and_tells_trailing_spaces_apart(mysql
     assert set(string_collations(mysql_url).values()) == {"utf8mb4_bin"}
 
     shown = normalize_url(mysql_url).render_as_string(hide_password=True)
-    command = re.escape(f"is at 0002, need 0005: run `taskgate-migrate upgrade {shown}`") + r"$"
+    command = re.escape(f"is at 0002, need 0006: run `taskgate-migrate upgrade {shown}`") + r"$"
     for create_tables in (False, True):  # tables there already: nothing to create, the check refuses
         with pytest.raises(SchemaError, match=command):
             SQLBroker(mysql_url, create_tables=create_tables)
@@ -260,7 +260,7 @@ def test_tables_made_by_the_broker_match_the_migrations(tmp_path: Path) -> None:
 def test_a_broker_on_an_unmigrated_database_says_how_to_migrate(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
 
-    with pytest.raises(SchemaError, match=r"at nothing, need 0005: run `taskgate-migrate upgrade sqlite:///"):
+    with pytest.raises(SchemaError, match=r"at nothing, need 0006: run `taskgate-migrate upgrade sqlite:///"):
         SQLBroker(url, create_tables=False)
 
 
@@ -272,7 +272,7 @@ def test_a_broker_on_a_database_at_another_revision_names_both(tmp_path: Path) -
         conn.exec_driver_sql("UPDATE taskgate_alembic_version SET version_num = '0000'")
     engine.dispose()
 
-    with pytest.raises(SchemaError, match=r"is at 0000, need 0005: run `taskgate-migrate upgrade"):
+    with pytest.raises(SchemaError, match=r"is at 0000, need 0006: run `taskgate-migrate upgrade"):
         SQLBroker(url, create_tables=False)
 
 

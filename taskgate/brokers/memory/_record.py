@@ -44,6 +44,7 @@ class Record:
     finished_at: datetime | None
     timeout: timedelta | None
     group: str | None
+    last_traceback: str | None
     cancel_requested: bool
     # The lease's token and end while running; None otherwise.
     token: str | None
@@ -93,6 +94,7 @@ class Record:
         self.finished_at = finished_at
         self.timeout = timeout
         self.group = group
+        self.last_traceback = None
         self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None

@@ -95,6 +95,7 @@ SNAPSHOT_FIELDS = (
     "finished_at",
     "timeout_ms",
     "group",
+    "last_traceback",
     "cancel_requested",
     "token",
     "lease_until",
@@ -139,6 +140,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
         finished_at,
         timeout_ms,
         group,
+        last_traceback,
         cancel_requested,
         _token,
         _lease_until,
@@ -169,6 +171,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
             "finished_at": _time(finished_at),
             "timeout": _timeout(timeout_ms),
             "group": _text(group),
+            "last_traceback": _text(last_traceback),
             "cancel_requested": cancel_requested == b"1",
         }
     )
@@ -313,6 +316,7 @@ def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Tas
             "finished_at": finished_at,
             "timeout": item.timeout,
             "group": item.group,
+            "last_traceback": None,
             "cancel_requested": False,
         }
     )
