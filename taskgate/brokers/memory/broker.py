@@ -24,6 +24,7 @@ from taskgate.brokers.base import (
 from taskgate.brokers.checks import check_count, check_queues, check_timeout
 from taskgate.brokers.memory._dependencies import arrival_status, settle_children
 from taskgate.brokers.memory._holds import HoldBook
+from taskgate.brokers.memory._prune import prune_records
 from taskgate.brokers.memory._quota import QuotaBook
 from taskgate.brokers.memory._record import Record
 from taskgate.brokers.memory._table import READY_STATUSES, TaskTable
@@ -38,6 +39,7 @@ from taskgate.brokers.params import (
     Heartbeat,
     Hold,
     ItemAnswer,
+    Prune,
     QueueQuery,
     QueueState,
     Renewal,
@@ -353,7 +355,7 @@ class MemoryBroker:
             self._finish(record, Status.COMPLETED, now)
         elif isinstance(item, Retry):
             # Cancel requested meanwhile: the failure still counts, and the task is canceled.
-            _count_failure(record, item.kind, item.error)
+            _count_failure(record, item.kind, item.error, item.traceback)
             if item.hold_queue:
                 self._holds.extend(record.queue, now + item.delay)
             if record.cancel_requested:
@@ -363,7 +365,7 @@ class MemoryBroker:
                 self._table.set_status(record, Status.RETRYING)
                 self._signal([record.queue])
         elif isinstance(item, Fail):
-            _count_failure(record, item.kind, item.error)
+            _count_failure(record, item.kind, item.error, item.traceback)
             self._finish(record, Status.FAILED, now)
         elif isinstance(item, Requeue):
             self._back_to_pending_or_cancel(record, now)
@@ -408,6 +410,15 @@ class MemoryBroker:
                 record.last_error = _CANCELED_ERROR
                 self._finish(record, Status.CANCELED, now)
             return record.snapshot()
+
+    def prune(self, prune: Prune) -> int:
+        """Delete up to ``prune.limit`` final tasks it names (see `Broker.prune`), oldest stored
+        first; how many were deleted."""
+        if not isinstance(prune, Prune):
+            raise TypeError(f"prune takes a Prune, got {type(prune).__name__}")
+        with self._cond:
+            self._check_open()
+            return prune_records(self._table, prune, self._now())
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
@@ -599,9 +610,10 @@ def _replay_record(
     )
 
 
-def _count_failure(record: Record, kind: FailureKind, error: str) -> None:
+def _count_failure(record: Record, kind: FailureKind, error: str, traceback: str | None) -> None:
     if kind is FailureKind.THROTTLED:
         record.throttled += 1
     else:
         record.attempts += 1
     record.last_error = error
+    record.last_traceback = traceback
