@@ -18,6 +18,7 @@ from taskgate.brokers.params import (
     Heartbeat,
     Hold,
     ItemAnswer,
+    Prune,
     QueueQuery,
     QueueState,
     QuotaUsage,
@@ -352,6 +353,23 @@ class RedisBroker:
     def _plan_cancel(self, task_id: str) -> _Request[Task]:
         check_identifier(task_id, what="task id")
         return self._request("cancel", [task_id], _one_task)
+
+    def prune(self, prune: Prune) -> int:
+        """Delete up to ``prune.limit`` final tasks it names (see `Broker.prune`), oldest
+        created first, with every key entry naming them -- one script (``prune.lua``), which
+        looks at most ``4 * limit + 1000`` index entries per status; how many went."""
+        if not isinstance(prune, Prune):
+            raise TypeError(f"prune takes a Prune, got {type(prune).__name__}")
+        queues = prune.queues or ()
+        args: builtins.list[Any] = [
+            ttl_us(prune.older_than),
+            prune.limit,
+            prune.type or "",
+            prune.group or "",
+        ]
+        args.extend((len(queues), *queues, *(status.value for status in prune.statuses)))
+        (deleted,) = self._run("prune", args)
+        return int(deleted)
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
