@@ -31,6 +31,7 @@ from taskgate.errors import (
     UnknownTypeError,
 )
 from taskgate.gate import Gate
+from taskgate.retention import Retention
 from taskgate.runtime import renew_lease
 from taskgate.task import Filter, QueueStats, Status, Task
 
@@ -51,6 +52,7 @@ __all__ = [
     "QueueConfig",
     "QueueStats",
     "ReplayNotFinalError",
+    "Retention",
     "ShutdownError",
     "SkipRetry",
     "Status",

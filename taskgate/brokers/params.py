@@ -296,8 +296,8 @@ class Prune:
 
     ``statuses``: which final statuses go (at least one; a status that is not final is refused,
     naming it). ``older_than``: only tasks that finished at least that long before the medium's
-    now (0: every one finished by now). ``queues`` (None: any queue), ``type`` and ``group``
-    narrow it further.
+    now (0: every one finished by now). ``queues`` (None: any queue), ``exclude_queues`` (the
+    queues a retention of their own covers), ``type`` and ``group`` narrow it further.
     """
 
     statuses: tuple[Status, ...]
@@ -306,6 +306,7 @@ class Prune:
     type: str | None = None
     group: str | None = None
     limit: int = 500
+    exclude_queues: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.statuses, str):
@@ -327,6 +328,10 @@ class Prune:
             if not queues:
                 raise ValueError("Prune.queues must name at least one queue (None: any queue)")
             object.__setattr__(self, "queues", tuple(sorted(set(queues))))
+        excluded = _tuple_of(self.exclude_queues, str, what="Prune.exclude_queues")
+        for queue in excluded:
+            check_identifier(queue, what="Prune.exclude_queues item")
+        object.__setattr__(self, "exclude_queues", tuple(sorted(set(excluded))))
         if self.type is not None:
             check_identifier(self.type, what="Prune.type")
         if self.group is not None:

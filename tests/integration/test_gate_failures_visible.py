@@ -17,7 +17,7 @@ from taskgate.brokers.checks import MAX_TRACEBACK_BYTES
 pytestmark = pytest.mark.anyio
 
 LONG_LEASE = {"q": QueueConfig(workers=2, lease_ttl="1h")}
-ANY_TYPE = {"routes": {name: "q" for name in ("deep", "long", "broken", "surrogate")}}
+ANY_TYPE = {"routes": dict.fromkeys(("deep", "long", "broken", "surrogate"), "q")}
 
 
 class Records(logging.Handler):
@@ -124,7 +124,9 @@ def innermost_frame_raises() -> None:
     raise KeyError("x" * 20_000)  # the exception's own text alone is beyond 8 KiB
 
 
-async def test_a_huge_traceback_is_stored_as_its_newest_eight_kib(broker: Broker, handler_log: Records) -> None:
+async def test_a_huge_traceback_is_stored_as_its_newest_eight_kib(
+    broker: Broker, handler_log: Records
+) -> None:
     gate = make_gate(broker, LONG_LEASE, **ANY_TYPE)
 
     @gate.handler("deep")

@@ -8,6 +8,7 @@ so the oldest go first; the caller holds the broker's lock for the whole call.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 
 from taskgate.brokers.memory._record import Record
@@ -20,24 +21,30 @@ __all__ = ["prune_records"]
 def prune_records(table: TaskTable, prune: Prune, now: datetime) -> int:
     """Delete the records ``prune`` names (at most its limit) from ``table``; how many went."""
     cutoff = now - prune.older_than
-    doomed = [r for r in _matching(table, prune, cutoff) if _may_go(table, r)]
-    for record in doomed[: prune.limit]:
+    doomed: list[Record] = []
+    for record in _matching(table, prune, cutoff):
+        if _may_go(table, record):
+            doomed.append(record)
+            if len(doomed) == prune.limit:
+                break
+    for record in doomed:
         table.remove(record)
-    return min(len(doomed), prune.limit)
+    return len(doomed)
 
 
-def _matching(table: TaskTable, prune: Prune, cutoff: datetime) -> list[Record]:
-    statuses, queues = prune.statuses, prune.queues
-    return [
+def _matching(table: TaskTable, prune: Prune, cutoff: datetime) -> Iterator[Record]:
+    statuses, queues, excluded = prune.statuses, prune.queues, prune.exclude_queues
+    return (
         r
         for r in table.records.values()
         if r.status in statuses
         and r.finished_at is not None
         and r.finished_at <= cutoff
         and (queues is None or r.queue in queues)
+        and r.queue not in excluded
         and (prune.type is None or r.type == prune.type)
         and (prune.group is None or r.group == prune.group)
-    ]
+    )
 
 
 def _may_go(table: TaskTable, record: Record) -> bool:

@@ -367,7 +367,9 @@ class RedisBroker:
             prune.type or "",
             prune.group or "",
         ]
-        args.extend((len(queues), *queues, *(status.value for status in prune.statuses)))
+        excluded = prune.exclude_queues
+        args.extend((len(queues), *queues, len(excluded), *excluded))
+        args.extend(status.value for status in prune.statuses)
         (deleted,) = self._run("prune", args)
         return int(deleted)
 

@@ -59,6 +59,8 @@ def _bind(tx: Tx, params: Prune) -> dict[str, Any]:
     }
     if params.queues is not None:
         values["p_queues"] = list(params.queues)
+    if params.exclude_queues:
+        values["p_excluded"] = list(params.exclude_queues)
     if params.type is not None:
         values["p_type"] = params.type
     if params.group is not None:
@@ -68,13 +70,18 @@ def _bind(tx: Tx, params: Prune) -> dict[str, Any]:
 
 def _candidates(models: Models, traits: Traits, params: Prune) -> Select[Any]:
     return _candidate_statement(
-        models, traits, params.queues is not None, params.type is not None, params.group is not None
+        models,
+        traits,
+        params.queues is not None,
+        bool(params.exclude_queues),
+        params.type is not None,
+        params.group is not None,
     )
 
 
 @functools.lru_cache(maxsize=64)
 def _candidate_statement(
-    models: Models, traits: Traits, by_queue: bool, by_type: bool, by_group: bool
+    models: Models, traits: Traits, by_queue: bool, excluding: bool, by_type: bool, by_group: bool
 ) -> Select[Any]:
     task = table_of(models.task)
     cutoff = bindparam("p_cutoff", type_=task.c.created_at.type)
@@ -87,6 +94,8 @@ def _candidate_statement(
     ]
     if by_queue:
         where.append(task.c.queue.in_(bindparam("p_queues", expanding=True)))
+    if excluding:
+        where.append(task.c.queue.not_in(bindparam("p_excluded", expanding=True)))
     if by_type:
         where.append(task.c.type == bindparam("p_type"))
     if by_group:

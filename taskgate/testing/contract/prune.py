@@ -115,6 +115,7 @@ class PruneContract:
         assert broker.prune(Prune(COMPLETED, type="special")) == 1
         assert broker.prune(Prune(COMPLETED, queues=("b",))) == 1
         assert _gone(broker, grouped.id) and _gone(broker, typed.id) and _gone(broker, b.id)
+        assert broker.prune(Prune(COMPLETED, exclude_queues=("a",))) == 0
         assert broker.prune(Prune(COMPLETED, queues=("a", "c"))) == 1
         assert _gone(broker, a.id)
 

@@ -18,6 +18,7 @@
 -- ARGV[4]  type, "" for any
 -- ARGV[5]  group, "" for any
 -- ARGV[6]  number Q of queues (0: any queue), then the Q queue names
+-- then     number E of queues excluded, then the E queue names
 -- then     the statuses to delete (each final)
 -- Returns  {"ok", deleted}
 --
@@ -36,6 +37,12 @@ if queue_count > 0 then
     queues[ARGV[6 + n]] = true
   end
 end
+local excluded = {}
+local excluded_count = tonumber(ARGV[7 + queue_count])
+for n = 1, excluded_count do
+  excluded[ARGV[7 + queue_count + n]] = true
+end
+local first_status = 8 + queue_count + excluded_count
 local scan = 4 * limit + 1000
 
 local FIELDS = { 'status', 'finished_at', 'queue', 'type', 'group', 'business_key', 'replay_of', 'depends_on' }
@@ -48,7 +55,7 @@ local function candidate(id, status)
   if t.status ~= status or not t.finished_at or tonumber(t.finished_at) > cutoff then
     return nil
   end
-  if (queues and not queues[t.queue]) or (want_type ~= '' and t.type ~= want_type)
+  if (queues and not queues[t.queue]) or excluded[t.queue] or (want_type ~= '' and t.type ~= want_type)
       or (want_group ~= '' and t.group ~= want_group) then
     return nil
   end
@@ -89,7 +96,7 @@ local function remove(t, created_score_key)
 end
 
 local deleted = 0
-for n = 7 + queue_count, #ARGV do
+for n = first_status, #ARGV do
   local status = ARGV[n]
   local index = 'idx:status:' .. status
   local ids = redis.call('ZRANGE', B .. index, '-inf', int_str(cutoff), 'BYSCORE', 'LIMIT', 0, scan)
