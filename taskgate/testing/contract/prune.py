@@ -16,7 +16,7 @@ import pytest
 from taskgate.brokers.base import Broker, FailureKind
 from taskgate.brokers.params import Fail, Prune, Retry, Settle
 from taskgate.clock import ManualClock
-from taskgate.errors import TaskNotFoundError
+from taskgate.errors import TaskExistsError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.task import Filter, Status, Task
 from taskgate.testing import steps
@@ -254,6 +254,29 @@ class PruneContract:
             while main.prune(Prune(FINAL)):
                 pass
             assert main.list(Filter()) == []
+
+    def test_a_submit_of_a_business_key_racing_the_prune_of_its_last_execution_has_one_winner(
+        self, broker_factory: BrokerFactory, clock: ManualClock
+    ) -> None:
+        main, pruner, submitter = broker_factory(), broker_factory(), broker_factory()
+        for _ in range(RACE_ROUNDS):
+            key = f"k-{new_id()}"
+            old = _completed(main, business_key=key)
+            clock.advance(DAY)
+            new = new_task(queue="fresh", business_key=key)
+            pruned, submitted = race_pair(
+                partial(pruner.prune, Prune(COMPLETED, older_than=DAY)),
+                partial(steps.enqueue, submitter, [new]),
+            )
+            assert pruned.ok, pruned.error
+            assert _gone(main, old.id)
+            if submitted.ok:  # the prune went first: the key was free
+                assert [t.id for t in steps.history(main, key)] == [new.id]
+                main.cancel(new.id)
+                main.prune(Prune((Status.CANCELED,)))
+            else:  # the submit went first, and found the key taken
+                assert isinstance(submitted.error, TaskExistsError), submitted.error
+            assert steps.history(main, key) == []
 
     def test_a_retry_and_a_fail_store_their_traceback(self, broker: Broker) -> None:
         submit(broker)
