@@ -32,7 +32,7 @@ from taskgate.errors import (
 )
 from taskgate.gate import Gate
 from taskgate.retention import Retention
-from taskgate.runtime import renew_lease
+from taskgate.runtime import renew_lease, set_progress
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "Throttled",
     "UnknownTypeError",
     "renew_lease",
+    "set_progress",
 ]
 
 __version__ = "0.1.0.dev0"

@@ -53,6 +53,7 @@ from taskgate.task import FINAL_STATUSES, Status, Task
 
 __all__ = [
     "HELD_INDEFINITELY",
+    "MAX_PROGRESS_BYTES",
     "Canceled",
     "Claim",
     "Claimed",
@@ -76,6 +77,7 @@ __all__ = [
     "Submit",
     "Submitted",
     "Unhandled",
+    "check_progress",
 ]
 
 # The hold of a queue paused until resumed: later than any time a clock reads.
@@ -613,24 +615,53 @@ class Settle:
 # -- heartbeat ---------------------------------------------------------------------------
 
 
+# The largest progress value stored, in bytes of its JSON text.
+MAX_PROGRESS_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Extend one lease to ``now + lease_ttl``; see `Broker.heartbeat`.
 
     ``slot_queue``: the lease also holds a shared slot of that queue under its token, renewed
-    with it.
+    with it. ``progress``: also store this JSON text as the task's ``progress_json`` (at most
+    `MAX_PROGRESS_BYTES` in UTF-8; None: leave it), under the same token check.
     """
 
     task_id: str
     token: str
     lease_ttl: timedelta
     slot_queue: str | None = None
+    progress: str | None = None
 
     def __post_init__(self) -> None:
         _lease_ref(self.task_id, self.token, "Heartbeat")
         _duration(self.lease_ttl, what="lease_ttl", positive=True)
         if self.slot_queue is not None:
             check_identifier(self.slot_queue, what="slot queue")
+        if self.progress is not None:
+            check_progress(self.progress)
+
+
+def check_progress(text: object) -> str:
+    """``text`` if it is a storable progress value (a str of at most `MAX_PROGRESS_BYTES` in
+    UTF-8, without NUL), else `TypeError`/`ValueError` saying why."""
+    if not isinstance(text, str):
+        raise TypeError(f"Heartbeat.progress must be a str of JSON or None, got {type(text).__name__}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_PROGRESS_BYTES:
+        raise ValueError(f"progress is {size} bytes of JSON; at most {MAX_PROGRESS_BYTES} allowed")
+    if "\x00" in text or (not text.isascii() and _unencodable(text)):
+        raise ValueError("progress must be UTF-8 text without NUL characters")
+    return text
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ class Record:
     timeout: timedelta | None
     group: str | None
     last_traceback: str | None
+    progress_json: str | None
     cancel_requested: bool
     # The lease's token and end while running; None otherwise.
     token: str | None
@@ -95,6 +96,7 @@ class Record:
         self.timeout = timeout
         self.group = group
         self.last_traceback = None
+        self.progress_json = None
         self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None

@@ -315,6 +315,8 @@ class MemoryBroker:
             now = self._now()
             record = self._holding(heartbeat.task_id, heartbeat.token)
             record.lease_expires_at = now + heartbeat.lease_ttl
+            if heartbeat.progress is not None:
+                record.progress_json = heartbeat.progress
             return Renewal(expires_at=record.lease_expires_at, cancel_requested=record.cancel_requested)
 
     def settle(self, settle: Settle) -> builtins.list[ItemAnswer]:

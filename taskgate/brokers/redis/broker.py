@@ -337,6 +337,8 @@ class RedisBroker:
 
     def _plan_heartbeat(self, heartbeat: Heartbeat) -> _Request[Renewal]:
         args = [heartbeat.task_id, heartbeat.token, ttl_us(heartbeat.lease_ttl), heartbeat.slot_queue or ""]
+        if heartbeat.progress is not None:
+            args.append(heartbeat.progress)
         return self._request("heartbeat", args, _renewal)
 
     # -- tasks: anyone's transitions -------------------------------------------------------

@@ -96,6 +96,7 @@ SNAPSHOT_FIELDS = (
     "timeout_ms",
     "group",
     "last_traceback",
+    "progress",
     "cancel_requested",
     "token",
     "lease_until",
@@ -141,6 +142,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
         timeout_ms,
         group,
         last_traceback,
+        progress,
         cancel_requested,
         _token,
         _lease_until,
@@ -172,6 +174,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
             "timeout": _timeout(timeout_ms),
             "group": _text(group),
             "last_traceback": _text(last_traceback),
+            "progress_json": _text(progress),
             "cancel_requested": cancel_requested == b"1",
         }
     )
@@ -317,6 +320,7 @@ def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Tas
             "timeout": item.timeout,
             "group": item.group,
             "last_traceback": None,
+            "progress_json": None,
             "cancel_requested": False,
         }
     )

@@ -496,10 +496,10 @@ class SQLBroker:
         ``slot_lost``).
         """
         task_id, token, lease_ttl = heartbeat.task_id, heartbeat.token, heartbeat.lease_ttl
-        slot_queue = heartbeat.slot_queue
+        slot_queue, progress = heartbeat.slot_queue, heartbeat.progress
 
         def step(tx: Tx) -> Renewal:
-            renewal = leases.heartbeat(tx, task_id, token, lease_ttl)
+            renewal = leases.heartbeat(tx, task_id, token, lease_ttl, progress)
             return renewal if slot_queue is None else slots.renew_slot(tx, slot_queue, renewal, token)
 
         return self._run("heartbeat", step)

@@ -148,6 +148,7 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
             "timeout": _timeout(values["timeout_ms"]),
             "group": values["group_name"],
             "last_traceback": values["last_traceback"],
+            "progress_json": values["progress"],
             "cancel_requested": bool(values.get("cancel_requested")),
         }
     )

@@ -43,6 +43,7 @@ from taskgate.testing.contract.holds import HoldContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
+from taskgate.testing.contract.progress import ProgressContract
 from taskgate.testing.contract.prune import PruneContract
 from taskgate.testing.contract.queue_state import QueueStateContract
 from taskgate.testing.contract.quota import QuotaContract
@@ -82,6 +83,7 @@ class BrokerContract(
     QueueStateContract,
     HoldContract,
     PruneContract,
+    ProgressContract,
     SharedLimitsContract,
     ValidationContract,
     RaceContract,
