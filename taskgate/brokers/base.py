@@ -414,7 +414,10 @@ class Broker(Protocol):
     def prune(self, prune: Prune) -> int:
         """Delete up to ``prune.limit`` final tasks in ``prune.statuses`` that finished at or
         before ``now - prune.older_than`` (and match its queues, type and group), oldest
-        created first; answer how many were deleted -- fewer than the limit when no more match.
+        created first; answer how many were deleted. One call is one bounded unit and may leave
+        matching tasks for the next (an execution it left newest of its chain; on Redis those
+        past the index entries it looks at): a caller wanting all gone calls until one
+        deletes nothing.
 
         Kept whatever their age: a task with a child that is not final (its parent stays until
         the child is final too) and a task replayed by an execution still stored (the newest of
