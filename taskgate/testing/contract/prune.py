@@ -255,6 +255,27 @@ class PruneContract:
                 pass
             assert main.list(Filter()) == []
 
+    def test_a_child_finishing_while_its_parent_is_pruned_leaves_both_consistent(
+        self, broker_factory: BrokerFactory, clock: ManualClock
+    ) -> None:
+        main, pruner, worker = broker_factory(), broker_factory(), broker_factory()
+        for _ in range(RACE_ROUNDS):
+            parent = _completed(main)
+            (child,) = steps.enqueue(main, [new_task(queue="children", depends_on=(parent.id,))])
+            lease = claim_one(main, queue="children")
+            clock.advance(DAY)
+            pruned, acked = race_pair(
+                partial(pruner.prune, Prune(COMPLETED, older_than=DAY)),
+                partial(steps.ack, worker, child.id, lease.token, b"r"),
+            )
+            assert pruned.ok, pruned.error
+            assert acked.ok, acked.error
+            assert main.get(child.id).status is Status.COMPLETED
+            assert pruned.value == 0 or _gone(main, parent.id)  # kept while the child ran
+            while main.prune(Prune(COMPLETED)):
+                pass
+            assert main.list(Filter()) == []
+
     def test_a_submit_of_a_business_key_racing_the_prune_of_its_last_execution_has_one_winner(
         self, broker_factory: BrokerFactory, clock: ManualClock
     ) -> None:
