@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import cast
 
 from taskgate.brokers.base import MAX_DELAY
 from taskgate.durations import DurationLike, parse_duration
@@ -40,8 +40,7 @@ class Retention:
 
     def keep(self, status: Status) -> timedelta | None:
         """How long a task final in ``status`` is kept (None: forever)."""
-        value: Any = getattr(self, status.value)
-        return value  # type: ignore[no-any-return]
+        return cast("timedelta | None", getattr(self, status.value))
 
     @classmethod
     def from_mapping(cls, data: object, *, where: str = "retention") -> Retention:

@@ -144,11 +144,12 @@ def _free_keys(tx: Tx, keyed: Sequence[tuple[str, str, str | None]]) -> None:
     """Each deleted execution's business key: deleted with it, or pointed at the execution it
     replayed (the newest left: its replay is going, and nothing else replayed it)."""
     key = table_of(tx.models.business_key)
+    first = [task_id for task_id, _, replay_of in keyed if replay_of is None]
+    for part in chunks(first):  # a key's row names its newest execution: this one
+        tx.conn.execute(delete(key).where(key.c.execution_id.in_(list(part))))
     for task_id, business_key, replay_of in keyed:
-        named = and_(key.c.business_key == business_key, key.c.execution_id == task_id)
-        if replay_of is None:
-            tx.conn.execute(delete(key).where(named))
-        else:
+        if replay_of is not None:  # rare: a replay chain's newest
+            named = and_(key.c.business_key == business_key, key.c.execution_id == task_id)
             tx.conn.execute(update(key).where(named).values(execution_id=replay_of))
 
 
