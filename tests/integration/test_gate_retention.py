@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import pytest
 import redis
 from gate_helpers import GUARD, eventually, make_gate, until
@@ -43,7 +44,7 @@ async def test_the_reaper_deletes_old_final_tasks_and_keeps_what_is_still_needed
     broker: Broker, clock: ManualClock
 ) -> None:
     gate = retention_gate(broker)
-    release = False
+    release = anyio.Event()
 
     @gate.handler("q")
     async def done(task: Task) -> str:
@@ -51,7 +52,7 @@ async def test_the_reaper_deletes_old_final_tasks_and_keeps_what_is_still_needed
 
     @gate.handler("slow")
     async def slow(task: Task) -> str:
-        await until(lambda: _true(release))
+        await release.wait()
         return "ok"
 
     async with gate:
@@ -73,15 +74,11 @@ async def test_the_reaper_deletes_old_final_tasks_and_keeps_what_is_still_needed
         again = await gate.submit("q", business_key="order-0")  # the key is free again
         assert [t.id for t in await gate.history("order-0")] == [again]
 
-        release = True
+        release.set()
         await gate.wait(child, timeout=GUARD)
         clock.advance(8 * DAY)
         await until(lambda: _all_gone(gate, [parent, blocker, child, young, again]))
         assert await gate.list(Filter()) == []
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _all_gone(gate: Gate, ids: list[str]) -> bool:
