@@ -32,7 +32,8 @@ from taskgate.errors import (
     UnknownTypeError,
 )
 from taskgate.gate import Gate
-from taskgate.runtime import renew_lease
+from taskgate.retention import Retention
+from taskgate.runtime import renew_lease, set_progress
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "QueueConfig",
     "QueueStats",
     "ReplayNotFinalError",
+    "Retention",
     "ShutdownError",
     "SkipRetry",
     "Status",
@@ -66,6 +68,7 @@ __all__ = [
     "Throttled",
     "UnknownTypeError",
     "renew_lease",
+    "set_progress",
 ]
 
 __version__ = "0.1.0.dev0"

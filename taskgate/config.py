@@ -13,12 +13,13 @@ from taskgate.brokers.base import MAX_DELAY
 from taskgate.durations import DurationLike, parse_duration
 from taskgate.errors import ConfigError
 from taskgate.ids import MAX_ID_LENGTH
+from taskgate.retention import Retention
 
 if TYPE_CHECKING:
     from taskgate.brokers.base import Broker
     from taskgate.task import Task
 
-__all__ = ["Config", "QueueConfig", "StateChangeHook"]
+__all__ = ["Config", "QueueConfig", "Retention", "StateChangeHook"]
 
 StateChangeHook = Callable[["Task"], Any]
 
@@ -83,6 +84,8 @@ class QueueConfig:
       across processes: they need ``shared_limits`` and a broker that counts groups.
     - ``backoff``: the `Backoff` between business-failure retries of the queue's tasks whose
       handler sets none (None: the default, ``Backoff()``); from a mapping, its keys.
+    - ``retention``: how long the queue's final tasks are kept (`Retention`); None: the
+      `Config`'s.
     """
 
     workers: int
@@ -100,6 +103,7 @@ class QueueConfig:
     group_burst: int = 0
     group_quota_limit: int = 0
     backoff: Backoff | None = None
+    retention: Retention | None = None
 
     def __post_init__(self) -> None:
         owner = "QueueConfig"
@@ -117,6 +121,12 @@ class QueueConfig:
         self._check_timeout(owner)
         self._check_groups(owner)
         self._check_backoff(owner)
+        if isinstance(self.retention, dict):
+            object.__setattr__(
+                self, "retention", Retention.from_mapping(self.retention, where=f"{owner}.retention")
+            )
+        if self.retention is not None and not isinstance(self.retention, Retention):
+            raise ConfigError(f"{owner}.retention must be a Retention or None, got {self.retention!r}")
 
     def _check_quota(self, owner: str) -> None:
         _int_field(owner, "quota_limit", self.quota_limit, minimum=0)
@@ -228,7 +238,10 @@ class Config:
 
     A task type goes to ``routes[type]``, else to the queue named like the type. A queue not in
     ``queues`` takes ``default_queue``'s limits; without ``default_queue`` it is an error.
-    ``max_retry`` is the default per-task retry budget for business failures.
+    ``max_retry`` is the default per-task retry budget for business failures. ``retention``:
+    how long final tasks are kept (`Retention`: completed and canceled 7 days, failed 30),
+    unless their queue's `QueueConfig` says otherwise; the reaper of a running gate deletes
+    older ones.
     """
 
     broker: Broker
@@ -239,6 +252,7 @@ class Config:
     lease_lost_max: int = 3
     throttled_max: int = 100
     on_state_change: StateChangeHook | None = None
+    retention: Retention = field(default_factory=Retention)
 
     def __post_init__(self) -> None:
         if self.broker is None:
@@ -258,6 +272,12 @@ class Config:
         if self.on_state_change is not None and not callable(self.on_state_change):
             raise ConfigError(f"Config.on_state_change must be callable, got {self.on_state_change!r}")
         self._check_shared_quota_keys()
+        if isinstance(self.retention, dict):
+            object.__setattr__(
+                self, "retention", Retention.from_mapping(self.retention, where="Config.retention")
+            )
+        if not isinstance(self.retention, Retention):
+            raise ConfigError(f"Config.retention must be a Retention, got {self.retention!r}")
 
     def _check_routes(self) -> None:
         if not isinstance(self.routes, Mapping):
@@ -315,7 +335,15 @@ class Config:
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"config must be a mapping, got {type(data).__name__}: {data!r}")
-        known = {"queues", "routes", "default_queue", "max_retry", "lease_lost_max", "throttled_max"}
+        known = {
+            "queues",
+            "routes",
+            "default_queue",
+            "max_retry",
+            "lease_lost_max",
+            "throttled_max",
+            "retention",
+        }
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
             raise ConfigError(f"config: unknown key(s) {', '.join(unknown)}; known: {sorted(known)}")
@@ -332,7 +360,9 @@ class Config:
         routes = data.get("routes") or {}
         if not isinstance(routes, Mapping):
             raise ConfigError(f"config.routes must be a mapping, got {routes!r}")
-        options = {k: data[k] for k in ("max_retry", "lease_lost_max", "throttled_max") if k in data}
+        options = {
+            k: data[k] for k in ("max_retry", "lease_lost_max", "throttled_max", "retention") if k in data
+        }
         return cls(
             broker=broker,
             queues=queues,

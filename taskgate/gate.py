@@ -29,6 +29,7 @@ from taskgate.errors import ConfigError, TaskFailedError, TaskNotFoundError
 from taskgate.ids import new_id
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.outcome import HandlerPolicy
+from taskgate.runtime.purge import purge, purge_params
 from taskgate.runtime.runner import Runtime
 from taskgate.runtime.stats import StatsReader
 from taskgate.runtime.submission import build_tasks, pause_for, route
@@ -338,6 +339,20 @@ class Gate:
         if not executions:
             raise TaskNotFoundError(f"no execution has business key {business_key!r}")
         return await self.replay(executions[-1].id, allow_completed=allow_completed, payload=payload)
+
+    async def purge(self, filter: Filter | None = None, *, older_than: DurationLike | None = None) -> int:
+        """Delete the final tasks ``filter`` matches (None: every final task) that finished at
+        least ``older_than`` ago (None: any time); how many went.
+
+        Never a task that is not final, nor one still needed: a parent of a task still to run,
+        an execution whose replay is stored (`Broker.prune`); a business key whose executions
+        are all gone is free again. ``filter`` narrows by status (a final one), type, queue and
+        group; its ``limit`` caps how many go (0: all). A filter naming a status that is not
+        final, a business key or an offset raises `ValueError` before anything is deleted.
+        Runs in bounded broker calls: an error midway leaves what went gone.
+        """
+        prune, limit = purge_params(filter, older_than)
+        return await purge(self._runtime.calls, self.config.broker, prune, limit)
 
     # -- holding ---------------------------------------------------------------------------------
 

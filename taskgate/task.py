@@ -43,7 +43,11 @@ class Task:
     still going after it is cancelled and counts as a business failure; None means its
     queue's ``QueueConfig.timeout`` applies, whichever process claims it. ``group`` is the
     group of its queue the task was submitted in (None: none), whose own limits
-    (``QueueConfig.group_workers`` and the like) it counts against.
+    (``QueueConfig.group_workers`` and the like) it counts against. ``last_traceback`` is the
+    formatted traceback of the handler's latest exception (None: it never raised), cut to its
+    newest 8 KiB -- `last_error` is that exception's ``"Type: message"``. ``progress_json`` is
+    the JSON text a handler last stored with `taskgate.set_progress` (None: none); `progress`
+    decodes it.
     """
 
     id: str
@@ -68,6 +72,8 @@ class Task:
     finished_at: datetime | None = None
     timeout: timedelta | None = None
     group: str | None = None
+    last_traceback: str | None = None
+    progress_json: str | None = None
     cancel_requested: bool = field(default=False, compare=False)
 
     def json(self) -> Any:
@@ -77,6 +83,12 @@ class Task:
     def result_json(self) -> Any:
         """Decode the result as JSON (``None`` when there is no result)."""
         return None if self.result is None else json.loads(self.result)
+
+    @property
+    def progress(self) -> Any:
+        """The value a handler last stored with `taskgate.set_progress` (None: none yet),
+        decoded afresh on each access (so changing it changes no snapshot)."""
+        return None if self.progress_json is None else json.loads(self.progress_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         Heartbeat,
         Hold,
         ItemAnswer,
+        Prune,
         QueueQuery,
         QueueState,
         Renewal,
@@ -407,6 +408,24 @@ class Broker(Protocol):
         blocked/pending/retrying: ``canceled`` at once, with its descendants (cascade).
         running: only marked; the holder sees the mark on its next heartbeat and stops.
         Final: raises `AlreadyFinalError`.
+        """
+        ...
+
+    def prune(self, prune: Prune) -> int:
+        """Delete up to ``prune.limit`` final tasks in ``prune.statuses`` that finished at or
+        before ``now - prune.older_than`` (and match its queues, type and group), oldest
+        created first; answer how many were deleted. One call is one bounded unit and may leave
+        matching tasks for the next (an execution it left newest of its chain; on Redis those
+        past the index entries it looks at): a caller wanting all gone calls until one
+        deletes nothing.
+
+        Kept whatever their age: a task with a child that is not final (its parent stays until
+        the child is final too) and a task replayed by an execution still stored (the newest of
+        a replay chain goes first; the one it replayed is then the newest). Each deleted task
+        goes with its dependency edges (as a child, and as the parent of final children, whose
+        ``depends_on`` still names it) and its index entries; a business key whose last
+        execution goes is free again, one whose newest goes names the execution it replayed.
+        Never blocks on a task another call holds: such a task is left for a later prune.
         """
         ...
 

@@ -8,10 +8,12 @@ from taskgate.brokers.base import check_identifier
 
 __all__ = [
     "MAX_ERROR_LENGTH",
+    "MAX_TRACEBACK_BYTES",
     "check_count",
     "check_queues",
     "check_timeout",
     "storable_error",
+    "storable_traceback",
 ]
 
 # The longest ``last_error`` stored, in characters: room for any readable message, and far
@@ -47,6 +49,29 @@ def storable_error(text: str) -> str:
         note = f" ... [cut from {len(text)} characters]"
         text = text[: MAX_ERROR_LENGTH - len(note)] + note
     return text
+
+
+# The longest ``last_traceback`` stored, in UTF-8 bytes: the newest frames of any readable
+# traceback, and within every backend's column.
+MAX_TRACEBACK_BYTES = 8192
+_TRACEBACK_CUT = "[older frames cut]\n"
+
+
+def storable_traceback(text: str) -> str:
+    """``text`` as a ``last_traceback`` every backend can store: escaped as `storable_error`
+    escapes, then, when longer than `MAX_TRACEBACK_BYTES` in UTF-8, its START cut (saying so) --
+    a traceback's newest frames and the exception's own line are at its end."""
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if len(text) <= MAX_TRACEBACK_BYTES // 4:
+        return text  # at most 4 bytes a character: short enough whatever it holds
+    data = text.encode("utf-8")
+    if len(data) <= MAX_TRACEBACK_BYTES:
+        return text
+    room = MAX_TRACEBACK_BYTES - len(_TRACEBACK_CUT)
+    return _TRACEBACK_CUT + data[-room:].decode("utf-8", "ignore")  # "ignore": a character cut in two
 
 
 def check_queues(queues: object) -> list[str]:

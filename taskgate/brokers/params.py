@@ -10,7 +10,7 @@ Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` 
 `Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
 `Heartbeat`; `Broker.replay` takes `Replay`; `Broker.queue_state` takes `QueueQuery` (with
 `Unhandled`) and answers `QueueState` (with the figures of a quota's window, `QuotaUsage`);
-`Broker.hold` takes `Hold`.
+`Broker.hold` takes `Hold`; `Broker.prune` takes `Prune`.
 
 A queue's hold (a pause by hand, or a queue-wide throttle: ``Retry.hold_queue``) is one time per
 queue, on the medium's clock, before which no claim leases its tasks (`Claimed.held_until`
@@ -23,8 +23,9 @@ the broker honouring `Claim.shared`; a queue-wide hold is a field of `Retry` (ho
 too) and of `Claim` (answered as held); a step of a pipeline is a `Complete` that submits the
 next task in the same unit; a queue's quota figures are a field of `QueueQuery` (what
 replaced reading a queue's length). What is a new verb (about four in all): holding and
-resuming a queue by hand (`Broker.hold`, done), pruning finished tasks, and a submit inside
-the application's own transaction.
+resuming a queue by hand (`Broker.hold`, done), pruning finished tasks (`Broker.prune`, done:
+the reaper's retention and `Gate.purge` alike), and a submit inside the application's own
+transaction.
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ from taskgate.brokers.base import (
     check_identifier,
     is_identifier,
 )
-from taskgate.brokers.checks import storable_error
+from taskgate.brokers.checks import storable_error, storable_traceback
 from taskgate.errors import BrokerError, LeaseLostError, TaskNotFoundError
-from taskgate.task import Status, Task
+from taskgate.task import FINAL_STATUSES, Status, Task
 
 __all__ = [
     "HELD_INDEFINITELY",
+    "MAX_PROGRESS_BYTES",
     "Canceled",
     "Claim",
     "Claimed",
@@ -62,6 +64,7 @@ __all__ = [
     "Heartbeat",
     "Hold",
     "ItemAnswer",
+    "Prune",
     "QueueQuery",
     "QueueState",
     "QuotaUsage",
@@ -74,6 +77,7 @@ __all__ = [
     "Submit",
     "Submitted",
     "Unhandled",
+    "check_progress",
 ]
 
 # The hold of a queue paused until resumed: later than any time a clock reads.
@@ -286,6 +290,62 @@ class Hold:
                 raise ValueError(f"Hold.for_ must be None with resume=True, got {self.for_!r}")
 
 
+# -- prune -------------------------------------------------------------------------------
+
+# The most tasks one prune deletes: a bounded unit, however many are due to go.
+MAX_PRUNE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Prune:
+    """Delete up to ``limit`` final tasks; see `Broker.prune`.
+
+    ``statuses``: which final statuses go (at least one; a status that is not final is refused,
+    naming it). ``older_than``: only tasks that finished at least that long before the medium's
+    now (0: every one finished by now). ``queues`` (None: any queue), ``exclude_queues`` (the
+    queues a retention of their own covers), ``type`` and ``group`` narrow it further.
+    """
+
+    statuses: tuple[Status, ...]
+    older_than: timedelta = timedelta(0)
+    queues: tuple[str, ...] | None = None
+    type: str | None = None
+    group: str | None = None
+    limit: int = 500
+    exclude_queues: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.statuses, str):
+            raise TypeError("Prune.statuses takes a sequence of statuses, not a single one")
+        statuses = tuple(
+            Status(str(s)) for s in _tuple_of(self.statuses, (Status, str), what="Prune.statuses")
+        )
+        if not statuses:
+            raise ValueError("Prune.statuses must name at least one final status")
+        for status in statuses:
+            if status not in FINAL_STATUSES:
+                raise ValueError(f"Prune.statuses: {status.value} is not final; only final tasks are deleted")
+        object.__setattr__(self, "statuses", tuple(sorted(set(statuses))))
+        _duration(self.older_than, what="Prune.older_than", positive=False, maximum=MAX_DELAY)
+        if self.queues is not None:
+            queues = _tuple_of(self.queues, str, what="Prune.queues")
+            for queue in queues:
+                check_identifier(queue, what="Prune.queues item")
+            if not queues:
+                raise ValueError("Prune.queues must name at least one queue (None: any queue)")
+            object.__setattr__(self, "queues", tuple(sorted(set(queues))))
+        excluded = _tuple_of(self.exclude_queues, str, what="Prune.exclude_queues")
+        for queue in excluded:
+            check_identifier(queue, what="Prune.exclude_queues item")
+        object.__setattr__(self, "exclude_queues", tuple(sorted(set(excluded))))
+        if self.type is not None:
+            check_identifier(self.type, what="Prune.type")
+        if self.group is not None:
+            check_identifier(self.group, what="Prune.group")
+        if _count(self.limit, what="Prune.limit", minimum=1) > MAX_PRUNE:
+            raise ValueError(f"Prune.limit must be at most {MAX_PRUNE}, got {self.limit}")
+
+
 # -- claim -------------------------------------------------------------------------------
 
 
@@ -427,6 +487,14 @@ def _failure(kind: object, error: object, what: str) -> None:
         raise TypeError(f"{what}.error must be a str, got {type(error).__name__}")
 
 
+def _traceback(value: object, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what}.traceback must be a str or None, got {type(value).__name__}")
+    return storable_traceback(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Retry:
     """Count a failure by ``kind`` and make the task due again after ``delay``.
@@ -434,7 +502,8 @@ class Retry:
     ``error`` is stored as `storable_error` makes it. ``hold_queue``: also hold the task's
     queue until ``now + delay`` in the same unit (a queue-wide throttle), keeping a longer
     hold already set -- also when a cancel requested meanwhile cancels the task instead;
-    a stale token holds nothing.
+    a stale token holds nothing. ``traceback`` becomes the task's ``last_traceback`` (None
+    clears it), stored as `storable_traceback` makes it: its newest 8 KiB.
     """
 
     task_id: str
@@ -443,6 +512,7 @@ class Retry:
     error: str
     delay: timedelta = timedelta(0)
     hold_queue: bool = False
+    traceback: str | None = None
 
     def __post_init__(self) -> None:
         _lease_ref(self.task_id, self.token, "Retry")
@@ -451,21 +521,27 @@ class Retry:
         if not isinstance(self.hold_queue, bool):
             raise TypeError(f"Retry.hold_queue must be a bool, got {self.hold_queue!r}")
         object.__setattr__(self, "error", storable_error(self.error))
+        object.__setattr__(self, "traceback", _traceback(self.traceback, "Retry"))
 
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    """Count a failure by ``kind`` and fail the task for good (its descendants are canceled)."""
+    """Count a failure by ``kind`` and fail the task for good (its descendants are canceled).
+
+    ``traceback`` becomes the task's ``last_traceback``, as for `Retry`.
+    """
 
     task_id: str
     token: str
     kind: FailureKind
     error: str
+    traceback: str | None = None
 
     def __post_init__(self) -> None:
         _lease_ref(self.task_id, self.token, "Fail")
         _failure(self.kind, self.error, "Fail")
         object.__setattr__(self, "error", storable_error(self.error))
+        object.__setattr__(self, "traceback", _traceback(self.traceback, "Fail"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,24 +622,53 @@ class Settle:
 # -- heartbeat ---------------------------------------------------------------------------
 
 
+# The largest progress value stored, in bytes of its JSON text.
+MAX_PROGRESS_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Extend one lease to ``now + lease_ttl``; see `Broker.heartbeat`.
 
     ``slot_queue``: the lease also holds a shared slot of that queue under its token, renewed
-    with it.
+    with it. ``progress``: also store this JSON text as the task's ``progress_json`` (at most
+    `MAX_PROGRESS_BYTES` in UTF-8; None: leave it), under the same token check.
     """
 
     task_id: str
     token: str
     lease_ttl: timedelta
     slot_queue: str | None = None
+    progress: str | None = None
 
     def __post_init__(self) -> None:
         _lease_ref(self.task_id, self.token, "Heartbeat")
         _duration(self.lease_ttl, what="lease_ttl", positive=True)
         if self.slot_queue is not None:
             check_identifier(self.slot_queue, what="slot queue")
+        if self.progress is not None:
+            check_progress(self.progress)
+
+
+def check_progress(text: object) -> str:
+    """``text`` if it is a storable progress value (a str of at most `MAX_PROGRESS_BYTES` in
+    UTF-8, without NUL), else `TypeError`/`ValueError` saying why."""
+    if not isinstance(text, str):
+        raise TypeError(f"Heartbeat.progress must be a str of JSON or None, got {type(text).__name__}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_PROGRESS_BYTES:
+        raise ValueError(f"progress is {size} bytes of JSON; at most {MAX_PROGRESS_BYTES} allowed")
+    if "\x00" in text or (not text.isascii() and _unencodable(text)):
+        raise ValueError("progress must be UTF-8 text without NUL characters")
+    return text
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

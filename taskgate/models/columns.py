@@ -64,6 +64,12 @@ class TaskColumns:
     group_name: Mapped[str | None] = mapped_column(Name)
     # Milliseconds a run may take before its handler is cancelled; None: the queue's setting.
     timeout_ms: Mapped[int | None] = mapped_column(BigInteger)
+    # The formatted traceback of the handler's latest exception, its newest 8 KiB.
+    last_traceback: Mapped[str | None] = mapped_column(LongText)
+    # A handler's progress report: a JSON document of at most 64 KiB.
+    progress: Mapped[str | None] = mapped_column(LongText)
+    # The submitter's trace context (W3C traceparent/tracestate), for the run's span.
+    trace_context: Mapped[str | None] = mapped_column(LongText)
 
 
 class DependencyColumns:

@@ -1,11 +1,12 @@
 """The runtime behind `taskgate.Gate`: scheduling, limits, quotas, retries, leases and hooks.
 
-Only `renew_lease` and `renew_lease_sync` are meant for applications; the rest is internal
-and may change.
+Only `renew_lease`, `renew_lease_sync`, `set_progress` and `set_progress_sync` are meant for
+applications; the rest is internal and may change.
 """
 
 from __future__ import annotations
 
 from taskgate.runtime.context import renew_lease, renew_lease_sync
+from taskgate.runtime.progress import set_progress, set_progress_sync
 
-__all__ = ["renew_lease", "renew_lease_sync"]
+__all__ = ["renew_lease", "renew_lease_sync", "set_progress", "set_progress_sync"]

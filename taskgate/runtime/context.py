@@ -157,16 +157,19 @@ class RunContext:
                 f"task {self.task.id}: {self.stop_reason.value}; the handler is being cancelled"
             )
 
-    async def renew(self) -> None:
-        """Extend the lease (and the handler's global slots) now; stop the handler and raise
-        when it was canceled, or its lease or a slot was lost.
+    async def renew(self, progress: str | None = None) -> None:
+        """Extend the lease (and the handler's global slots) now, storing ``progress`` (JSON
+        text) on the task when given; stop the handler and raise when it was canceled, or its
+        lease or a slot was lost.
 
         A `BrokerError` (medium down or too slow) propagates, and the local deadline stays
         where it was: renewals that keep failing end at the fence.
         """
         self.raise_if_stopped()
         started = anyio.current_time()
-        beat = Heartbeat(self.task.id, self.lease.token, self.ttl, slot_queue=self.slot_queue)
+        beat = Heartbeat(
+            self.task.id, self.lease.token, self.ttl, slot_queue=self.slot_queue, progress=progress
+        )
         try:
             renewal = await self.calls(self.broker.heartbeat, beat, deadline=self.deadline)
         except (LeaseLostError, TaskNotFoundError):
@@ -188,11 +191,12 @@ class RunContext:
             self.raise_if_stopped()
 
 
-def current_context() -> RunContext:
-    """The context of the handler running in this task or thread; `NoTaskError` outside one."""
+def current_context(caller: str = "renew_lease()") -> RunContext:
+    """The context of the handler running in this task or thread; `NoTaskError` outside one,
+    naming ``caller``."""
     ctx = _current.get(None)
     if ctx is None:
-        raise NoTaskError("renew_lease() must be called from inside a running task handler")
+        raise NoTaskError(f"{caller} must be called from inside a running task handler")
     return ctx
 
 

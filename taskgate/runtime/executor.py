@@ -18,6 +18,7 @@ stays taken until the thread returns (`_ThreadRun`), so ``workers`` still bounds
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import threading
@@ -35,6 +36,7 @@ from taskgate.codec import encode_value
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext, enter, leave
+from taskgate.runtime.failures import format_traceback, log_failure
 from taskgate.runtime.lease import LeaseKeeper, note_fenced
 from taskgate.runtime.outcome import (
     Ack,
@@ -184,15 +186,20 @@ class Executor:
         raise _timed_out(limit)
 
     def _decide(self, exc: BaseException, task: Task) -> Outcome:
-        """`decide`, which never raises: whatever a handler raised, its task gets an outcome."""
+        """`decide`, which never raises: whatever a handler raised, its task gets an outcome,
+        carrying the handler's traceback, and the failure is logged (`log_failure`)."""
         try:
-            return decide(exc, task, throttled_max=self._throttled_max, policy=self._policy_for(task))
+            outcome = decide(exc, task, throttled_max=self._throttled_max, policy=self._policy_for(task))
         except Exception as broken:
             log.exception("task %s: the handler's failure could not be decided; the task fails", task.id)
-            return Fail(
+            outcome = Fail(
                 FailureKind.SKIP,
                 storable_error(f"the handler's failure could not be decided: {describe(broken)}"),
             )
+        if isinstance(outcome, Retry | Fail):
+            outcome = dataclasses.replace(outcome, traceback=format_traceback(exc))
+        log_failure(exc, task, outcome)
+        return outcome
 
     async def _in_thread(self, ctx: RunContext, handler: Handler, task: Task) -> Any:
         # A plain function cannot be interrupted: on cancel the thread is abandoned and its
@@ -273,10 +280,10 @@ def _settle_item(task_id: str, token: str, outcome: Outcome) -> Finish | None:
     match outcome:
         case Ack(result):
             return Complete(task_id, token, result)
-        case Retry(kind, error, delay, hold_queue):
-            return params.Retry(task_id, token, kind, error, timedelta(seconds=delay), hold_queue)
-        case Fail(kind, error):
-            return params.Fail(task_id, token, kind, error)
+        case Retry(kind, error, delay, hold_queue, traceback):
+            return params.Retry(task_id, token, kind, error, timedelta(seconds=delay), hold_queue, traceback)
+        case Fail(kind, error, traceback):
+            return params.Fail(task_id, token, kind, error, traceback)
         case Stop(StopReason.CANCELED):
             return Canceled(task_id, token)
         case Stop(StopReason.SHUTDOWN):
@@ -374,9 +381,9 @@ def _refused(outcome: Outcome, exc: Exception) -> Fail | None:
     match outcome:
         case Ack():
             return unstorable_result(exc)
-        case Retry(kind, error, _):
+        case Retry(kind, error, _, _, traceback):
             # A refused retry counted nothing: failing it counts the run once.
-            return Fail(kind, storable_error(f"{error} (its retry was refused: {describe(exc)})"))
+            return Fail(kind, storable_error(f"{error} (its retry was refused: {describe(exc)})"), traceback)
         case Fail(kind, error) if error != _REFUSED:
             return Fail(kind, _REFUSED)
     return None

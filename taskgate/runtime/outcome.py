@@ -84,20 +84,22 @@ class Ack:
 @dataclass(frozen=True, slots=True)
 class Retry:
     """Back to ``retrying`` after ``delay`` seconds, counting ``kind``; ``hold_queue``: the
-    task's queue is held as long (a queue-wide throttle)."""
+    task's queue is held as long (a queue-wide throttle); ``traceback``: the handler's, to store."""
 
     kind: FailureKind
     error: str
     delay: float
     hold_queue: bool = False
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    """Failed for good, counting ``kind``."""
+    """Failed for good, counting ``kind``; ``traceback``: the handler's, to store."""
 
     kind: FailureKind
     error: str
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from taskgate.runtime.lease import LeaseKeeper
 from taskgate.runtime.limits import Limits, LocalLimits, SharedQueueLimits, Slot
 from taskgate.runtime.outcome import DEFAULT_BACKOFF, DEFAULT_POLICY, HandlerPolicy, Policy, StopReason
 from taskgate.runtime.quota import QuotaGate
+from taskgate.runtime.retention import prune_pass, retention_plan
 from taskgate.runtime.scheduler import QueueScheduler
 from taskgate.runtime.signals import Signal, TaskWaiters
 from taskgate.runtime.wakeups import reap_forever, wait_for_work_forever
@@ -92,6 +93,7 @@ class Runtime:
         self._grace_over = False
         self._work_group: anyio.abc.TaskGroup | None = None
         self._executor_ref: Executor | None = None
+        self._retention = retention_plan(config)
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -445,6 +447,22 @@ class Runtime:
             ctx = self.active.get((task.id, task.claims))
             if ctx is not None:
                 ctx.stop(StopReason.LEASE_LOST)
+
+    async def prune_once(self) -> int:
+        """One retention pass: delete final tasks past their retention (`retention_plan`);
+        how many went. A failure is logged, never raised: the next pass tries again."""
+        deadline = min((worker_deadline(c) for c in self._all_queue_configs()), default=15.0)
+        try:
+            deleted = await prune_pass(self.calls, self.broker, self._retention, deadline)
+        except BrokerError as exc:
+            log.warning("retention: %s", exc)
+            return 0
+        except Exception:
+            log.exception("retention: pruning final tasks failed")
+            return 0
+        if deleted:
+            log.info("retention deleted %d final task(s)", deleted)
+        return deleted
 
     async def reap_once(self) -> list[Task]:
         """One reaper pass: take back expired leases and react to the result."""

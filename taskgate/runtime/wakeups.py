@@ -26,10 +26,12 @@ FIRST_PAUSE = 0.01
 
 
 async def reap_forever(runtime: Runtime, interval: float) -> None:
-    """Every ``interval`` seconds, take back expired leases (``broker.reap``)."""
+    """Every ``interval`` seconds, take back expired leases (``broker.reap``), then delete the
+    final tasks past their retention (``broker.prune``)."""
     while True:
         await anyio.sleep(interval)
         await runtime.reap_once()
+        await runtime.prune_once()
 
 
 async def wait_for_work_forever(runtime: Runtime, poll_interval: float) -> None:

@@ -64,6 +64,8 @@ def test_a_task_from_fields_is_the_task_its_constructor_makes() -> None:
         "finished_at": None,
         "timeout": timedelta(seconds=30),
         "group": "tenant-1",
+        "last_traceback": "Traceback (most recent call last): ...",
+        "progress_json": '{"done":1}',
         "cancel_requested": True,
     }
     assert tuple(values) == TASK_FIELDS

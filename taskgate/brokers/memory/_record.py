@@ -44,6 +44,8 @@ class Record:
     finished_at: datetime | None
     timeout: timedelta | None
     group: str | None
+    last_traceback: str | None
+    progress_json: str | None
     cancel_requested: bool
     # The lease's token and end while running; None otherwise.
     token: str | None
@@ -93,6 +95,8 @@ class Record:
         self.finished_at = finished_at
         self.timeout = timeout
         self.group = group
+        self.last_traceback = None
+        self.progress_json = None
         self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None

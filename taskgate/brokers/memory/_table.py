@@ -60,6 +60,29 @@ class TaskTable:
         self._count(record, +1)
         self._enter(record)
 
+    def remove(self, record: Record) -> None:
+        """Delete a final ``record`` and every index entry naming it (`Broker.prune`).
+
+        Its business key goes with its last execution; a replay chain's newest going leaves the
+        one it replayed newest again. Its ready-heap entries, if any are left, go stale.
+        """
+        del self.records[record.id]
+        self._count(record, -1)
+        for parent in dict.fromkeys(record.depends_on):
+            siblings = self.children.get(parent)
+            if siblings is not None:
+                siblings.remove(record.id)
+                if not siblings:
+                    del self.children[parent]
+        self.children.pop(record.id, None)  # final children keep naming it in depends_on
+        if record.business_key is not None:
+            executions = self.by_key[record.business_key]
+            executions.remove(record.id)
+            if not executions:
+                del self.by_key[record.business_key]
+        if record.replay_of is not None and self.replayed_by.get(record.replay_of) == record.id:
+            del self.replayed_by[record.replay_of]
+
     def set_status(self, record: Record, status: Status) -> None:
         """Move ``record`` to ``status``, keeping counters, ready heaps and running set in step.
 
@@ -209,8 +232,13 @@ class TaskTable:
 
     def _live(self, run_at: datetime, task_id: str, seq: int) -> Record | None:
         """The record of a heap entry still current (ready, same seq and due time), else None."""
-        record = self.records[task_id]
-        if record.status in READY_STATUSES and record.ready_seq == seq and record.run_at == run_at:
+        record = self.records.get(task_id)  # None: pruned since
+        if (
+            record is not None
+            and record.status in READY_STATUSES
+            and record.ready_seq == seq
+            and record.run_at == run_at
+        ):
             return record
         return None
 

@@ -26,6 +26,7 @@ from taskgate.brokers.checks import check_count, check_queues, check_timeout
 from taskgate.brokers.memory._dependencies import arrival_status, settle_children
 from taskgate.brokers.memory._holds import HoldBook
 from taskgate.brokers.memory._limits import Admit, SharedBook
+from taskgate.brokers.memory._prune import prune_records
 from taskgate.brokers.memory._quota import QuotaBook
 from taskgate.brokers.memory._record import Record
 from taskgate.brokers.memory._table import READY_STATUSES, TaskTable
@@ -40,6 +41,7 @@ from taskgate.brokers.params import (
     Heartbeat,
     Hold,
     ItemAnswer,
+    Prune,
     QueueQuery,
     QueueState,
     Renewal,
@@ -346,6 +348,8 @@ class MemoryBroker:
             now = self._now()
             record = self._holding(heartbeat.task_id, heartbeat.token)
             expires_at = record.lease_expires_at = now + heartbeat.lease_ttl
+            if heartbeat.progress is not None:
+                record.progress_json = heartbeat.progress
             slot_lost = heartbeat.slot_queue is not None and not self._limits.renew(
                 heartbeat.slot_queue, heartbeat.token, expires_at, now
             )
@@ -387,7 +391,7 @@ class MemoryBroker:
             self._finish(record, Status.COMPLETED, now)
         elif isinstance(item, Retry):
             # Cancel requested meanwhile: the failure still counts, and the task is canceled.
-            _count_failure(record, item.kind, item.error)
+            _count_failure(record, item.kind, item.error, item.traceback)
             if item.hold_queue:
                 self._holds.extend(record.queue, now + item.delay)
             if record.cancel_requested:
@@ -397,7 +401,7 @@ class MemoryBroker:
                 self._table.set_status(record, Status.RETRYING)
                 self._signal([record.queue])
         elif isinstance(item, Fail):
-            _count_failure(record, item.kind, item.error)
+            _count_failure(record, item.kind, item.error, item.traceback)
             self._finish(record, Status.FAILED, now)
         elif isinstance(item, Requeue):
             self._back_to_pending_or_cancel(record, now)
@@ -445,6 +449,15 @@ class MemoryBroker:
                 record.last_error = _CANCELED_ERROR
                 self._finish(record, Status.CANCELED, now)
             return record.snapshot()
+
+    def prune(self, prune: Prune) -> int:
+        """Delete up to ``prune.limit`` final tasks it names (see `Broker.prune`), oldest stored
+        first; how many were deleted."""
+        if not isinstance(prune, Prune):
+            raise TypeError(f"prune takes a Prune, got {type(prune).__name__}")
+        with self._cond:
+            self._check_open()
+            return prune_records(self._table, prune, self._now())
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
@@ -653,9 +666,10 @@ def _replay_record(
     )
 
 
-def _count_failure(record: Record, kind: FailureKind, error: str) -> None:
+def _count_failure(record: Record, kind: FailureKind, error: str, traceback: str | None) -> None:
     if kind is FailureKind.THROTTLED:
         record.throttled += 1
     else:
         record.attempts += 1
     record.last_error = error
+    record.last_traceback = traceback

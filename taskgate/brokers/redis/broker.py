@@ -18,6 +18,7 @@ from taskgate.brokers.params import (
     Heartbeat,
     Hold,
     ItemAnswer,
+    Prune,
     QueueQuery,
     QueueState,
     QuotaUsage,
@@ -341,6 +342,8 @@ class RedisBroker:
 
     def _plan_heartbeat(self, heartbeat: Heartbeat) -> _Request[Renewal]:
         args = [heartbeat.task_id, heartbeat.token, ttl_us(heartbeat.lease_ttl), heartbeat.slot_queue or ""]
+        if heartbeat.progress is not None:
+            args.append(heartbeat.progress)
         return self._request("heartbeat", args, _renewal)
 
     # -- tasks: anyone's transitions -------------------------------------------------------
@@ -357,6 +360,25 @@ class RedisBroker:
     def _plan_cancel(self, task_id: str) -> _Request[Task]:
         check_identifier(task_id, what="task id")
         return self._request("cancel", [task_id], _one_task)
+
+    def prune(self, prune: Prune) -> int:
+        """Delete up to ``prune.limit`` final tasks it names (see `Broker.prune`), oldest
+        created first, with every key entry naming them -- one script (``prune.lua``), which
+        looks at most ``4 * limit + 1000`` index entries per status; how many went."""
+        if not isinstance(prune, Prune):
+            raise TypeError(f"prune takes a Prune, got {type(prune).__name__}")
+        queues = prune.queues or ()
+        args: builtins.list[Any] = [
+            ttl_us(prune.older_than),
+            prune.limit,
+            prune.type or "",
+            prune.group or "",
+        ]
+        excluded = prune.exclude_queues
+        args.extend((len(queues), *queues, len(excluded), *excluded))
+        args.extend(status.value for status in prune.statuses)
+        (deleted,) = self._run("prune", args)
+        return int(deleted)
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).

@@ -95,6 +95,8 @@ SNAPSHOT_FIELDS = (
     "finished_at",
     "timeout_ms",
     "group",
+    "last_traceback",
+    "progress",
     "cancel_requested",
     "token",
     "lease_until",
@@ -139,6 +141,8 @@ def task_from_values(values: Sequence[Any]) -> Task:
         finished_at,
         timeout_ms,
         group,
+        last_traceback,
+        progress,
         cancel_requested,
         _token,
         _lease_until,
@@ -169,6 +173,8 @@ def task_from_values(values: Sequence[Any]) -> Task:
             "finished_at": _time(finished_at),
             "timeout": _timeout(timeout_ms),
             "group": _text(group),
+            "last_traceback": _text(last_traceback),
+            "progress_json": _text(progress),
             "cancel_requested": cancel_requested == b"1",
         }
     )
@@ -313,6 +319,8 @@ def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Tas
             "finished_at": finished_at,
             "timeout": item.timeout,
             "group": item.group,
+            "last_traceback": None,
+            "progress_json": None,
             "cancel_requested": False,
         }
     )

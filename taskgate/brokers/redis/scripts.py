@@ -51,6 +51,7 @@ SCRIPT_NAMES = (
     "hold",
     "list",
     "next_due",
+    "prune",
     "queue_state",
     "reap",
     "replay",

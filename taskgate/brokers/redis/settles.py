@@ -47,12 +47,18 @@ def _item_args(item: Finish) -> tuple[Any, ...]:
         return ("complete", item.task_id, item.token, 0 if result is None else 1, result or b"")
     if isinstance(item, Retry):
         hold = 1 if item.hold_queue else 0
-        return ("retry", item.task_id, item.token, item.kind.value, item.error, ttl_us(item.delay), hold)
+        delay = ttl_us(item.delay)
+        return ("retry", item.task_id, item.token, item.kind.value, item.error, delay, hold, *_tb(item))
     if isinstance(item, Fail):
-        return ("fail", item.task_id, item.token, item.kind.value, item.error)
+        return ("fail", item.task_id, item.token, item.kind.value, item.error, *_tb(item))
     if isinstance(item, Requeue):
         return ("requeue", item.task_id, item.token)
     return ("canceled", item.task_id, item.token)  # Canceled
+
+
+def _tb(item: Retry | Fail) -> tuple[int, str]:
+    """An item's traceback as ``settle.lua`` reads it: whether it has one, and its text."""
+    return (0, "") if item.traceback is None else (1, item.traceback)
 
 
 def _giving_back(give_back: GiveBack | None) -> GiveBack | None:

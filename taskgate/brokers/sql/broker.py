@@ -46,6 +46,7 @@ from taskgate.brokers.params import (
     Heartbeat,
     Hold,
     ItemAnswer,
+    Prune,
     QueueQuery,
     QueueState,
     Renewal,
@@ -66,6 +67,7 @@ from taskgate.brokers.sql import (
     reads,
     slots,
 )
+from taskgate.brokers.sql import prune as pruning
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, traits_for
 from taskgate.brokers.sql.edge import translated
 from taskgate.brokers.sql.engine import is_memory_sqlite, make_engine, normalize_url, prepare_engine
@@ -520,10 +522,10 @@ class SQLBroker:
         ``slot_lost``).
         """
         task_id, token, lease_ttl = heartbeat.task_id, heartbeat.token, heartbeat.lease_ttl
-        slot_queue = heartbeat.slot_queue
+        slot_queue, progress = heartbeat.slot_queue, heartbeat.progress
 
         def step(tx: Tx) -> Renewal:
-            renewal = leases.heartbeat(tx, task_id, token, lease_ttl)
+            renewal = leases.heartbeat(tx, task_id, token, lease_ttl, progress)
             return renewal if slot_queue is None else slots.renew_slot(tx, slot_queue, renewal, token)
 
         return self._run("heartbeat", step)
@@ -539,6 +541,13 @@ class SQLBroker:
         """
         check_identifier(task_id, what="task id")
         return self._run("cancel", lambda tx: finish.cancel(tx, task_id))
+
+    def prune(self, prune: Prune) -> int:
+        """Delete up to ``prune.limit`` final tasks it names (see `Broker.prune`), oldest
+        created first, in one transaction (`taskgate.brokers.sql.prune`); how many went."""
+        if not isinstance(prune, Prune):
+            raise TypeError(f"prune takes a Prune, got {type(prune).__name__}")
+        return self._run("prune", lambda tx: pruning.prune(tx, prune), inline=False)
 
     def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).

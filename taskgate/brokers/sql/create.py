@@ -373,6 +373,10 @@ def _row(
         "result": None,
         "last_error": error,
         "timeout_ms": timeout_ms,
+        # Every column has a value: each dialect's one INSERT shape binds them all.
+        "last_traceback": None,
+        "progress": None,
+        "trace_context": None,
     }
 
 

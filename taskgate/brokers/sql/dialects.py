@@ -97,6 +97,11 @@ class Traits:
         """``stmt`` taking shared locks: the rows cannot change status until we commit."""
         return stmt.with_for_update(read=True)
 
+    def lock_for_delete(self, stmt: _S) -> _S:
+        """``stmt`` taking the strongest row locks, skipping busy rows: rows about to be
+        deleted, whose foreign-key checks by concurrent inserts must wait for the delete."""
+        return stmt.with_for_update(skip_locked=True)
+
     def insert_if_missing(self, table: Table, values: Mapping[str, Any]) -> Insert:
         """An INSERT of ``values`` that does nothing when the primary key exists already."""
         raise NotImplementedError
@@ -332,6 +337,10 @@ class SQLiteTraits(Traits):
         return stmt
 
     def lock_shared(self, stmt: _S) -> _S:
+        """No row locks: the immediate write transaction already excludes other writers."""
+        return stmt
+
+    def lock_for_delete(self, stmt: _S) -> _S:
         """No row locks: the immediate write transaction already excludes other writers."""
         return stmt
 

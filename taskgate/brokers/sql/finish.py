@@ -59,12 +59,12 @@ def settle_one(tx: Tx, item: Finish) -> Task:
     if isinstance(item, Complete):
         return ack(tx, item.task_id, item.token, item.result)
     if isinstance(item, Retry):
-        task = retry(tx, item.task_id, item.token, item.kind, item.error, item.delay)
+        task = retry(tx, item.task_id, item.token, item.kind, item.error, item.delay, item.traceback)
         if item.hold_queue:  # a queue-wide throttle: in the same transaction as the retry
             holds.extend(tx, task.queue, tx.now + item.delay)
         return task
     if isinstance(item, Fail):
-        return fail(tx, item.task_id, item.token, item.kind, item.error)
+        return fail(tx, item.task_id, item.token, item.kind, item.error, item.traceback)
     if isinstance(item, Requeue):
         return requeue(tx, item.task_id, item.token)
     if isinstance(item, Canceled):
@@ -78,19 +78,29 @@ def ack(tx: Tx, task_id: str, token: str, result: bytes | None) -> Task:
     return _finish(tx, row, Status.COMPLETED, {"result": result})
 
 
-def retry(tx: Tx, task_id: str, token: str, kind: FailureKind, error: str, delay: timedelta) -> Task:
+def retry(
+    tx: Tx,
+    task_id: str,
+    token: str,
+    kind: FailureKind,
+    error: str,
+    delay: timedelta,
+    traceback: str | None = None,
+) -> Task:
     """Count the failure, then ``retrying`` due at now + delay, or canceled if a cancel was asked."""
     row = _release(tx, task_id, token)
-    counted = _count_failure(row, kind, error)
+    counted = _count_failure(row, kind, error, traceback)
     if row["cancel_requested"]:
         return _finish(tx, row, Status.CANCELED, counted)
     return _move(tx, row, {**counted, **status_values(Status.RETRYING), "run_at": tx.now + delay})
 
 
-def fail(tx: Tx, task_id: str, token: str, kind: FailureKind, error: str) -> Task:
+def fail(
+    tx: Tx, task_id: str, token: str, kind: FailureKind, error: str, traceback: str | None = None
+) -> Task:
     """Count the failure, set ``failed``, cancel descendants."""
     row = _release(tx, task_id, token)
-    return _finish(tx, row, Status.FAILED, _count_failure(row, kind, error))
+    return _finish(tx, row, Status.FAILED, _count_failure(row, kind, error, traceback))
 
 
 def requeue(tx: Tx, task_id: str, token: str) -> Task:
@@ -130,10 +140,12 @@ def _release(tx: Tx, task_id: str, token: str) -> Mapping[str, Any]:
     return found[0]
 
 
-def _count_failure(row: Mapping[str, Any], kind: FailureKind, error: str) -> dict[str, Any]:
+def _count_failure(
+    row: Mapping[str, Any], kind: FailureKind, error: str, traceback: str | None
+) -> dict[str, Any]:
     if kind is FailureKind.THROTTLED:
-        return {"throttled": row["throttled"] + 1, "last_error": error}
-    return {"attempts": row["attempts"] + 1, "last_error": error}
+        return {"throttled": row["throttled"] + 1, "last_error": error, "last_traceback": traceback}
+    return {"attempts": row["attempts"] + 1, "last_error": error, "last_traceback": traceback}
 
 
 def _move(tx: Tx, row: Mapping[str, Any], values: dict[str, Any]) -> Task:

@@ -320,14 +320,19 @@ def due_order(row: Mapping[str, Any]) -> tuple[Any, str]:
     return (row["run_at"], row["id"])
 
 
-def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta) -> Renewal:
-    """Extend the lease; an expired lease no reaper took back yet can still be renewed."""
+def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta, progress: str | None = None) -> Renewal:
+    """Extend the lease (storing ``progress`` on the task when given); an expired lease no
+    reaper took back yet can still be renewed."""
     lease = tx.models.lease
     expires_at = tx.now + lease_ttl
     where = (lease.task_id == task_id, lease.token == token)
-    # Only the narrow lease row is written; the wide task row is not touched by heartbeats.
+    # Only the narrow lease row is written; the wide task row is not touched by heartbeats
+    # (but by a progress report, after the lease row's update proved the token).
     if tx.conn.execute(update(lease).where(*where).values(expires_at=expires_at)).rowcount == 0:
         raise lease_lost_error(tx, task_id)
+    if progress is not None:
+        task = tx.models.task
+        tx.conn.execute(update(task).where(task.id == task_id).values(progress=progress))
     cancel_requested = tx.conn.execute(select(lease.cancel_requested).where(*where)).scalar()
     return Renewal(expires_at=expires_at, cancel_requested=bool(cancel_requested))
 

@@ -147,6 +147,8 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
             "finished_at": values["finished_at"],
             "timeout": _timeout(values["timeout_ms"]),
             "group": values["group_name"],
+            "last_traceback": values["last_traceback"],
+            "progress_json": values["progress"],
             "cancel_requested": bool(values.get("cancel_requested")),
         }
     )

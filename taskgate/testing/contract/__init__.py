@@ -43,6 +43,8 @@ from taskgate.testing.contract.holds import HoldContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
+from taskgate.testing.contract.progress import ProgressContract
+from taskgate.testing.contract.prune import PruneContract
 from taskgate.testing.contract.queue_state import QueueStateContract
 from taskgate.testing.contract.quota import QuotaContract
 from taskgate.testing.contract.races import RaceContract
@@ -80,6 +82,8 @@ class BrokerContract(
     QuotaContract,
     QueueStateContract,
     HoldContract,
+    PruneContract,
+    ProgressContract,
     SharedLimitsContract,
     ValidationContract,
     RaceContract,

@@ -20,8 +20,8 @@
 --                             [result] [last_error] attempts max_retry throttled lease_lost
 --                             claims depends_on(JSON array) ignore_parent_failure(0/1)
 --                             [business_key] [replay_of] [started_at] [finished_at]
---                             [timeout_ms] [group] cancel_requested(0/1) [token]
---                             [lease_until]; times in µs, timeout_ms in ms
+--                             [timeout_ms] [group] [last_traceback] [progress] cancel_requested(0/1)
+--                             [token] [lease_until]; times in µs, timeout_ms in ms
 --   queue:<queue>      ZSET   pending+retrying ids, score run_at (µs): the claim order
 --   due:<n>:<queue>:<type>  ZSET  the same entries of one type (<n> is the queue name's
 --                             length, so the key is unambiguous): a claim of some types
@@ -564,7 +564,16 @@ local function extend_hold(queue, until_us)
   end
 end
 
-local function retry_held(id, token, kind, text, delay, hold)
+-- Store `tb` as the task's last_traceback, or delete the field when it is nil.
+local function set_traceback(id, tb)
+  if tb then
+    redis.call('HSET', task_key(id), 'last_traceback', tb)
+  else
+    redis.call('HDEL', task_key(id), 'last_traceback')
+  end
+end
+
+local function retry_held(id, token, kind, text, delay, hold, tb)
   local t, err = load_leased(id, token)
   if not t then
     return err
@@ -574,6 +583,7 @@ local function retry_held(id, token, kind, text, delay, hold)
   end
   count_failure(t, kind)
   redis.call('HSET', task_key(id), 'last_error', text)
+  set_traceback(id, tb)
   if t.cancel_requested == '1' then
     finish(t, 'canceled', {})
   else
@@ -581,14 +591,15 @@ local function retry_held(id, token, kind, text, delay, hold)
   end
 end
 
--- Count the failure by `kind`, store `text` as its error, and fail the task for good (its
--- descendants canceled).
-local function fail_held(id, token, kind, text)
+-- Count the failure by `kind`, store `text` as its error (and `tb` as its traceback), and
+-- fail the task for good (its descendants canceled).
+local function fail_held(id, token, kind, text, tb)
   local t, err = load_leased(id, token)
   if not t then
     return err
   end
   count_failure(t, kind)
+  set_traceback(id, tb)
   finish(t, 'failed', { 'last_error', text })
 end
 

@@ -9,11 +9,12 @@
 -- ARGV[3]  lease token
 -- ARGV[4]  lease ttl in µs
 -- ARGV[5]  the queue of the lease's slot, "" for none
+-- ARGV[6]  (optional) the progress JSON text to store on the task
 -- Returns  {"ok", lease_until (µs), cancel_requested (0/1), slot_lost (0/1)}; or
 --          {"notfound", id}; {"leaselost", id, status} when the token is not the current lease
 --          (then the slot is left as it is)
 --
--- Touches: task:<id> HASH, leases ZSET, slots:<queue> ZSET token -> expiry (µs).
+-- Touches: task:<id> HASH (lease_until, progress), leases ZSET, slots:<queue> ZSET token -> expiry (µs).
 
 local id, token = ARGV[2], ARGV[3]
 local t, err = load_leased(id, token)
@@ -21,7 +22,11 @@ if not t then
   return err
 end
 local lease_until = int_str(NOW + tonumber(ARGV[4]))
-redis.call('HSET', task_key(id), 'lease_until', lease_until)
+if ARGV[6] then
+  redis.call('HSET', task_key(id), 'lease_until', lease_until, 'progress', ARGV[6])
+else
+  redis.call('HSET', task_key(id), 'lease_until', lease_until)
+end
 redis.call('ZADD', B .. 'leases', lease_until, id)
 local slot_lost = 0
 if ARGV[5] ~= '' then

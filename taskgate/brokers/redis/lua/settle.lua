@@ -15,8 +15,10 @@
 --          and those R tokens
 -- then     the number N of items, and the N items in order, each its kind and its values:
 --            "complete" id token has_result(0/1) result   (result ignored when has_result is 0)
---            "retry"    id token failure_kind error delay_us hold_queue(0/1)
---            "fail"     id token failure_kind error
+--            "retry"    id token failure_kind error delay_us hold_queue(0/1) has_tb(0/1) traceback
+--            "fail"     id token failure_kind error has_tb(0/1) traceback
+--          (traceback: the task's new last_traceback, ignored when has_tb is 0: the field is
+--          then deleted)
 --            "requeue"  id token
 --            "canceled" id token
 --          (failure_kind: "business", "throttled" or "skip")
@@ -63,12 +65,12 @@ local ENDS = {
     return ack_held(id, token, has_result == '1' and result or nil, quiet), nil
   end,
   retry = function()
-    local id, token, kind, text, delay, hold = take(6)
-    return retry_held(id, token, kind, text, delay, hold), id
+    local id, token, kind, text, delay, hold, has_tb, tb = take(8)
+    return retry_held(id, token, kind, text, delay, hold, has_tb == '1' and tb or nil), id
   end,
   fail = function()
-    local id, token, kind, text = take(4)
-    return fail_held(id, token, kind, text), id
+    local id, token, kind, text, has_tb, tb = take(6)
+    return fail_held(id, token, kind, text, has_tb == '1' and tb or nil), id
   end,
   requeue = function()
     local id, token = take(2)
