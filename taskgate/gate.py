@@ -25,11 +25,20 @@ from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
 from taskgate.config import Config, QueueConfig
 from taskgate.durations import DurationLike
-from taskgate.errors import ConfigError, TaskFailedError, TaskNotFoundError
+from taskgate.errors import (
+    AlreadyFinalError,
+    AlreadyReplayedError,
+    CompletedNotAllowedError,
+    ConfigError,
+    ReplayNotFinalError,
+    TaskFailedError,
+    TaskNotFoundError,
+)
 from taskgate.ids import new_id
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.outcome import HandlerPolicy
 from taskgate.runtime.purge import purge, purge_params
+from taskgate.runtime.recovery import WAITING_STATUSES, descendants_to_rerun, replay_pairs, replay_statuses
 from taskgate.runtime.runner import Runtime
 from taskgate.runtime.stats import StatsReader
 from taskgate.runtime.submission import build_tasks, pause_for, route
@@ -222,15 +231,20 @@ class Gate:
 
         Sorted by ``(created_at, id)``, then ``offset`` skipped and ``limit`` taken (0 = all).
         """
-        base = filter if filter is not None else Filter()
-        if not isinstance(base, Filter):
-            raise TypeError(f"filter must be a taskgate.Filter, got {type(base).__name__}")
-        known = {f.name for f in dataclasses.fields(Filter)}
-        unknown = sorted(set(filter_fields) - known)
-        if unknown:
-            raise TypeError(f"unknown filter field(s) {', '.join(unknown)}; known: {sorted(known)}")
-        query = dataclasses.replace(base, **filter_fields) if filter_fields else base
+        return await self._list(_filter(filter, filter_fields))
+
+    async def _list(self, query: Filter) -> builtins.list[Task]:
         return await self._runtime.calls(self.config.broker.list, query)
+
+    async def _list_in(self, query: Filter, statuses: Iterable[Status]) -> builtins.list[Task]:
+        """The tasks ``query`` matches in any of ``statuses``, by ``(created_at, id)``, then
+        its offset and limit."""
+        found: builtins.list[Task] = []
+        for status in statuses:
+            found += await self._list(dataclasses.replace(query, status=status, limit=0, offset=0))
+        found.sort(key=lambda t: (t.created_at, t.id))
+        end = None if query.limit == 0 else query.offset + query.limit
+        return found[query.offset : end]
 
     async def history(self, business_key: str) -> builtins.list[Task]:
         """Every execution of ``business_key``, oldest first (``[]`` for an unknown key)."""
@@ -316,20 +330,85 @@ class Gate:
         return task
 
     async def replay(
-        self, execution_id: str, *, allow_completed: bool = False, payload: Any | Unset = UNSET
+        self,
+        execution_id: str,
+        *,
+        allow_completed: bool = False,
+        payload: Any | Unset = UNSET,
+        descendants: bool = False,
     ) -> str:
         """Re-run a final execution as a new one (``replay_of`` = ``execution_id``); returns its id.
 
-        ``payload`` replaces the old payload when given. Raises `ReplayNotFinalError`,
-        `AlreadyReplayedError` (not the newest of its chain), `CompletedNotAllowedError`.
+        ``payload`` replaces the old payload when given. ``descendants=True``: the canceled
+        descendants of ``execution_id`` (the later stages of a pipeline its failure canceled)
+        are re-run too, each depending on the new executions of its parents, all in one unit
+        with it -- a failed pipeline recovers in one call. Raises `ReplayNotFinalError`,
+        `AlreadyReplayedError` (not the newest of its chain; with ``descendants``, for any of
+        them), `CompletedNotAllowedError`, creating nothing.
         """
         self._runtime.check_open()
         check_identifier(execution_id, what="execution id")
         body = payload if isinstance(payload, Unset) else encode_value(payload, what="payload")
-        replay = Replay(execution_id, new_id(), allow_completed=allow_completed, payload=body)
+        pairs = replay_pairs(await descendants_to_rerun(self._list, execution_id)) if descendants else ()
+        replay = Replay(
+            execution_id, new_id(), allow_completed=allow_completed, payload=body, descendants=pairs
+        )
+        return (await self._replay(replay))[0]
+
+    async def _replay(self, replay: Replay) -> builtins.list[str]:
+        """Make ``replay``; the ids of the executions it created (its first one first)."""
         task = await self._runtime.calls(self.config.broker.replay, replay)
-        await self._runtime.observe([task])
-        return task.id
+        made = [task, *[await self.get(new) for _, new in replay.descendants]]
+        await self._runtime.observe(made)
+        return [t.id for t in made]
+
+    async def cancel_many(self, filter: Filter | None = None, **filter_fields: Any) -> int:
+        """Cancel every task ``filter`` matches (fields also as keywords, as for `list`) that is
+        not final yet -- blocked, pending, retrying, running (marked) -- as `cancel` does each;
+        how many it canceled or marked. Descendants canceled along with a task are not counted;
+        a task that finished meanwhile is passed over. ``limit``/``offset`` page the matches.
+        """
+        query = _filter(filter, filter_fields)
+        if query.status is not None and query.status.is_final:
+            return 0
+        statuses = WAITING_STATUSES if query.status is None else (query.status,)
+        canceled = 0
+        for task in await self._list_in(query, statuses):
+            try:
+                await self.cancel(task.id)
+            except (AlreadyFinalError, TaskNotFoundError):
+                continue  # finished, or canceled with an ancestor, since it was read
+            canceled += 1
+        return canceled
+
+    async def replay_many(
+        self, filter: Filter | None = None, *, allow_completed: bool = False, **filter_fields: Any
+    ) -> builtins.list[str]:
+        """`replay` every final task ``filter`` matches (fields also as keywords) with its
+        canceled descendants (``descendants=True``); the ids of the executions created.
+
+        Without a status in the filter: failed and canceled tasks, and completed ones with
+        ``allow_completed``. A task already re-run -- by an earlier replay in this call (a stage
+        of a pipeline replayed with its failed stage) or elsewhere (not the newest of its chain)
+        -- is passed over. Oldest first; ``limit``/``offset`` page the matches. A status that is
+        not final raises `ValueError`, replaying nothing.
+        """
+        self._runtime.check_open()
+        query = _filter(filter, filter_fields)
+        statuses = replay_statuses(query, allow_completed)
+        made: builtins.list[str] = []
+        covered: set[str] = set()
+        for task in await self._list_in(query, statuses):
+            if task.id in covered:
+                continue
+            pairs = replay_pairs(await descendants_to_rerun(self._list, task.id))
+            replay = Replay(task.id, new_id(), allow_completed=allow_completed, descendants=pairs)
+            try:
+                made += await self._replay(replay)
+            except (AlreadyReplayedError, ReplayNotFinalError, CompletedNotAllowedError, TaskNotFoundError):
+                continue  # re-run, or gone, since it was read
+            covered.update(old for old, _ in pairs)
+        return made
 
     async def replay_by_key(
         self, business_key: str, *, allow_completed: bool = False, payload: Any | Unset = UNSET
@@ -471,3 +550,15 @@ def _check_broker(config: Config) -> None:
             f"broker {type(config.broker).__name__} declares capabilities.split_calls but has no "
             "split() (taskgate.brokers.split.SplitCaller)"
         )
+
+
+def _filter(filter: Filter | None, fields: dict[str, Any]) -> Filter:
+    """``filter`` (None: match all) with ``fields`` overriding it; `TypeError` naming unknowns."""
+    base = filter if filter is not None else Filter()
+    if not isinstance(base, Filter):
+        raise TypeError(f"filter must be a taskgate.Filter, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(Filter)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"unknown filter field(s) {', '.join(unknown)}; known: {sorted(known)}")
+    return dataclasses.replace(base, **fields) if fields else base

@@ -95,7 +95,8 @@ class Task:
 class Filter:
     """Selects tasks for `list`: filter, sort by ``(created_at, id)``, skip ``offset``, take ``limit``.
 
-    ``limit=0`` means all. ``None`` fields match anything.
+    ``limit=0`` means all. ``None`` fields match anything. ``parent``: the tasks that depend
+    on that task (its children).
     """
 
     type: str | None = None
@@ -105,6 +106,7 @@ class Filter:
     group: str | None = None
     limit: int = 0
     offset: int = 0
+    parent: str | None = None
 
     def __post_init__(self) -> None:
         if self.limit < 0:

@@ -177,19 +177,50 @@ class Submitted:
 class Replay:
     """A new execution ``new_id`` re-running ``execution_id``; see `Broker.replay`.
 
-    ``payload`` replaces the old payload when given (None clears it).
+    ``payload`` replaces the old payload when given (None clears it). ``descendants``: pairs
+    (old id, new id) of final tasks to re-run in the same unit, in order, each after the ones
+    it depends on: each new one copies its old one (payload included) but depends on the new
+    executions of those of its parents re-run here -- ``execution_id`` and earlier pairs -- and
+    on its other parents as they are (a failed pipeline's canceled stages, re-run after the
+    stage that failed). Every old id is checked as ``execution_id`` is.
     """
 
     execution_id: str
     new_id: str
     allow_completed: bool = False
     payload: bytes | Unset | None = UNSET
+    descendants: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         check_identifier(self.execution_id, what="execution id")
         check_identifier(self.new_id, what="new id")
         if not (self.payload is None or isinstance(self.payload, bytes | Unset)):
             raise TypeError(f"payload must be bytes or None, got {type(self.payload).__name__}")
+        if self.descendants:
+            object.__setattr__(self, "descendants", _replay_pairs(self))
+
+    @property
+    def new_ids(self) -> dict[str, str]:
+        """Each old id re-run here (``execution_id`` first) -> its new execution's id."""
+        return {self.execution_id: self.new_id, **dict(self.descendants)}
+
+
+def _replay_pairs(replay: Replay) -> tuple[tuple[str, str], ...]:
+    pairs = _tuple_of(replay.descendants, tuple, what="Replay.descendants")
+    old_ids, new_ids = {replay.execution_id}, {replay.new_id}
+    for n, pair in enumerate(pairs):
+        assert isinstance(pair, tuple)
+        if len(pair) != 2:
+            raise ValueError(f"Replay.descendants[{n}] must be an (old id, new id) pair, got {pair!r}")
+        old_id: str = pair[0]
+        new_id: str = pair[1]
+        check_identifier(old_id, what=f"Replay.descendants[{n}] old id")
+        check_identifier(new_id, what=f"Replay.descendants[{n}] new id")
+        if {old_id, new_id} & (old_ids | new_ids) or old_id == new_id:
+            raise ValueError(f"Replay.descendants[{n}] repeats an id: {pair!r}")
+        old_ids.add(old_id)
+        new_ids.add(new_id)
+    return pairs  # type: ignore[return-value]
 
 
 # -- queue state -------------------------------------------------------------------------

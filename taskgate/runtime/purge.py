@@ -33,9 +33,9 @@ def purge_params(filter: Filter | None, older_than: DurationLike | None) -> tupl
             "purge deletes final tasks only (completed, failed, canceled); "
             f"the filter names status {flt.status.value}"
         )
-    if flt.business_key is not None or flt.offset:
+    if flt.business_key is not None or flt.parent is not None or flt.offset:
         raise ValueError(
-            "purge filters by status, type, queue and group (and limit); not business_key or offset"
+            "purge filters by status, type, queue and group (and limit); not business_key, parent or offset"
         )
     age = _age(older_than)
     statuses: tuple[Status, ...] = _FINAL if flt.status is None else (flt.status,)

@@ -267,6 +267,10 @@ class TaskTable:
         if flt.business_key is not None:
             executions = (self.records[i] for i in self.by_key.get(flt.business_key, ()))
             matching = [r for r in executions if _matches(r, flt)]
+        elif flt.parent is not None:
+            children = (self.records.get(i) for i in dict.fromkeys(self.children.get(flt.parent, ())))
+            matching = [r for r in children if r is not None and _matches(r, flt)]
+            matching.sort(key=lambda r: (r.created_at, r.id))
         else:
             matching = [r for r in self.records.values() if _matches(r, flt)]
             matching.sort(key=lambda r: (r.created_at, r.id))
@@ -281,4 +285,5 @@ def _matches(record: Record, flt: Filter) -> bool:
         and (flt.group is None or record.group == flt.group)
         and (flt.status is None or record.status is flt.status)
         and (flt.business_key is None or record.business_key == flt.business_key)
+        and (flt.parent is None or flt.parent in record.depends_on)
     )

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 
 from taskgate.brokers.base import (
+    UNSET,
     Capabilities,
     FailureKind,
     Lease,
@@ -165,23 +166,40 @@ class MemoryBroker:
         return found
 
     def replay(self, replay: Replay) -> Task:
-        """Create execution ``replay.new_id`` re-running ``replay.execution_id``, atomically
-        with the checks.
+        """Create execution ``replay.new_id`` re-running ``replay.execution_id`` -- and those of
+        ``replay.descendants`` -- atomically with the checks; the snapshot of the first.
 
-        Checks in this order: `TaskNotFoundError`, `ReplayNotFinalError`,
-        `AlreadyReplayedError`, `CompletedNotAllowedError`; ``new_id`` in use: `ValueError`.
+        Checks in this order, for each execution in turn: `TaskNotFoundError`,
+        `ReplayNotFinalError`, `AlreadyReplayedError`, `CompletedNotAllowedError`; a new id in
+        use: `ValueError`. Nothing is created unless every check passes.
         """
         with self._cond:
             now = self._now()
-            old = self._table.find(replay.execution_id)
-            self._check_replayable(old, replay.allow_completed)
-            self._check_new_id(replay.new_id)
-            record = _replay_record(old, replay.new_id, now, replay.payload, self._table)
-            self._table.add(record)
-            self._table.replayed_by[old.id] = record.id
-            if record.status in READY_STATUSES:
-                self._signal([record.queue])
-            return record.snapshot()
+            runs = [(replay.execution_id, replay.new_id), *replay.descendants]
+            olds = [self._table.find(old_id) for old_id, _ in runs]
+            for old, (_, new_id) in zip(olds, runs, strict=True):
+                self._check_replayable(old, replay.allow_completed)
+                self._check_new_id(new_id)
+            new_ids, batch = replay.new_ids, dict[str, Record]()
+            for n, (old, (_, new_id)) in enumerate(zip(olds, runs, strict=True)):
+                depends_on = tuple(new_ids.get(p, p) for p in old.depends_on)
+                parents = [self._replay_parent(p, batch, new_ids) for p in depends_on]
+                payload = replay.payload if n == 0 else UNSET
+                batch[new_id] = _replay_record(old, new_id, now, payload, parents, depends_on)
+            for old, record in zip(olds, batch.values(), strict=True):
+                self._table.add(record)
+                self._table.replayed_by[old.id] = record.id
+            self._signal(r.queue for r in batch.values() if r.status in READY_STATUSES)
+            return batch[replay.new_id].snapshot()
+
+    def _replay_parent(self, parent_id: str, batch: dict[str, Record], new_ids: dict[str, str]) -> Record:
+        """A parent of a replayed execution: created earlier in the same replay, or stored."""
+        found = batch.get(parent_id)
+        if found is not None:
+            return found
+        if parent_id in new_ids.values():
+            raise ValueError(f"Replay.descendants lists {parent_id}'s execution before a parent of it")
+        return self._parent(parent_id, batch)
 
     def _check_replayable(self, old: Record, allow_completed: bool) -> None:
         if not old.status.is_final:
@@ -642,9 +660,13 @@ def _new_record(item: NewTask, now: datetime, status: Status, error: str | None)
 
 
 def _replay_record(
-    old: Record, new_id: str, now: datetime, payload: bytes | Unset | None, table: TaskTable
+    old: Record,
+    new_id: str,
+    now: datetime,
+    payload: bytes | Unset | None,
+    parents: builtins.list[Record],
+    depends_on: tuple[str, ...],
 ) -> Record:
-    parents = [table.records[p] for p in old.depends_on]
     status, error = arrival_status(parents, old.ignore_parent_failure)
     return Record(
         id=new_id,
@@ -655,7 +677,7 @@ def _replay_record(
         created_at=now,
         run_at=now,
         max_retry=old.max_retry,
-        depends_on=old.depends_on,
+        depends_on=depends_on,
         ignore_parent_failure=old.ignore_parent_failure,
         business_key=old.business_key,
         replay_of=old.id,

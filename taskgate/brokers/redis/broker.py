@@ -222,6 +222,7 @@ class RedisBroker:
         else:
             mode, body = ("none", b"") if payload is None else ("bytes", payload)
         args = [replay.execution_id, replay.new_id, 1 if replay.allow_completed else 0, mode, body]
+        args += [run_id for pair in replay.descendants for run_id in pair]
         (snapshot,) = self._run("replay", args)
         return task_from_values(snapshot)
 
@@ -256,7 +257,7 @@ class RedisBroker:
         if filter.business_key is not None:
             check_identifier(filter.business_key, what="business_key")
         args: builtins.list[Any] = [filter.offset, filter.limit]
-        for name in ("type", "queue", "status", "business_key", "group"):
+        for name in ("type", "queue", "status", "business_key", "group", "parent"):
             value = getattr(filter, name)
             if value is not None:
                 args.extend([name, str(value)])

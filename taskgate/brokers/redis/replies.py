@@ -53,6 +53,7 @@ _ERRORS: dict[str, Callable[[Sequence[str]], Exception]] = {
     "notfinal": lambda a: ReplayNotFinalError(f"execution {a[0]} is {a[1]}, not final"),
     "replayed": lambda a: AlreadyReplayedError(f"execution {a[0]} was already replayed by {a[1]}"),
     "completed": lambda a: CompletedNotAllowedError(f"execution {a[0]} completed; pass allow_completed=True"),
+    "order": lambda a: ValueError(f"Replay.descendants lists {a[0]}'s execution before a parent of it"),
 }
 
 

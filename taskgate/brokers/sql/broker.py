@@ -290,7 +290,7 @@ class SQLBroker:
             create.check_value_size(payload, self._ready(), what="payload")
         return self._run(
             "replay",
-            lambda tx: create.replay(tx, replay.execution_id, replay.new_id, replay.allow_completed, payload),
+            lambda tx: create.replay(tx, replay),
         )
 
     # -- tasks: read -----------------------------------------------------------------------
@@ -890,6 +890,8 @@ def _submitted(rows: Sequence[Mapping[str, Any]], snapshots: bool) -> Submitted:
 def _key_alone(filter: Filter) -> str | None:
     """The business key of a filter that names nothing else (no other field, offset or limit)."""
     if filter.type is None and filter.queue is None and filter.status is None and filter.group is None:
+        if filter.parent is not None:
+            return None
         if not filter.limit and not filter.offset:
             return filter.business_key
     return None

@@ -33,7 +33,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from taskgate.brokers.base import NewTask, Unset
+from taskgate.brokers.base import UNSET, NewTask, Unset
+from taskgate.brokers.params import Replay
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, row_insert, row_params
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
@@ -210,8 +211,33 @@ def _insert_one(models: Models, traits: Traits, *, keyed: bool, child: bool) -> 
     return answer
 
 
-def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: bytes | Unset | None) -> Task:
-    """Create ``new_id`` re-running ``old_id``; checks in the memory broker's order."""
+def replay(tx: Tx, replay: Replay) -> Task:
+    """Create the executions ``replay`` asks for (`Replay`: the first and its descendants);
+    checks in the memory broker's order, all before anything is written; the first's snapshot."""
+    runs = [(replay.execution_id, replay.new_id), *replay.descendants]
+    olds = [_replayable(tx, old_id, replay.allow_completed) for old_id, _ in runs]
+    _check_ids_free(tx, [new_id for _, new_id in runs])
+    new_ids = replay.new_ids
+    later = set(new_ids.values())
+    made: dict[str, Status] = {}  # new executions written so far -> their status on arrival
+    snapshots: list[Task] = []
+    for n, (old, (_, new_id)) in enumerate(zip(olds, runs, strict=True)):
+        depends_on = tuple(new_ids.get(p, p) for p in old.depends_on)
+        stored = [p for p in depends_on if p not in made]
+        if later.intersection(stored):
+            raise ValueError(f"Replay.descendants lists {old.id}'s execution before a parent of it")
+        statuses = {**_locked_statuses(tx, stored), **made}
+        status, error = arrival_status([(p, statuses[p]) for p in depends_on], old.ignore_parent_failure)
+        payload = replay.payload if n == 0 else UNSET
+        row = _replay_row(old, new_id, tx.now, payload, status, error, depends_on)
+        _insert_replay(tx, row, old, depends_on)
+        made[new_id] = status
+        snapshots.append(snapshot(row))
+    return snapshots[0]
+
+
+def _replayable(tx: Tx, old_id: str, allow_completed: bool) -> Task:
+    """The stored execution ``old_id``, checked to be one a replay may re-run."""
     old = task_of(tx, old_id)
     if not old.status.is_final:
         raise ReplayNotFinalError(f"execution {old.id} is {old.status.value}, not final")
@@ -221,12 +247,7 @@ def replay(tx: Tx, old_id: str, new_id: str, allow_completed: bool, payload: byt
         raise AlreadyReplayedError(f"execution {old.id} was already replayed by {newer}")
     if old.status is Status.COMPLETED and not allow_completed:
         raise CompletedNotAllowedError(f"execution {old.id} completed; pass allow_completed=True")
-    _check_ids_free(tx, [new_id])
-    parents = _locked_statuses(tx, list(old.depends_on))
-    status, error = arrival_status([(p, parents[p]) for p in old.depends_on], old.ignore_parent_failure)
-    row = _replay_row(old, new_id, tx.now, payload, status, error)
-    _insert_replay(tx, row, old)
-    return snapshot(row)
+    return old
 
 
 def _check_batch(items: Sequence[NewTask]) -> None:
@@ -338,7 +359,13 @@ def new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> 
 
 
 def _replay_row(
-    old: Task, new_id: str, now: datetime, payload: bytes | Unset | None, status: Status, error: str | None
+    old: Task,
+    new_id: str,
+    now: datetime,
+    payload: bytes | Unset | None,
+    status: Status,
+    error: str | None,
+    depends_on: tuple[str, ...],
 ) -> dict[str, Any]:
     return _row(
         id=new_id,
@@ -347,7 +374,7 @@ def _replay_row(
         payload=old.payload if isinstance(payload, Unset) else payload,
         max_retry=old.max_retry,
         ignore_parent_failure=old.ignore_parent_failure,
-        depends_on=encode_parents(old.depends_on),
+        depends_on=encode_parents(depends_on),
         business_key=old.business_key,
         replay_of=old.id,
         timeout_ms=timeout_ms(old.timeout),
@@ -401,9 +428,9 @@ def _insert(tx: Tx, rows: list[dict[str, Any]], items: Sequence[NewTask]) -> Non
     tx.woken.update(row["queue"] for row in rows if row["ready"])
 
 
-def _insert_replay(tx: Tx, row: dict[str, Any], old: Task) -> None:
+def _insert_replay(tx: Tx, row: dict[str, Any], old: Task, depends_on: tuple[str, ...]) -> None:
     m = tx.models
-    edges = [{"child_id": row["id"], "position": n, "parent_id": p} for n, p in enumerate(old.depends_on)]
+    edges = [{"child_id": row["id"], "position": n, "parent_id": p} for n, p in enumerate(depends_on)]
     try:
         tx.traits.insert_rows(tx, table_of(m.task), [row])
         if edges:

@@ -36,6 +36,9 @@ def list_tasks(tx: Tx, filter: Filter) -> list[Task]:
     }
     matched = tuple(name for name, value in values.items() if value is not None)
     params: dict[str, Any] = {f"p_{name}": values[name] for name in matched}
+    if filter.parent is not None:
+        matched += ("parent",)
+        params["p_parent"] = filter.parent
     if filter.offset:
         params["p_offset"] = filter.offset
     if filter.limit:
@@ -49,7 +52,12 @@ def _listing(models: Models, matched: tuple[str, ...], offset: bool, limit: bool
     """`list_tasks`'s statement for one shape of filter (the fields it matches, whether it
     skips or takes), built once per schema so it runs prepared."""
     task = table_of(models.task)
-    stmt = snapshot_select(models).where(*(task.c[name] == bindparam(f"p_{name}") for name in matched))
+    fields = [name for name in matched if name != "parent"]
+    stmt = snapshot_select(models).where(*(task.c[name] == bindparam(f"p_{name}") for name in fields))
+    if "parent" in matched:  # the children of a task: through the edges' parent index
+        edge = table_of(models.dependency)
+        children = select(edge.c.child_id).where(edge.c.parent_id == bindparam("p_parent"))
+        stmt = stmt.where(task.c.id.in_(children))
     stmt = stmt.order_by(task.c.created_at, task.c.id)
     if offset:
         stmt = stmt.offset(bindparam("p_offset", type_=Integer))

@@ -49,7 +49,7 @@ from taskgate.testing.contract.queue_state import QueueStateContract
 from taskgate.testing.contract.quota import QuotaContract
 from taskgate.testing.contract.races import RaceContract
 from taskgate.testing.contract.read import BusinessKeyContract, ReadContract
-from taskgate.testing.contract.replay import ReplayContract
+from taskgate.testing.contract.replay import ReplayContract, ReplayDescendantsContract
 from taskgate.testing.contract.settle import QuietSettleContract, SettleContract
 from taskgate.testing.contract.settled import SettledContract
 from taskgate.testing.contract.shared_limits import SharedLimitsContract
@@ -77,6 +77,7 @@ class BrokerContract(
     ReadContract,
     BusinessKeyContract,
     ReplayContract,
+    ReplayDescendantsContract,
     TimeoutContract,
     GroupContract,
     QuotaContract,

@@ -178,6 +178,34 @@ class ReadContract:
             submit(broker)
         assert len(broker.list(Filter(limit=0, offset=1))) == 3
 
+    def test_list_filters_by_parent_alone_and_with_other_fields(
+        self, broker: Broker, clock: ManualClock
+    ) -> None:
+        parent, other = submit(broker, id="p"), submit(broker, id="o")
+        clock.advance(1)
+        steps.enqueue(
+            broker,
+            [
+                new_task(id="c2", depends_on=("p",), group="g"),
+                new_task(id="c1", depends_on=("p", "o", "p"), type="u"),  # named twice, listed once
+                new_task(id="only-o", depends_on=("o",)),
+            ],
+        )
+        clock.advance(1)
+        late = steps.enqueue(broker, [new_task(id="c0", depends_on=("p",))])[0]
+        assert [t.id for t in broker.list(Filter(parent=parent.id))] == ["c1", "c2", late.id]
+        assert [t.id for t in broker.list(Filter(parent=parent.id, type="u"))] == ["c1"]
+        assert [t.id for t in broker.list(Filter(parent=parent.id, group="g"))] == ["c2"]
+        assert [t.id for t in broker.list(Filter(parent=parent.id, limit=1, offset=1))] == ["c2"]
+        assert [t.id for t in broker.list(Filter(parent=other.id))] == ["c1", "only-o"]
+        assert [t.id for t in broker.list(Filter(parent=parent.id, status=Status.BLOCKED))] == [
+            "c1",
+            "c2",
+            "c0",
+        ]
+        assert broker.list(Filter(parent="nobody")) == []
+        assert broker.list(Filter(parent=late.id)) == []
+
 
 class BusinessKeyContract:
     """Business keys make submission idempotent (seed: BusinessKeyIdempotent, BusinessKeyQuery)."""

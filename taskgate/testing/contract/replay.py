@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from taskgate.brokers.base import Broker, FailureKind
+from taskgate.brokers.params import Replay
 from taskgate.clock import ManualClock
 from taskgate.errors import (
     AlreadyReplayedError,
@@ -17,9 +18,9 @@ from taskgate.errors import (
 from taskgate.ids import new_id
 from taskgate.task import Filter, Status, Task
 from taskgate.testing import steps
-from taskgate.testing.contract._support import claim_one, submit
+from taskgate.testing.contract._support import claim_one, new_task, stored_state, submit
 
-__all__ = ["ReplayContract"]
+__all__ = ["ReplayContract", "ReplayDescendantsContract"]
 
 MINUTE = timedelta(minutes=1)
 
@@ -137,3 +138,57 @@ class ReplayContract:
         assert broker.get(child.id).status is Status.CANCELED
         new_child = steps.replay(broker, child.id, new_id=new_id())
         assert (new_child.depends_on, new_child.status) == ((parent.id,), Status.CANCELED)
+
+
+def _failed_pipeline(broker: Broker, *stages: tuple[str, tuple[str, ...]]) -> dict[str, Task]:
+    """Stages (id, the ids it depends on) in submit order; the first fails, which cancels every
+    stage depending on it. Snapshots by id, as stored after the failure."""
+    steps.enqueue(broker, [new_task(id=task_id, depends_on=parents) for task_id, parents in stages])
+    (lease,) = steps.claim(broker, "q", 1, MINUTE)
+    steps.fail(broker, lease.task.id, lease.token, kind=FailureKind.BUSINESS, error="boom")
+    return {task_id: broker.get(task_id) for task_id, _ in stages}
+
+
+def _replay_pipeline(broker: Broker, root: str, *descendants: str) -> Task:
+    pairs = tuple((old_id, f"{old_id}-2") for old_id in descendants)
+    return broker.replay(Replay(root, f"{root}-2", descendants=pairs))
+
+
+class ReplayDescendantsContract:
+    """`Replay.descendants`: a failed pipeline's canceled stages re-run with the stage that
+    failed, in one unit, each new stage depending on the new executions of its parents."""
+
+    def test_a_chain_is_re_run_each_stage_waiting_for_the_new_one_before_it(self, broker: Broker) -> None:
+        old = _failed_pipeline(broker, ("a", ()), ("b", ("a",)), ("c", ("b",)))
+        assert [old[x].status for x in "abc"] == [Status.FAILED, Status.CANCELED, Status.CANCELED]
+        first = _replay_pipeline(broker, "a", "b", "c")
+        assert (first.id, first.status, first.replay_of) == ("a-2", Status.PENDING, "a")
+        b2, c2 = broker.get("b-2"), broker.get("c-2")
+        assert (b2.status, b2.depends_on, b2.replay_of) == (Status.BLOCKED, ("a-2",), "b")
+        assert (c2.status, c2.depends_on, c2.replay_of) == (Status.BLOCKED, ("b-2",), "c")
+        assert [broker.get(x) for x in "abc"] == [old[x] for x in "abc"]  # the old runs stay as they were
+        for stage in ("a-2", "b-2", "c-2"):  # the new pipeline runs stage by stage
+            (lease,) = steps.claim(broker, "q", 10, MINUTE)
+            assert lease.task.id == stage
+            steps.ack(broker, lease.task.id, lease.token)
+        assert broker.get("c-2").status is Status.COMPLETED
+
+    def test_a_diamond_joins_the_new_executions_and_keeps_parents_not_re_run(self, broker: Broker) -> None:
+        done = submit(broker, id="done")
+        (lease,) = steps.claim(broker, "q", 1, MINUTE)
+        steps.ack(broker, lease.task.id, lease.token)
+        _failed_pipeline(broker, ("a", ()), ("b", ("a",)), ("c", ("a", "done")), ("d", ("b", "c")))
+        _replay_pipeline(broker, "a", "b", "c", "d")
+        assert broker.get("c-2").depends_on == ("a-2", done.id)
+        assert broker.get("d-2").depends_on == ("b-2", "c-2")
+        assert [t.id for t in broker.list(Filter(status=Status.BLOCKED))] == ["b-2", "c-2", "d-2"]
+
+    def test_a_descendant_that_cannot_be_replayed_leaves_everything_as_it_was(self, broker: Broker) -> None:
+        _failed_pipeline(broker, ("a", ()), ("b", ("a",)), ("c", ("b",)))
+        steps.replay(broker, "c", new_id="c-again")  # c already has a newer execution
+        before = stored_state(broker)
+        with pytest.raises(AlreadyReplayedError, match="c-again"):
+            _replay_pipeline(broker, "a", "b", "c")
+        with pytest.raises(ValueError, match="before a parent"):
+            broker.replay(Replay("a", "a-2", descendants=(("c-again", "c-3"), ("b", "b-2"))))
+        assert stored_state(broker) == before

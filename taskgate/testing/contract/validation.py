@@ -131,6 +131,26 @@ BAD_CALLS: dict[str, tuple[BadCall, type[Exception], str]] = {
         TypeError,
         "payload",
     ),
+    "Replay.descendants (not pairs)": (
+        lambda b, lease: b.replay(Replay(lease.task.id, "new", descendants=_any(("a", "b", "c")))),
+        TypeError,
+        "Replay.descendants",
+    ),
+    "Replay.descendants (a pair of three)": (
+        lambda b, lease: b.replay(Replay(lease.task.id, "new", descendants=_any((("a", "b", "c"),)))),
+        ValueError,
+        "pair",
+    ),
+    "Replay.descendants (an id twice)": (
+        lambda b, lease: b.replay(Replay(lease.task.id, "new", descendants=(("a", "new"),))),
+        ValueError,
+        "repeats an id",
+    ),
+    "Replay.descendants (a bad id)": (
+        lambda b, lease: b.replay(Replay(lease.task.id, "new", descendants=(("a", ""),))),
+        ValueError,
+        "new id",
+    ),
     # queue state
     "QueueQuery.queue": (lambda b, _: b.queue_state(QueueQuery("")), ValueError, "QueueQuery.queue"),
     "QueueQuery.queue a number": (

@@ -13,12 +13,12 @@
 -- ARGV[2]  offset
 -- ARGV[3]  limit (0 = all)
 -- ARGV[4..] filter pairs: "type" <t>, "queue" <q>, "status" <s>, "business_key" <k>,
---          "group" <g>
+--          "group" <g>, "parent" <id> (the tasks depending on <id>: O(its children))
 -- Returns  {"ok", snapshot...}
 --
 -- Touches (read only): idx:all / idx:type:<t> / idx:queue:<q> / idx:status:<s> /
 --          idx:group:<g> / leases
---          ZSET, bkey:<key> LIST, task:<id> HASH.
+--          ZSET, bkey:<key> LIST, children:<id> SET, task:<id> HASH.
 
 local offset, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 -- The sets to intersect and their weights: 1 for a set scored by created_at, 0 for `leases`.
@@ -28,7 +28,7 @@ for i = 4, #ARGV, 2 do
   want[name] = value
   if name == 'status' and value == 'running' then
     indexes[#indexes + 1], weights[#weights + 1] = B .. 'leases', 0
-  elseif name ~= 'business_key' then
+  elseif name ~= 'business_key' and name ~= 'parent' then
     indexes[#indexes + 1], weights[#weights + 1] = B .. 'idx:' .. name .. ':' .. value, 1
   end
 end
@@ -84,7 +84,30 @@ local function by_intersection()
   return page(redis.call(unpack(args)))
 end
 
-if want.business_key then
+-- A task's children, from its `children:` SET: each one's fields pick those to page, in
+-- (created_at, id) order (a set keeps none).
+local function by_parent()
+  local found = {}
+  for _, id in ipairs(redis.call('SMEMBERS', B .. 'children:' .. want.parent)) do
+    local f = redis.call('HMGET', task_key(id), 'type', 'queue', 'status', 'group', 'business_key',
+      'created_at')
+    if f[6] and (not want.type or f[1] == want.type) and (not want.queue or f[2] == want.queue)
+        and (not want.status or f[3] == want.status) and (not want.group or f[4] == want.group)
+        and (not want.business_key or f[5] == want.business_key) then
+      found[#found + 1] = { tonumber(f[6]), id }
+    end
+  end
+  table.sort(found, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  local ids = {}
+  for n, entry in ipairs(found) do
+    ids[n] = entry[2]
+  end
+  return page(ids)
+end
+
+if want.parent then
+  return by_parent()
+elseif want.business_key then
   return by_business_key()
 elseif #indexes == 0 then
   return by_one_index('ZRANGE', B .. 'idx:all')
