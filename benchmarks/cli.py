@@ -239,19 +239,25 @@ class Run:
                 self.add(backend, f"latency.{kind}.p{q}", ms, value=percentile(ms, q), count=len(ms))
 
     def _claims(self, backend: str) -> None:
-        sizes = {"small": self.s.small_finished, "big": self.s.big_finished}
-        runs = claims.claim_rates(backend, self.s, list(sizes.values()))
-        for (size, count), run in zip(sizes.items(), runs, strict=True):
+        stores = {
+            "small_finished": (self.s.small_finished, False),
+            "big_finished": (self.s.big_finished, False),
+            "pruning": (self.s.pruning_finished, True),
+        }
+        runs = claims.claim_rates(backend, self.s, list(stores.values()))
+        for (name, (count, _)), run in zip(stores.items(), runs, strict=True):
             budget_hit = f" (budget hit; asked {count:,})" if run.reached < count else ""
+            pruned = f", {run.pruned:,} pruned meanwhile" if name == "pruning" else ""
             self.add(
                 backend,
-                f"claims.{size}_finished",
+                f"claims.{name}",
                 run.samples,
                 n=self.s.n,
                 k=claims.CLAIM_K,
                 finished=run.reached,
+                pruned=run.pruned,
                 fill_seconds=round(run.fill_seconds, 1),
-                note=f"{run.reached:,} finished{budget_hit}",
+                note=f"{run.reached:,} finished{budget_hit}{pruned}",
             )
 
     def _limits(self, backend: str) -> None:

@@ -35,6 +35,7 @@ _SPECS: dict[str, FigureSpec] = {
     "latency.cross.p99": FigureSpec("ms", LATENCY_FLOOR),
     "claims.small_finished": FigureSpec("tasks/s", "work10"),
     "claims.big_finished": FigureSpec("tasks/s", "work10", baseline="claims.small_finished"),
+    "claims.pruning": FigureSpec("tasks/s", "work10", baseline="claims.small_finished"),
     "limits.none": FigureSpec("tasks/s", "work10"),
     "memory.rss": FigureSpec("MB"),
 }

@@ -19,6 +19,7 @@ class Settings:
     latency_gap: tuple[float, float] = (0.03, 0.09)  # seconds between submits (uniform)
     small_finished: int = 10_000  # finished tasks in the store, claim baseline
     big_finished: int = 1_000_000  # ... and the large store
+    pruning_finished: int = 100_000  # ... and the store pruned while it is drained
     fill_budget: float = 60.0  # seconds allowed to build the large store (then stop, and say so)
     rss_tasks: int = 1_000_000  # pending tasks held by the memory broker for the RSS figure
     # Seconds one measured run may last: a slow backend then reports the rate of what it did
@@ -35,6 +36,7 @@ class Settings:
             latency_samples=20,
             small_finished=1_000,
             big_finished=50_000,
+            pruning_finished=20_000,
             fill_budget=15.0,
             rss_tasks=100_000,
             run_cap=3.0,
@@ -52,6 +54,7 @@ class Settings:
             latency_gap=(0.005, 0.01),
             small_finished=50,
             big_finished=200,
+            pruning_finished=200,
             fill_budget=5.0,
             rss_tasks=2_000,
             run_cap=2.0,
