@@ -46,7 +46,8 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class Entry:
-    """One ledger line: which process, start or end, which task, when (monotonic ns)."""
+    """One ledger line: which process, what (start, end, throttle: monotonic ns; claimed: the
+    store's claim time, ns since the epoch), which task, when."""
 
     pid: int
     event: str
@@ -60,9 +61,10 @@ class Ledger:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def record(self, event: str, task_id: str) -> None:
-        """Append one line (one ``write`` on an ``O_APPEND`` descriptor: never interleaved)."""
-        line = f"{os.getpid()} {event} {task_id} {time.monotonic_ns()}\n".encode()
+    def record(self, event: str, task_id: str, at: int | None = None) -> None:
+        """Append one line (one ``write`` on an ``O_APPEND`` descriptor: never interleaved),
+        at ``at`` (default: now, monotonic ns)."""
+        line = f"{os.getpid()} {event} {task_id} {time.monotonic_ns() if at is None else at}\n".encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
@@ -94,6 +96,11 @@ class Ledger:
         """Every handler start's time, sorted."""
         return sorted(e.at for e in self.entries() if e.event == "start")
 
+    def claims(self) -> list[int]:
+        """When the store leased each run's task (its ``started_at``: what the shared rate
+        meters, free of the delay before a loaded process records its start), sorted."""
+        return sorted(e.at for e in self.entries() if e.event == "claimed")
+
 
 def serve(spec: WorkerSpec, ready: Any, go: Any) -> None:
     """Child process entry: run the gate until ``spec.total`` tasks are final (or killed)."""
@@ -111,6 +118,8 @@ async def _serve(spec: WorkerSpec, ready: Any, go: Any) -> None:
         # Recorded after the claim and before the slot goes back: each run's [start, end] lies
         # inside the time its slot was held, so overlapping runs never overstate concurrency.
         ledger.record("start", task.id)
+        assert task.started_at is not None
+        ledger.record("claimed", task.id, at=round(task.started_at.timestamp() * 1e6) * 1000)
         if task.id == spec.throttle and task.throttled == 0:
             ledger.record("throttle", task.id)
             raise Throttled(retry_after=spec.retry_after, scope="queue")
