@@ -22,7 +22,7 @@ import dataclasses
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +34,7 @@ from taskgate.brokers.checks import storable_error
 from taskgate.brokers.params import Canceled, Complete, Finish, Requeue, Settle
 from taskgate.codec import encode_value
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
+from taskgate.middleware import Middleware, run_through
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext, enter, leave
 from taskgate.runtime.failures import format_traceback, log_failure
@@ -87,11 +88,14 @@ class Executor:
         keeper: LeaseKeeper,
         on_hold: Callable[[str, float], None] = lambda queue, seconds: None,
         policy_for: Callable[[Task], Policy] = lambda task: Policy(),
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         """``on_hold(queue, seconds)`` is told of a queue-wide throttle before its worker is
         free again, so this process starts nothing more of the queue while the hold is written.
-        ``policy_for(task)``: the retry policy of a task whose handler raised."""
+        ``policy_for(task)``: the retry policy of a task whose handler raised. ``middleware``:
+        wrapped around every handler call, read at each run (a list may grow while it runs)."""
         self._broker, self._calls, self._handlers = broker, calls, handlers
+        self._middleware = middleware
         self._policy_for = policy_for
         self._on_hold = on_hold
         self._throttled_max = throttled_max
@@ -144,7 +148,9 @@ class Executor:
         task = ctx.lease.task
         outcome: Outcome
         try:
-            if ctx.timeout is not None:
+            if self._middleware:
+                value = await run_through(self._middleware, task, lambda: self._invoke(ctx, handler, task))
+            elif ctx.timeout is not None:
                 value = await self._within(ctx.timeout, ctx, handler, task)
             elif self._is_async(handler):
                 value = await handler(task)
@@ -164,6 +170,15 @@ class Executor:
             if lane.spent:
                 note_fenced(ctx)  # unless a stop gave its reason first: the fence deadline passed
         return outcome, finished
+
+    async def _invoke(self, ctx: RunContext, handler: Handler, task: Task) -> Any:
+        """The handler's value, under its run-time limit if it has one (`_call`'s path through
+        middleware)."""
+        if ctx.timeout is not None:
+            return await self._within(ctx.timeout, ctx, handler, task)
+        if self._is_async(handler):
+            return await handler(task)
+        return await self._in_thread(ctx, handler, task)
 
     async def _within(self, limit: timedelta, ctx: RunContext, handler: Handler, task: Task) -> Any:
         """The handler's value, or `TimeoutError` when it ran past ``limit`` (a business

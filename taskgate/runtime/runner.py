@@ -23,6 +23,7 @@ from taskgate.brokers.params import Submit
 from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError
+from taskgate.middleware import Middleware
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext
@@ -94,6 +95,8 @@ class Runtime:
         self._work_group: anyio.abc.TaskGroup | None = None
         self._executor_ref: Executor | None = None
         self._retention = retention_plan(config)
+        # Config.middleware, and what `Gate.instrument` adds: the executor reads it at each run.
+        self.middleware: list[Middleware] = list(config.middleware)
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -358,6 +361,7 @@ class Runtime:
             keeper=self.keeper,
             on_hold=self.hold_here,
             policy_for=self.policy_for,
+            middleware=self.middleware,
         )
 
     def policy_for(self, task: Task) -> Policy:
