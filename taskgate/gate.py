@@ -27,6 +27,7 @@ from taskgate.config import Config, QueueConfig
 from taskgate.durations import DurationLike
 from taskgate.errors import ConfigError, TaskFailedError, TaskNotFoundError
 from taskgate.ids import new_id
+from taskgate.middleware import Middleware, check_middleware
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.outcome import HandlerPolicy
 from taskgate.runtime.purge import purge, purge_params
@@ -127,6 +128,16 @@ class Gate:
             return fn
 
         return register
+
+    def instrument(self, *middleware: Middleware) -> None:
+        """Wrap every later handler run in ``middleware`` too, inside ``Config.middleware`` (the
+        first given outermost of them): e.g. ``gate.instrument(taskgate.metrics.Prometheus())``.
+
+        An instrument (a `taskgate.metrics.Prometheus`) is also told of this gate's submits and
+        outcomes from now on; installing one twice changes nothing more. Raises `ConfigError`
+        naming one that is not a coroutine function, having installed none.
+        """
+        self._runtime.instrument(check_middleware(middleware, where="Gate.instrument"))
 
     # -- submitting ------------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext, enter, leave
 from taskgate.runtime.failures import format_traceback, log_failure
 from taskgate.runtime.lease import LeaseKeeper, note_fenced
+from taskgate.runtime.observers import Observers
 from taskgate.runtime.outcome import (
     Ack,
     Discard,
@@ -89,13 +90,16 @@ class Executor:
         on_hold: Callable[[str, float], None] = lambda queue, seconds: None,
         policy_for: Callable[[Task], Policy] = lambda task: Policy(),
         middleware: Sequence[Middleware] = (),
+        observers: Observers | None = None,
     ) -> None:
         """``on_hold(queue, seconds)`` is told of a queue-wide throttle before its worker is
         free again, so this process starts nothing more of the queue while the hold is written.
         ``policy_for(task)``: the retry policy of a task whose handler raised. ``middleware``:
-        wrapped around every handler call, read at each run (a list may grow while it runs)."""
+        wrapped around every handler call, read at each run (a list may grow while it runs).
+        ``observers``: told of the outcome of each run."""
         self._broker, self._calls, self._handlers = broker, calls, handlers
         self._middleware = middleware
+        self._observers = observers if observers is not None else Observers()
         self._policy_for = policy_for
         self._on_hold = on_hold
         self._throttled_max = throttled_max
@@ -123,11 +127,15 @@ class Executor:
         except anyio.get_cancelled_exc_class():
             ctx.release_slot()
             stopped = _final_outcome(ctx, Discard(), False) if lane.spent else Stop(StopReason.SHUTDOWN)
+            if self._observers:
+                self._observers.finished(ctx.task, stopped)
             with anyio.CancelScope(shield=True):
                 await self.settle(ctx, stopped)
             raise
         finally:
             self._keeper.remove(ctx)
+        if self._observers:
+            self._observers.finished(ctx.task, outcome)
         if type(outcome) is Retry and outcome.hold_queue:
             self._on_hold(ctx.task.queue, outcome.delay)
         ctx.release_slot()
