@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from taskgate.backoff import Backoff
-from taskgate.brokers.base import UNSET, Capabilities, Unset, check_identifier
+from taskgate.brokers.base import UNSET, Capabilities, NewTask, Unset, check_identifier
 from taskgate.brokers.params import Hold, Replay
 from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
@@ -216,10 +216,17 @@ class Gate:
 
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:
         self._runtime.check_open()
-        tasks = build_tasks(self.config, task_type, payloads, **options)
-        if not tasks:
-            return []
-        return await self._runtime.submit(tasks)
+        tracing = self._runtime.tracing
+        if tracing is None:
+            return await self._store(build_tasks(self.config, task_type, payloads, **options))
+        with tracing.submitting(task_type, self.config.queue_for(task_type)) as span:
+            tasks = build_tasks(self.config, task_type, payloads, trace_context=span.trace_context, **options)
+            ids = await self._store(tasks)
+            span.stored(ids)
+            return ids
+
+    async def _store(self, tasks: builtins.list[NewTask]) -> builtins.list[str]:
+        return await self._runtime.submit(tasks) if tasks else []
 
     # -- reading ---------------------------------------------------------------------------------
 

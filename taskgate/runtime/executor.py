@@ -55,6 +55,7 @@ from taskgate.runtime.outcome import (
     unstorable_result,
 )
 from taskgate.runtime.threads import loop_waker
+from taskgate.runtime.tracing import RunSpan, Tracing
 from taskgate.task import Task
 
 __all__ = ["Executor", "Handler", "is_async_handler"]
@@ -91,15 +92,17 @@ class Executor:
         policy_for: Callable[[Task], Policy] = lambda task: Policy(),
         middleware: Sequence[Middleware] = (),
         observers: Observers | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """``on_hold(queue, seconds)`` is told of a queue-wide throttle before its worker is
         free again, so this process starts nothing more of the queue while the hold is written.
         ``policy_for(task)``: the retry policy of a task whose handler raised. ``middleware``:
         wrapped around every handler call, read at each run (a list may grow while it runs).
-        ``observers``: told of the outcome of each run."""
+        ``observers``: told of the outcome of each run. ``tracing``: a span per run."""
         self._broker, self._calls, self._handlers = broker, calls, handlers
         self._middleware = middleware
         self._observers = observers if observers is not None else Observers()
+        self._tracing = tracing
         self._policy_for = policy_for
         self._on_hold = on_hold
         self._throttled_max = throttled_max
@@ -117,6 +120,8 @@ class Executor:
         ctx.lane = lane
         if auto_heartbeat:
             self._keeper.add(ctx)
+        tracing = self._tracing
+        span = tracing.start_run(ctx.task) if tracing is not None else None
         try:
             handler = self._handlers.get(ctx.lease.task.type)
             outcome: Outcome
@@ -124,18 +129,22 @@ class Executor:
                 outcome = unknown_type(ctx.task)
             else:
                 outcome = _final_outcome(ctx, *await self._call(ctx, handler))
+            if span is not None or self._observers:
+                self._ended(ctx, span, outcome)
+                span = None
         except anyio.get_cancelled_exc_class():
             ctx.release_slot()
             stopped = _final_outcome(ctx, Discard(), False) if lane.spent else Stop(StopReason.SHUTDOWN)
-            if self._observers:
-                self._observers.finished(ctx.task, stopped)
+            if span is not None or self._observers:
+                self._ended(ctx, span, stopped)
+                span = None
             with anyio.CancelScope(shield=True):
                 await self.settle(ctx, stopped)
             raise
         finally:
             self._keeper.remove(ctx)
-        if self._observers:
-            self._observers.finished(ctx.task, outcome)
+            if span is not None and tracing is not None:  # the run ended by an error of the runtime
+                tracing.end_run(span, None)
         if type(outcome) is Retry and outcome.hold_queue:
             self._on_hold(ctx.task.queue, outcome.delay)
         ctx.release_slot()
@@ -143,6 +152,13 @@ class Executor:
             return  # the common case awaits nothing: the queue's ack writer completes the task
         with anyio.CancelScope(shield=True):
             await self.settle(ctx, outcome)
+
+    def _ended(self, ctx: RunContext, span: RunSpan | None, outcome: Outcome) -> None:
+        """Tell the run's span (ending it) and the observers how it ended."""
+        if span is not None and self._tracing is not None:
+            self._tracing.end_run(span, outcome)
+        if self._observers:
+            self._observers.finished(ctx.task, outcome)
 
     async def _call(self, ctx: RunContext, handler: Handler) -> tuple[Outcome, bool]:
         """The handler's own outcome, and whether it returned normally (no raise).

@@ -38,6 +38,7 @@ from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.retention import prune_pass, retention_plan
 from taskgate.runtime.scheduler import QueueScheduler
 from taskgate.runtime.signals import Signal, TaskWaiters
+from taskgate.runtime.tracing import load_tracing
 from taskgate.runtime.wakeups import reap_forever, wait_for_work_forever
 from taskgate.task import Status, Task
 
@@ -100,6 +101,7 @@ class Runtime:
         # Config.middleware, and what `Gate.instrument` adds: the executor reads it at each run.
         self.middleware: list[Middleware] = []
         self.observers = Observers()
+        self.tracing = load_tracing()  # None without opentelemetry installed
         self.instrument(config.middleware)
 
     def instrument(self, middleware: Sequence[Middleware]) -> None:
@@ -383,6 +385,7 @@ class Runtime:
             policy_for=self.policy_for,
             middleware=self.middleware,
             observers=self.observers,
+            tracing=self.tracing,
         )
 
     def policy_for(self, task: Task) -> Policy:

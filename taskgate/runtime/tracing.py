@@ -1,0 +1,123 @@
+"""OpenTelemetry spans of submits and runs, active whenever ``opentelemetry`` is importable.
+
+A submit opens a PRODUCER span ``taskgate submit <type>`` and stores its context with each
+task it stores (``Task.trace_context``: the global propagator's headers -- W3C ``traceparent``
+and ``tracestate`` by default -- as a JSON object). A run opens a CONSUMER span
+``taskgate run <type>`` whose parent is that context, whichever process runs it, current while
+the handler runs (its own spans are its children), with attributes ``taskgate.task.id``,
+``taskgate.queue``, ``taskgate.attempt`` (the business attempt this run is: ``attempts + 1``)
+and ``taskgate.outcome`` (completed, failed, retried, throttled, canceled, lease_lost, or
+requeued by a shutdown). Spans go to the global tracer provider: without an SDK configured
+they record nothing, and nothing is stored with the task. There is no switch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from taskgate.runtime.observers import outcome_name
+from taskgate.runtime.outcome import Fail, Outcome, Retry
+from taskgate.task import Task
+
+__all__ = ["RunSpan", "Submitting", "Tracing", "load_tracing"]
+
+log = logging.getLogger("taskgate")
+
+TRACER_NAME = "taskgate"
+
+
+def load_tracing() -> Tracing | None:
+    """The tracing of a gate; None when ``opentelemetry`` is not installed."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
+        return None
+    return Tracing()
+
+
+class Submitting:
+    """The span of one submit: ``trace_context`` to store with its tasks."""
+
+    __slots__ = ("span", "trace_context")
+
+    def __init__(self, span: Any, trace_context: str | None) -> None:
+        self.span, self.trace_context = span, trace_context
+
+    def stored(self, ids: list[str]) -> None:
+        """Name the stored task (``taskgate.task.id``), or the batch's size."""
+        if len(ids) == 1:
+            self.span.set_attribute("taskgate.task.id", ids[0])
+        else:
+            self.span.set_attribute("messaging.batch.message_count", len(ids))
+
+
+# A run's span and the context token that made it current.
+RunSpan = tuple[Any, object]
+
+
+class Tracing:
+    """Opens taskgate's spans with the global tracer provider's tracer ``taskgate``."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, propagate, trace
+        from opentelemetry.context import Context
+
+        self._context, self._propagate, self._trace, self._empty = context, propagate, trace, Context
+        # A proxy: it follows the global provider, also one set after this gate was built.
+        self._tracer = trace.get_tracer(TRACER_NAME)
+        self._producer, self._consumer = trace.SpanKind.PRODUCER, trace.SpanKind.CONSUMER
+
+    @contextmanager
+    def submitting(self, task_type: str, queue: str) -> Iterator[Submitting]:
+        """The PRODUCER span of a submit of ``task_type`` to ``queue``, current in the block."""
+        attributes = {"taskgate.queue": queue, "taskgate.task.type": task_type}
+        with self._tracer.start_as_current_span(
+            f"taskgate submit {task_type}", kind=self._producer, attributes=attributes
+        ) as span:
+            carrier: dict[str, str] = {}
+            self._propagate.inject(carrier)
+            text = json.dumps(carrier, separators=(",", ":")) if carrier else None
+            yield Submitting(span, text)
+
+    def start_run(self, task: Task) -> RunSpan:
+        """Open and make current the CONSUMER span of a run of ``task``; end it with `end_run`
+        in the same anyio task."""
+        span = self._tracer.start_span(
+            f"taskgate run {task.type}",
+            context=self._parent(task),
+            kind=self._consumer,
+            attributes={
+                "taskgate.task.id": task.id,
+                "taskgate.queue": task.queue,
+                "taskgate.attempt": task.attempts + 1,
+            },
+        )
+        return span, self._context.attach(self._trace.set_span_in_context(span))
+
+    def end_run(self, run: RunSpan, outcome: Outcome | None) -> None:
+        """Record ``outcome`` (None: the run ended by an error of the runtime) and end the span."""
+        span, token = run
+        try:
+            self._context.detach(token)  # type: ignore[arg-type]
+        except Exception:  # detached elsewhere already: the span still ends
+            log.debug("tracing: a run's context was not current at its end", exc_info=True)
+        if outcome is not None:
+            span.set_attribute("taskgate.outcome", outcome_name(outcome) or "requeued")
+            if isinstance(outcome, Fail | Retry):
+                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, outcome.error))
+        span.end()
+
+    def _parent(self, task: Task) -> Any:
+        """The submitter's context stored with ``task``; an empty one (a root span) without."""
+        text = task.trace_context
+        if text is None:
+            return self._empty()
+        try:
+            carrier = json.loads(text)
+        except ValueError:
+            return self._empty()
+        return self._propagate.extract(carrier) if isinstance(carrier, dict) else self._empty()
