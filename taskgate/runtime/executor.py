@@ -129,13 +129,13 @@ class Executor:
                 outcome = unknown_type(ctx.task)
             else:
                 outcome = _final_outcome(ctx, *await self._call(ctx, handler))
-            if span is not None or self._observers:
+            if span is not None or self._observers.items:
                 self._ended(ctx, span, outcome)
                 span = None
         except anyio.get_cancelled_exc_class():
             ctx.release_slot()
             stopped = _final_outcome(ctx, Discard(), False) if lane.spent else Stop(StopReason.SHUTDOWN)
-            if span is not None or self._observers:
+            if span is not None or self._observers.items:
                 self._ended(ctx, span, stopped)
                 span = None
             with anyio.CancelScope(shield=True):

@@ -57,7 +57,7 @@ class Observers:
         self.items: list[Observer] = []
 
     def __bool__(self) -> bool:
-        return bool(self.items)
+        return bool(self.items)  # the runtime's hot paths test ``.items`` itself
 
     def add(self, observer: Observer, runtime: Runtime) -> None:
         """Bind ``observer`` to ``runtime`` and tell it of events from now on (once only)."""

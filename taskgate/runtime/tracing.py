@@ -7,14 +7,17 @@ and ``tracestate`` by default -- as a JSON object). A run opens a CONSUMER span
 the handler runs (its own spans are its children), with attributes ``taskgate.task.id``,
 ``taskgate.queue``, ``taskgate.attempt`` (the business attempt this run is: ``attempts + 1``)
 and ``taskgate.outcome`` (completed, failed, retried, throttled, canceled, lease_lost, or
-requeued by a shutdown). Spans go to the global tracer provider: without an SDK configured
-they record nothing, and nothing is stored with the task. There is no switch.
+requeued by a shutdown). Spans go to the global tracer provider, looked for at most once a second:
+until an application sets one (``trace.set_tracer_provider``, or the ``OTEL_PYTHON_TRACER_PROVIDER``
+variable) no span is opened and nothing is stored with the task: a span nothing records would
+cost every run for nothing. There is no switch.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,6 +31,7 @@ __all__ = ["RunSpan", "Submitting", "Tracing", "load_tracing"]
 log = logging.getLogger("taskgate")
 
 TRACER_NAME = "taskgate"
+LOOK_EVERY = 1.0  # seconds between looks for a global tracer provider while none is set
 
 
 def load_tracing() -> Tracing | None:
@@ -59,6 +63,16 @@ class Submitting:
 RunSpan = tuple[Any, object]
 
 
+class _NoSpan:
+    """The span of a submit while no provider is set: records nothing."""
+
+    def set_attribute(self, key: str, value: object) -> None:
+        """Nothing."""
+
+
+_NOT_TRACED = Submitting(_NoSpan(), None)
+
+
 class Tracing:
     """Opens taskgate's spans with the global tracer provider's tracer ``taskgate``."""
 
@@ -70,10 +84,30 @@ class Tracing:
         # A proxy: it follows the global provider, also one set after this gate was built.
         self._tracer = trace.get_tracer(TRACER_NAME)
         self._producer, self._consumer = trace.SpanKind.PRODUCER, trace.SpanKind.CONSUMER
+        self._unset = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        self._active = False  # a global provider, once set, stays: then no more looking
+        self._look_at = 0.0  # until then (monotonic seconds), none is set: looking costs a run
+
+    @property
+    def active(self) -> bool:
+        """Whether an application set a global tracer provider (spans are then opened); one
+        set meanwhile is seen within `LOOK_EVERY` seconds."""
+        if self._active:
+            return True
+        now = time.monotonic()
+        if now < self._look_at:
+            return False
+        self._active = not isinstance(self._trace.get_tracer_provider(), self._unset)
+        self._look_at = now + LOOK_EVERY
+        return self._active
 
     @contextmanager
     def submitting(self, task_type: str, queue: str) -> Iterator[Submitting]:
-        """The PRODUCER span of a submit of ``task_type`` to ``queue``, current in the block."""
+        """The PRODUCER span of a submit of ``task_type`` to ``queue``, current in the block
+        (a span doing nothing, and no context to store, while no provider is set)."""
+        if not self.active:
+            yield _NOT_TRACED
+            return
         attributes = {"taskgate.queue": queue, "taskgate.task.type": task_type}
         with self._tracer.start_as_current_span(
             f"taskgate submit {task_type}", kind=self._producer, attributes=attributes
@@ -83,9 +117,11 @@ class Tracing:
             text = json.dumps(carrier, separators=(",", ":")) if carrier else None
             yield Submitting(span, text)
 
-    def start_run(self, task: Task) -> RunSpan:
+    def start_run(self, task: Task) -> RunSpan | None:
         """Open and make current the CONSUMER span of a run of ``task``; end it with `end_run`
-        in the same anyio task."""
+        in the same anyio task. None while no provider is set."""
+        if not self._active and not self.active:
+            return None
         span = self._tracer.start_span(
             f"taskgate run {task.type}",
             context=self._parent(task),
