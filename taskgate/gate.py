@@ -219,10 +219,10 @@ class Gate:
         tracing = self._runtime.tracing
         if tracing is None:
             return await self._store(build_tasks(self.config, task_type, payloads, **options))
-        with tracing.submitting(task_type, self.config.queue_for(task_type)) as span:
+        with tracing.submitting(task_type) as span:
             tasks = build_tasks(self.config, task_type, payloads, trace_context=span.trace_context, **options)
             ids = await self._store(tasks)
-            span.stored(ids)
+            span.stored(tasks)
             return ids
 
     async def _store(self, tasks: builtins.list[NewTask]) -> builtins.list[str]:

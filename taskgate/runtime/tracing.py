@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from taskgate.brokers.base import NewTask
 from taskgate.runtime.observers import outcome_name
 from taskgate.runtime.outcome import Fail, Outcome, Retry
 from taskgate.task import Task
@@ -51,12 +52,16 @@ class Submitting:
     def __init__(self, span: Any, trace_context: str | None) -> None:
         self.span, self.trace_context = span, trace_context
 
-    def stored(self, ids: list[str]) -> None:
-        """Name the stored task (``taskgate.task.id``), or the batch's size."""
-        if len(ids) == 1:
-            self.span.set_attribute("taskgate.task.id", ids[0])
+    def stored(self, tasks: Sequence[NewTask]) -> None:
+        """Name the queue, the type and the stored task (``taskgate.task.id``), or the batch's size."""
+        if not tasks:
+            return
+        self.span.set_attribute("taskgate.queue", tasks[0].queue)
+        self.span.set_attribute("taskgate.task.type", tasks[0].type)
+        if len(tasks) == 1:
+            self.span.set_attribute("taskgate.task.id", tasks[0].id)
         else:
-            self.span.set_attribute("messaging.batch.message_count", len(ids))
+            self.span.set_attribute("messaging.batch.message_count", len(tasks))
 
 
 # A run's span and the context token that made it current.
@@ -102,16 +107,14 @@ class Tracing:
         return self._active
 
     @contextmanager
-    def submitting(self, task_type: str, queue: str) -> Iterator[Submitting]:
-        """The PRODUCER span of a submit of ``task_type`` to ``queue``, current in the block
-        (a span doing nothing, and no context to store, while no provider is set)."""
+    def submitting(self, task_type: str) -> Iterator[Submitting]:
+        """The PRODUCER span of a submit of ``task_type`` (not checked yet: the submit checks
+        it in the block), current in the block; a span doing nothing, and no context to store,
+        while no provider is set."""
         if not self.active:
             yield _NOT_TRACED
             return
-        attributes = {"taskgate.queue": queue, "taskgate.task.type": task_type}
-        with self._tracer.start_as_current_span(
-            f"taskgate submit {task_type}", kind=self._producer, attributes=attributes
-        ) as span:
+        with self._tracer.start_as_current_span(f"taskgate submit {task_type}", kind=self._producer) as span:
             carrier: dict[str, str] = {}
             self._propagate.inject(carrier)
             text = json.dumps(carrier, separators=(",", ":")) if carrier else None

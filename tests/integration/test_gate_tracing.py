@@ -75,6 +75,11 @@ def test_the_run_span_in_the_worker_is_a_child_of_the_submit_span_in_the_produce
     producer_side, worker_side = spans(produced), spans(worked)
     submit, run = producer_side["taskgate submit summarize"], worker_side["taskgate run summarize"]
     assert submit["kind"] == "PRODUCER" and run["kind"] == "CONSUMER"
+    assert submit["attributes"] == {
+        "taskgate.queue": "summarize",
+        "taskgate.task.type": "summarize",
+        "taskgate.task.id": task_id,
+    }
     assert submit["parent_span_id"] == producer_side["handle request"]["span_id"]
     assert run["parent_span_id"] == submit["span_id"]
     assert run["trace_id"] == run["parent_trace_id"] == submit["trace_id"]
