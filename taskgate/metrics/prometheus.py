@@ -56,6 +56,10 @@ class Prometheus(Observer):
             ) from exc
         where: dict[str, Any] = {"registry": registry if registry is not None else pc.REGISTRY}
         self.registry = where["registry"]
+        # First in the registry: a scrape reads the store before it collects the error counter,
+        # so a read that fails is counted in the same scrape.
+        self._store = StoreGauges(on_error=self._store_failed)
+        self.registry.register(self._store)
         self._submitted = pc.Counter("taskgate_submitted", "Tasks submitted.", ["queue", "type"], **where)
         self._started = pc.Counter("taskgate_started", "Handler runs started.", ["queue", "type"], **where)
         self._finished = pc.Counter(
@@ -77,8 +81,6 @@ class Prometheus(Observer):
             "taskgate_run_seconds", "Handler run time.", ["queue", "type"], buckets=LONG_BUCKETS, **where
         )
         self._running = pc.Gauge("taskgate_running", "Handlers running in this process.", ["queue"], **where)
-        self._store = StoreGauges(on_error=self._store_failed)
-        self.registry.register(self._store)
 
     def bind(self, runtime: Runtime) -> None:
         """Read ``runtime``'s store at scrape too (see `StoreGauges`)."""

@@ -173,3 +173,19 @@ def test_instrument_refuses_what_is_not_a_coroutine_function() -> None:
     gate = make_gate(MemoryBroker())
     with pytest.raises(ConfigError, match=r"Gate.instrument\[0\]"):
         gate.instrument(print)  # type: ignore[arg-type]
+
+
+async def test_a_scrape_that_cannot_read_the_store_counts_a_broker_error_and_serves_the_last_figures(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = CollectorRegistry()
+    faulty = Faulty(MemoryBroker())
+    gate = make_gate(faulty, {"q": QueueConfig(workers=1)}, middleware=[Prometheus(registry)])
+    await gate.submit("q")
+    assert 'taskgate_queue_depth{queue="q",status="pending"} 1.0' in generate_latest(registry).decode()
+    faulty.failing["counts"] = BrokerError("store down")
+    monkeypatch.setattr("taskgate.metrics.store.MIN_AGE", 0.0)  # the next scrape reads again
+    text = generate_latest(registry).decode()
+    assert 'taskgate_queue_depth{queue="q",status="pending"} 1.0' in text
+    assert 'taskgate_errors_total{kind="broker",queue=""} 1.0' in text
+    assert any("metrics: reading the store failed: store down" in r.getMessage() for r in caplog.records)
