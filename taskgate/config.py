@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -13,6 +13,7 @@ from taskgate.brokers.base import MAX_DELAY
 from taskgate.durations import DurationLike, parse_duration
 from taskgate.errors import ConfigError
 from taskgate.ids import MAX_ID_LENGTH
+from taskgate.middleware import Middleware, check_middleware
 from taskgate.retention import Retention
 
 if TYPE_CHECKING:
@@ -241,7 +242,9 @@ class Config:
     ``max_retry`` is the default per-task retry budget for business failures. ``retention``:
     how long final tasks are kept (`Retention`: completed and canceled 7 days, failed 30),
     unless their queue's `QueueConfig` says otherwise; the reaper of a running gate deletes
-    older ones.
+    older ones. ``middleware``: coroutines ``async def mw(task, call_next)`` wrapped around
+    every handler run, the first outermost (`taskgate.middleware`); one that is not a
+    coroutine function raises `ConfigError` naming it.
     """
 
     broker: Broker
@@ -253,6 +256,7 @@ class Config:
     throttled_max: int = 100
     on_state_change: StateChangeHook | None = None
     retention: Retention = field(default_factory=Retention)
+    middleware: Sequence[Middleware] = ()
 
     def __post_init__(self) -> None:
         if self.broker is None:
@@ -278,6 +282,7 @@ class Config:
             )
         if not isinstance(self.retention, Retention):
             raise ConfigError(f"Config.retention must be a Retention, got {self.retention!r}")
+        object.__setattr__(self, "middleware", check_middleware(self.middleware))
 
     def _check_routes(self) -> None:
         if not isinstance(self.routes, Mapping):

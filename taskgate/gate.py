@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from taskgate.backoff import Backoff
-from taskgate.brokers.base import UNSET, Capabilities, Unset, check_identifier
+from taskgate.brokers.base import UNSET, Capabilities, NewTask, Unset, check_identifier
 from taskgate.brokers.params import Hold, Replay
 from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
@@ -35,6 +35,7 @@ from taskgate.errors import (
     TaskNotFoundError,
 )
 from taskgate.ids import new_id
+from taskgate.middleware import Middleware, check_middleware
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.outcome import HandlerPolicy
 from taskgate.runtime.purge import purge, purge_params
@@ -137,6 +138,16 @@ class Gate:
 
         return register
 
+    def instrument(self, *middleware: Middleware) -> None:
+        """Wrap every later handler run in ``middleware`` too, inside ``Config.middleware`` (the
+        first given outermost of them): e.g. ``gate.instrument(taskgate.metrics.Prometheus())``.
+
+        An instrument (a `taskgate.metrics.Prometheus`) is also told of this gate's submits and
+        outcomes from now on; installing one twice changes nothing more. Raises `ConfigError`
+        naming one that is not a coroutine function, having installed none.
+        """
+        self._runtime.instrument(check_middleware(middleware, where="Gate.instrument"))
+
     # -- submitting ------------------------------------------------------------------------------
 
     async def submit(
@@ -214,10 +225,17 @@ class Gate:
 
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:
         self._runtime.check_open()
-        tasks = build_tasks(self.config, task_type, payloads, **options)
-        if not tasks:
-            return []
-        return await self._runtime.submit(tasks)
+        tracing = self._runtime.tracing
+        if tracing is None:
+            return await self._store(build_tasks(self.config, task_type, payloads, **options))
+        with tracing.submitting(task_type) as span:
+            tasks = build_tasks(self.config, task_type, payloads, trace_context=span.trace_context, **options)
+            ids = await self._store(tasks)
+            span.stored(tasks)
+            return ids
+
+    async def _store(self, tasks: builtins.list[NewTask]) -> builtins.list[str]:
+        return await self._runtime.submit(tasks) if tasks else []
 
     # -- reading ---------------------------------------------------------------------------------
 

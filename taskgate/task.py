@@ -47,7 +47,9 @@ class Task:
     formatted traceback of the handler's latest exception (None: it never raised), cut to its
     newest 8 KiB -- `last_error` is that exception's ``"Type: message"``. ``progress_json`` is
     the JSON text a handler last stored with `taskgate.set_progress` (None: none); `progress`
-    decodes it.
+    decodes it. ``trace_context`` is the submitter's OpenTelemetry context (a JSON object of
+    propagation headers, e.g. ``traceparent``; None: none was active or OpenTelemetry is not
+    installed), the parent of the span of each run.
     """
 
     id: str
@@ -74,6 +76,7 @@ class Task:
     group: str | None = None
     last_traceback: str | None = None
     progress_json: str | None = None
+    trace_context: str | None = None
     cancel_requested: bool = field(default=False, compare=False)
 
     def json(self) -> Any:

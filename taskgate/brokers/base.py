@@ -134,6 +134,8 @@ class NewTask:
     its queue's applies), stored with it in whole milliseconds -- a finer one is rounded up,
     so every backend gives back the same value. ``group`` puts the task in a group of its
     queue (a tenant, a user), whose own limits a claim may apply (`SharedLimits`).
+    ``trace_context``: the submitter's tracing context (text, at most `MAX_TRACE_CONTEXT`
+    characters), stored as it is and given back as ``Task.trace_context``.
     """
 
     id: str
@@ -148,6 +150,7 @@ class NewTask:
     business_key: str | None = None
     timeout: timedelta | None = None
     group: str | None = None
+    trace_context: str | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.id, what="task id")
@@ -178,9 +181,21 @@ class NewTask:
             raise ValueError(f"task {self.id} cannot depend on itself")
         if self.timeout is not None:
             object.__setattr__(self, "timeout", _checked_timeout(self.timeout))
+        if self.trace_context is not None:
+            _check_trace_context(self.trace_context)
 
 
 _MILLISECOND = timedelta(milliseconds=1)
+
+MAX_TRACE_CONTEXT = 4096  # characters: a traceparent is 55, a tracestate at most 512 more
+
+
+def _check_trace_context(text: object) -> None:
+    """Raise naming ``NewTask.trace_context`` unless ``text`` is a short str without NUL."""
+    if not isinstance(text, str):
+        raise TypeError(f"trace_context must be a str or None, got {type(text).__name__}")
+    if len(text) > MAX_TRACE_CONTEXT or "\x00" in text:
+        raise ValueError(f"trace_context must be at most {MAX_TRACE_CONTEXT} characters without NUL")
 
 
 def _checked_timeout(timeout: object) -> timedelta:

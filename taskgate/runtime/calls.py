@@ -49,7 +49,10 @@ class BrokerCalls:
         inline: bool = False,
         attempt_inline: bool = False,
         split: Callable[..., SplitCall[Any] | None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
+        """``on_error(exc)`` is told of each `BrokerError` a call raises (metrics)."""
+        self.on_error = on_error
         self.threads = BrokerThreads(max_threads)
         self.inline = inline
         self.attempt_inline = attempt_inline and not inline
@@ -68,36 +71,43 @@ class BrokerCalls:
 
         ``on_abandoned(result)`` runs in the thread if the call answers after the caller gave up.
         """
-        if self.inline:
-            # The yield comes first: a cancellation lands before the transition, never between
-            # it and the caller (a claimed lease dropped there would wait for the reaper).
-            await anyio.lowlevel.checkpoint()
-            return fn(*args, **kwargs)
-        if self.attempt_inline:
-            await anyio.lowlevel.checkpoint()  # as above
-            try:
-                with nowait.no_wait():
-                    return fn(*args, **kwargs)
-            except nowait.WouldBlock:
-                pass  # nothing was changed: the same call runs in a thread below
-        if self.split is not None:
-            # A caller cancelled already sends nothing; the wait for the reply is the checkpoint.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            call = self.split(fn, *args, **kwargs)
-            if call is not None:
-                try:
-                    return await _reply(call, fn, deadline, on_abandoned)
-                except nowait.WouldBlock:
-                    pass  # nothing ran: the same call runs in a thread below
-        target = functools.partial(fn, *args, **kwargs) if kwargs else fn
-        call_args = args if not kwargs else ()
-        if deadline is None:
-            return await self.threads.run(target, *call_args, on_abandoned=on_abandoned)
+        # try costs nothing until something raises (3.11+): this is every broker call's path.
         try:
-            with anyio.fail_after(deadline):
+            if self.inline:
+                # The yield comes first: a cancellation lands before the transition, never between
+                # it and the caller (a claimed lease dropped there would wait for the reaper).
+                await anyio.lowlevel.checkpoint()
+                return fn(*args, **kwargs)
+            if self.attempt_inline:
+                await anyio.lowlevel.checkpoint()  # as above
+                try:
+                    with nowait.no_wait():
+                        return fn(*args, **kwargs)
+                except nowait.WouldBlock:
+                    pass  # nothing was changed: the same call runs in a thread below
+            if self.split is not None:
+                # A caller cancelled already sends nothing; the wait for the reply is the checkpoint.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                call = self.split(fn, *args, **kwargs)
+                if call is not None:
+                    try:
+                        return await _reply(call, fn, deadline, on_abandoned)
+                    except nowait.WouldBlock:
+                        pass  # nothing ran: the same call runs in a thread below
+            target = functools.partial(fn, *args, **kwargs) if kwargs else fn
+            call_args = args if not kwargs else ()
+            if deadline is None:
                 return await self.threads.run(target, *call_args, on_abandoned=on_abandoned)
-        except TimeoutError:
-            raise _no_answer(fn, deadline) from None
+            try:
+                with anyio.fail_after(deadline):
+                    return await self.threads.run(target, *call_args, on_abandoned=on_abandoned)
+            except TimeoutError:
+                raise _no_answer(fn, deadline) from None
+
+        except BrokerError as exc:
+            if self.on_error is not None:
+                self.on_error(exc)
+            raise
 
 
 def _no_answer(fn: Callable[..., Any], seconds: float) -> BrokerError:

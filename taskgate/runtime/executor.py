@@ -22,7 +22,7 @@ import dataclasses
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,10 +34,12 @@ from taskgate.brokers.checks import storable_error
 from taskgate.brokers.params import Canceled, Complete, Finish, Requeue, Settle
 from taskgate.codec import encode_value
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
+from taskgate.middleware import Middleware, run_through
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext, enter, leave
 from taskgate.runtime.failures import format_traceback, log_failure
 from taskgate.runtime.lease import LeaseKeeper, note_fenced
+from taskgate.runtime.observers import Observers
 from taskgate.runtime.outcome import (
     Ack,
     Discard,
@@ -53,6 +55,7 @@ from taskgate.runtime.outcome import (
     unstorable_result,
 )
 from taskgate.runtime.threads import loop_waker
+from taskgate.runtime.tracing import RunSpan, Tracing
 from taskgate.task import Task
 
 __all__ = ["Executor", "Handler", "is_async_handler"]
@@ -87,11 +90,19 @@ class Executor:
         keeper: LeaseKeeper,
         on_hold: Callable[[str, float], None] = lambda queue, seconds: None,
         policy_for: Callable[[Task], Policy] = lambda task: Policy(),
+        middleware: Sequence[Middleware] = (),
+        observers: Observers | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """``on_hold(queue, seconds)`` is told of a queue-wide throttle before its worker is
         free again, so this process starts nothing more of the queue while the hold is written.
-        ``policy_for(task)``: the retry policy of a task whose handler raised."""
+        ``policy_for(task)``: the retry policy of a task whose handler raised. ``middleware``:
+        wrapped around every handler call, read at each run (a list may grow while it runs).
+        ``observers``: told of the outcome of each run. ``tracing``: a span per run."""
         self._broker, self._calls, self._handlers = broker, calls, handlers
+        self._middleware = middleware
+        self._observers = observers if observers is not None else Observers()
+        self._tracing = tracing
         self._policy_for = policy_for
         self._on_hold = on_hold
         self._throttled_max = throttled_max
@@ -109,6 +120,8 @@ class Executor:
         ctx.lane = lane
         if auto_heartbeat:
             self._keeper.add(ctx)
+        tracing = self._tracing
+        span = tracing.start_run(ctx.task) if tracing is not None else None
         try:
             handler = self._handlers.get(ctx.lease.task.type)
             outcome: Outcome
@@ -116,14 +129,22 @@ class Executor:
                 outcome = unknown_type(ctx.task)
             else:
                 outcome = _final_outcome(ctx, *await self._call(ctx, handler))
+            if span is not None or self._observers.items:
+                self._ended(ctx, span, outcome)
+                span = None
         except anyio.get_cancelled_exc_class():
             ctx.release_slot()
             stopped = _final_outcome(ctx, Discard(), False) if lane.spent else Stop(StopReason.SHUTDOWN)
+            if span is not None or self._observers.items:
+                self._ended(ctx, span, stopped)
+                span = None
             with anyio.CancelScope(shield=True):
                 await self.settle(ctx, stopped)
             raise
         finally:
             self._keeper.remove(ctx)
+            if span is not None and tracing is not None:  # the run ended by an error of the runtime
+                tracing.end_run(span, None)
         if type(outcome) is Retry and outcome.hold_queue:
             self._on_hold(ctx.task.queue, outcome.delay)
         ctx.release_slot()
@@ -131,6 +152,13 @@ class Executor:
             return  # the common case awaits nothing: the queue's ack writer completes the task
         with anyio.CancelScope(shield=True):
             await self.settle(ctx, outcome)
+
+    def _ended(self, ctx: RunContext, span: RunSpan | None, outcome: Outcome) -> None:
+        """Tell the run's span (ending it) and the observers how it ended."""
+        if span is not None and self._tracing is not None:
+            self._tracing.end_run(span, outcome)
+        if self._observers:
+            self._observers.finished(ctx.task, outcome)
 
     async def _call(self, ctx: RunContext, handler: Handler) -> tuple[Outcome, bool]:
         """The handler's own outcome, and whether it returned normally (no raise).
@@ -144,7 +172,9 @@ class Executor:
         task = ctx.lease.task
         outcome: Outcome
         try:
-            if ctx.timeout is not None:
+            if self._middleware:
+                value = await run_through(self._middleware, task, lambda: self._invoke(ctx, handler, task))
+            elif ctx.timeout is not None:
                 value = await self._within(ctx.timeout, ctx, handler, task)
             elif self._is_async(handler):
                 value = await handler(task)
@@ -164,6 +194,15 @@ class Executor:
             if lane.spent:
                 note_fenced(ctx)  # unless a stop gave its reason first: the fence deadline passed
         return outcome, finished
+
+    async def _invoke(self, ctx: RunContext, handler: Handler, task: Task) -> Any:
+        """The handler's value, under its run-time limit if it has one (`_call`'s path through
+        middleware)."""
+        if ctx.timeout is not None:
+            return await self._within(ctx.timeout, ctx, handler, task)
+        if self._is_async(handler):
+            return await handler(task)
+        return await self._in_thread(ctx, handler, task)
 
     async def _within(self, limit: timedelta, ctx: RunContext, handler: Handler, task: Task) -> Any:
         """The handler's value, or `TimeoutError` when it ran past ``limit`` (a business

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import cast
@@ -23,6 +24,7 @@ from taskgate.brokers.params import Submit
 from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError
+from taskgate.middleware import Middleware
 from taskgate.runtime.acks import AckWriter
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext
@@ -30,11 +32,13 @@ from taskgate.runtime.executor import Executor, Handler
 from taskgate.runtime.hooks import HookDispatcher
 from taskgate.runtime.lease import LeaseKeeper
 from taskgate.runtime.limits import Limits, LocalLimits, SharedQueueLimits, Slot
+from taskgate.runtime.observers import Observer, Observers
 from taskgate.runtime.outcome import DEFAULT_BACKOFF, DEFAULT_POLICY, HandlerPolicy, Policy, StopReason
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.retention import prune_pass, retention_plan
 from taskgate.runtime.scheduler import QueueScheduler
 from taskgate.runtime.signals import Signal, TaskWaiters
+from taskgate.runtime.tracing import load_tracing
 from taskgate.runtime.wakeups import reap_forever, wait_for_work_forever
 from taskgate.task import Status, Task
 
@@ -94,6 +98,21 @@ class Runtime:
         self._work_group: anyio.abc.TaskGroup | None = None
         self._executor_ref: Executor | None = None
         self._retention = retention_plan(config)
+        # Config.middleware, and what `Gate.instrument` adds: the executor reads it at each run.
+        self.middleware: list[Middleware] = []
+        self.observers = Observers()
+        self.tracing = load_tracing()  # None without opentelemetry installed
+        self.instrument(config.middleware)
+
+    def instrument(self, middleware: Sequence[Middleware]) -> None:
+        """Wrap every later handler run in ``middleware`` too (inside what is there already);
+        each that is an `Observer` is bound here and told of this runtime's events."""
+        for item in middleware:
+            if isinstance(item, Observer):
+                if any(known is item for known in self.observers.items):
+                    continue
+                self.observers.add(item, self)
+            self.middleware.append(item)
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -107,6 +126,7 @@ class Runtime:
                 inline=self.broker.capabilities.nonblocking,
                 attempt_inline=self.broker.capabilities.inline_attempts,
                 split=cast(SplitCaller, self.broker).split if self.broker.capabilities.split_calls else None,
+                on_error=self.observers.broker_failed,
             )
         return self._calls
 
@@ -139,7 +159,12 @@ class Runtime:
         snapshots (`arrived_unseen`).
         """
         submit = Submit(tuple(tasks), snapshots=self._submit_snapshots)
-        submitted = await self.calls(self.broker.submit, submit)
+        if self.observers:
+            began = time.perf_counter()
+            submitted = await self.calls(self.broker.submit, submit)
+            self.observers.submitted(tasks, time.perf_counter() - began)
+        else:
+            submitted = await self.calls(self.broker.submit, submit)
         if submit.snapshots:
             await self.observe(submitted.tasks)
         else:
@@ -358,6 +383,9 @@ class Runtime:
             keeper=self.keeper,
             on_hold=self.hold_here,
             policy_for=self.policy_for,
+            middleware=self.middleware,
+            observers=self.observers,
+            tracing=self.tracing,
         )
 
     def policy_for(self, task: Task) -> Policy:

@@ -45,6 +45,7 @@ from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane
 from taskgate.runtime.feed import Feed
 from taskgate.runtime.limits import Limits, Slot
+from taskgate.runtime.observers import CURRENT_QUEUE
 from taskgate.runtime.putback import Held, PutBack
 from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.signals import Signal
@@ -190,6 +191,7 @@ class QueueScheduler:
         After `stop` the workers finish what was claimed and the ack writer drains. When the
         runtime is cancelled instead, leases claimed but not yet started are put back.
         """
+        CURRENT_QUEUE.set(self.name)  # this task's and its children's broker errors are the queue's
         async with anyio.create_task_group() as writer:
             writer.start_soon(self.acks.run)
             try:

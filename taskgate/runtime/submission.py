@@ -127,11 +127,12 @@ def build_tasks(
     ignore_parent_failure: bool = False,
     timeout: DurationLike | None = None,
     group: str | None = None,
+    trace_context: str | None = None,
 ) -> list[NewTask]:
     """One `NewTask` per payload; raises `TypeError`/`ValueError`/`ConfigError` naming the argument.
 
     ``run_at`` wins over ``delay``; ``timeout`` (None: the queue's) is each task's own;
-    ``group`` is every task's.
+    ``group`` and ``trace_context`` (the submit's span, `taskgate.runtime.tracing`) are every task's.
     ``business_key`` names the one task of a single submit; ``business_keys`` gives one key
     (or None) per payload. Nothing is stored here, so bad input changes nothing.
     """
@@ -171,6 +172,7 @@ def build_tasks(
         business_key=keys[0],
         timeout=limit,
         group=group,
+        trace_context=trace_context,
     )
     if len(items) == 1:
         return [first]

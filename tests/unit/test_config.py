@@ -209,3 +209,35 @@ def test_group_limits_on_a_broker_that_cannot_count_groups_are_refused() -> None
         ConfigError, match=r"queue 'q' sets group limits: broker _UngroupedBroker .*group_limits"
     ):
         Gate(config)
+
+
+async def _passes(task: Any, call_next: Any) -> Any:
+    return await call_next()
+
+
+class _Instrument:
+    async def __call__(self, task: Any, call_next: Any) -> Any:
+        return await call_next()
+
+
+def test_middleware_is_kept_as_a_tuple_of_coroutine_functions_or_async_callables() -> None:
+    instrument = _Instrument()
+    config = Config(broker=MemoryBroker(), middleware=[_passes, instrument])
+    assert config.middleware == (_passes, instrument)
+
+
+@pytest.mark.parametrize(
+    ("middleware", "match"),
+    [
+        (
+            [lambda task, call_next: call_next()],
+            r"Config.middleware\[0\] = .*lambda.* is not a coroutine function",
+        ),
+        ([_passes, "log"], r"Config.middleware\[1\] = str \('log'\) is not a coroutine function"),
+        (_passes, r"Config.middleware must be a list of coroutine functions"),
+        ("mw", r"Config.middleware must be a list of coroutine functions"),
+    ],
+)
+def test_middleware_that_is_not_a_coroutine_function_is_named(middleware: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Config(broker=MemoryBroker(), middleware=middleware)

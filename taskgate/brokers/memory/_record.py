@@ -46,6 +46,7 @@ class Record:
     group: str | None
     last_traceback: str | None
     progress_json: str | None
+    trace_context: str | None
     cancel_requested: bool
     # The lease's token and end while running; None otherwise.
     token: str | None
@@ -72,6 +73,7 @@ class Record:
         group: str | None,
         last_error: str | None = None,
         finished_at: datetime | None = None,
+        trace_context: str | None = None,
     ) -> None:
         self.id = id
         self.type = type
@@ -97,6 +99,7 @@ class Record:
         self.group = group
         self.last_traceback = None
         self.progress_json = None
+        self.trace_context = trace_context
         self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None

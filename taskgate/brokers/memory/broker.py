@@ -656,6 +656,7 @@ def _new_record(item: NewTask, now: datetime, status: Status, error: str | None)
         group=item.group,
         last_error=error,
         finished_at=now if status.is_final else None,
+        trace_context=item.trace_context,
     )
 
 

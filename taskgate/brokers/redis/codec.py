@@ -37,7 +37,7 @@ _MICROSECOND = timedelta(microseconds=1)
 _MILLISECOND = timedelta(milliseconds=1)
 
 # enqueue.lua reads this many ARGV values per task; keep the two in step.
-NEW_TASK_FIELDS = 14
+NEW_TASK_FIELDS = 15
 
 
 def to_us(when: datetime) -> int:
@@ -97,6 +97,7 @@ SNAPSHOT_FIELDS = (
     "group",
     "last_traceback",
     "progress",
+    "trace_context",
     "cancel_requested",
     "token",
     "lease_until",
@@ -143,6 +144,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
         group,
         last_traceback,
         progress,
+        trace_context,
         cancel_requested,
         _token,
         _lease_until,
@@ -175,6 +177,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
             "group": _text(group),
             "last_traceback": _text(last_traceback),
             "progress_json": _text(progress),
+            "trace_context": _text(trace_context),
             "cancel_requested": cancel_requested == b"1",
         }
     )
@@ -223,6 +226,7 @@ def _shared_fields(task: NewTask) -> tuple[object, ...]:
         task.depends_on,
         task.timeout,
         task.group,
+        task.trace_context,
     )
 
 
@@ -243,6 +247,7 @@ def new_task_args(task: NewTask) -> list[str | bytes | int]:
         json.dumps(list(task.depends_on)) if task.depends_on else "[]",
         "" if task.timeout is None else task.timeout // _MILLISECOND,
         task.group or "",
+        task.trace_context or "",
     ]
 
 
@@ -321,6 +326,7 @@ def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Tas
             "group": item.group,
             "last_traceback": None,
             "progress_json": None,
+            "trace_context": item.trace_context,
             "cancel_requested": False,
         }
     )

@@ -106,6 +106,7 @@ def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> li
             item.ignore_parent_failure,
             item.timeout,
             item.group,
+            item.trace_context,
         )
         if alike is None or alike[0] != shape:
             alike = shape, new_row(item, tx.now, Status.PENDING, None)
@@ -355,6 +356,7 @@ def new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> 
         run_at=run_at,
         status=status,
         error=error,
+        trace_context=item.trace_context,
     )
 
 
@@ -387,7 +389,13 @@ def _replay_row(
 
 
 def _row(
-    *, created_at: datetime, status: Status, error: str | None, timeout_ms: int | None, **fields: Any
+    *,
+    created_at: datetime,
+    status: Status,
+    error: str | None,
+    timeout_ms: int | None,
+    trace_context: str | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
     counters = {"attempts": 0, "throttled": 0, "lease_lost": 0, "claims": 0}
     return {
@@ -403,7 +411,7 @@ def _row(
         # Every column has a value: each dialect's one INSERT shape binds them all.
         "last_traceback": None,
         "progress": None,
-        "trace_context": None,
+        "trace_context": trace_context,
     }
 
 

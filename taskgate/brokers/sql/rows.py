@@ -149,6 +149,7 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
             "group": values["group_name"],
             "last_traceback": values["last_traceback"],
             "progress_json": values["progress"],
+            "trace_context": values["trace_context"],
             "cancel_requested": bool(values.get("cancel_requested")),
         }
     )

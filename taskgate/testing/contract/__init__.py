@@ -56,6 +56,7 @@ from taskgate.testing.contract.shared_limits import SharedLimitsContract
 from taskgate.testing.contract.submit import SubmitContract
 from taskgate.testing.contract.surface import SurfaceContract
 from taskgate.testing.contract.timeouts import TimeoutContract
+from taskgate.testing.contract.trace_context import TraceContextContract
 from taskgate.testing.contract.validation import ValidationContract
 
 __all__ = ["RACE_ROUNDS", "BrokerContract", "BrokerFactory"]
@@ -85,6 +86,7 @@ class BrokerContract(
     HoldContract,
     PruneContract,
     ProgressContract,
+    TraceContextContract,
     SharedLimitsContract,
     ValidationContract,
     RaceContract,

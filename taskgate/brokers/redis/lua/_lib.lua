@@ -20,7 +20,8 @@
 --                             [result] [last_error] attempts max_retry throttled lease_lost
 --                             claims depends_on(JSON array) ignore_parent_failure(0/1)
 --                             [business_key] [replay_of] [started_at] [finished_at]
---                             [timeout_ms] [group] [last_traceback] [progress] cancel_requested(0/1)
+--                             [timeout_ms] [group] [last_traceback] [progress] [trace_context]
+--                             cancel_requested(0/1)
 --                             [token] [lease_until]; times in µs, timeout_ms in ms
 --   queue:<queue>      ZSET   pending+retrying ids, score run_at (µs): the claim order
 --   due:<n>:<queue>:<type>  ZSET  the same entries of one type (<n> is the queue name's

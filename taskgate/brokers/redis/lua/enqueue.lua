@@ -3,12 +3,12 @@
 -- KEYS[1]  base (hash-tagged prefix, e.g. "tg:{tg}:")
 -- ARGV[1]  now in µs, or "" for the server's TIME
 -- ARGV[2]  number of tasks N
--- ARGV[3]  shape: "rows": then N groups of 14 values, one per task, in batch order:
+-- ARGV[3]  shape: "rows": then N groups of 15 values, one per task, in batch order:
 --          id, type, queue, has_payload (0/1), payload, max_retry, run_at (µs or ""),
 --          delay (µs or ""), ignore_parent_failure (0/1), has_business_key (0/1),
 --          business_key, depends_on (JSON array of ids), timeout (ms or "" for none),
---          group ("" for none);
---          "shared": then one group of 14 whose every value but id and payload is every
+--          group ("" for none), trace_context ("" for none);
+--          "shared": then one group of 15 whose every value but id and payload is every
 --          task's (has_business_key 0), then N groups of 3: id, has_payload (0/1), payload
 -- Returns  {"ok", created_at (µs), arrival...} with one {status, run_at (µs), last_error or ""}
 --          per task, in batch order (every other field is what the caller sent), or
@@ -23,7 +23,7 @@
 --          idx:status:<s> / idx:group:<g> ZSET, queue:<q> ZSET, due:<n>:<q>:<type> ZSET,
 --          types:<q> SET, signal:<q> channel (PUBLISH).
 
-local FIELDS = 14
+local FIELDS = 15
 
 local function read_rows(count)
   local batch = {}
@@ -34,7 +34,7 @@ local function read_rows(count)
       has_payload = ARGV[a + 3] == '1', payload = ARGV[a + 4], max_retry = ARGV[a + 5],
       run_at = ARGV[a + 6], delay = ARGV[a + 7], ignore = ARGV[a + 8],
       has_key = ARGV[a + 9] == '1', key = ARGV[a + 10], depends_on = ARGV[a + 11],
-      timeout = ARGV[a + 12], group = ARGV[a + 13],
+      timeout = ARGV[a + 12], group = ARGV[a + 13], trace = ARGV[a + 14],
     }
   end
   return batch
@@ -50,7 +50,7 @@ local function read_shared(count)
       has_payload = ARGV[a + 1] == '1', payload = ARGV[a + 2], max_retry = ARGV[t + 5],
       run_at = ARGV[t + 6], delay = ARGV[t + 7], ignore = ARGV[t + 8],
       has_key = false, key = '', depends_on = ARGV[t + 11], timeout = ARGV[t + 12],
-      group = ARGV[t + 13],
+      group = ARGV[t + 13], trace = ARGV[t + 14],
     }
   end
   return batch
@@ -128,6 +128,9 @@ local function store(n)
   if n.timeout ~= '' then
     redis.call('HSET', key, 'timeout_ms', n.timeout)
   end
+  if n.trace ~= '' then
+    redis.call('HSET', key, 'trace_context', n.trace)
+  end
   if n.group ~= '' then
     redis.call('HSET', key, 'group', n.group)
     zset_later(B .. 'idx:group:' .. n.group, n.id, NOW_S)
@@ -162,7 +165,7 @@ end
 -- shape of `submit_many`, or one task alone): every task arrives pending, due at the same
 -- time, in the same sets. The per-task work is the id check, one HSET and the set entries,
 -- with no table per task: the general path below costs a third more. The template of the
--- shared fields is at ARGV[4..17]; task i (0-based) has its id at ARGV[first + i * stride],
+-- shared fields is at ARGV[4..18]; task i (0-based) has its id at ARGV[first + i * stride],
 -- its has_payload flag (0/1) `flag` and its payload `payload` places after that.
 local function store_plain(count, first, stride, flag, payload)
   local t = 4  -- the template
@@ -183,11 +186,17 @@ local function store_plain(count, first, stride, flag, payload)
       'throttled', '0', 'lease_lost', '0', 'claims', '0', 'depends_on', '[]',
       'ignore_parent_failure', ignore, 'cancel_requested', '0', 'status', 'pending', ...)
   end
-  local timeout, group = ARGV[t + 12], ARGV[t + 13]
+  local timeout, group, trace = ARGV[t + 12], ARGV[t + 13], ARGV[t + 14]
   if timeout ~= '' then  -- the batch's timeout, set once here rather than tested per task
     local untimed = write
     write = function(id, ...)
       untimed(id, 'timeout_ms', timeout, ...)
+    end
+  end
+  if trace ~= '' then  -- the batch's trace context, likewise
+    local untraced = write
+    write = function(id, ...)
+      untraced(id, 'trace_context', trace, ...)
     end
   end
   local indexes = { 'idx:all', 'idx:type:' .. task_type, 'idx:queue:' .. queue, 'idx:status:pending' }
