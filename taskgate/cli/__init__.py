@@ -75,6 +75,8 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     if args.command == "worker":
         return _worker(args)
+    # The runtime's warnings (a store not answering) would add lines to the one-line error.
+    logging.getLogger("taskgate").addHandler(logging.NullHandler())
     gate = load_gate(args.app) if args.app else client_gate(open_store(args.store_url, args.prefix))
     try:
         anyio.run(COMMANDS[args.command], gate, args, out)

@@ -40,6 +40,7 @@ async def stats(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
     queues = args.queues or sorted(gate.config.queues)
     if not queues:
         raise CLIError("name a queue (taskgate stats QUEUE), or pass --app MODULE:GATE for its queues")
+    await gate.list(Filter(limit=1))  # an unreachable store raises here, with its reason
     rows = []
     for queue in queues:
         figures = await gate.stats(queue)
