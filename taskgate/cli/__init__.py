@@ -59,7 +59,16 @@ def _operator_errors() -> tuple[type[BaseException], ...]:
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    return (CLIError, TaskgateError, ValueError, TypeError, OSError, ImportError, SQLAlchemyError, CommandError)
+    return (
+        CLIError,
+        TaskgateError,
+        ValueError,
+        TypeError,
+        OSError,
+        ImportError,
+        SQLAlchemyError,
+        CommandError,
+    )
 
 
 def _from_environment(args: argparse.Namespace) -> None:
@@ -87,7 +96,9 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     gate: Gate = load_gate(args.gate)
     try:
         anyio.run(functools.partial(serve, gate, args.shutdown_timeout), backend=args.backend)

@@ -41,7 +41,9 @@ def _revision(url: str, prefix: str) -> str:
     engine = create_engine(normalize_url(url))
     try:
         with engine.connect() as connection:
-            context = MigrationContext.configure(connection, opts={"version_table": f"{prefix}alembic_version"})
+            context = MigrationContext.configure(
+                connection, opts={"version_table": f"{prefix}alembic_version"}
+            )
             return context.get_current_revision() or "nothing"
     finally:
         engine.dispose()

@@ -39,16 +39,23 @@ def _seconds(value: str) -> float:
     return seconds
 
 
-def _common(suppress: bool) -> argparse.ArgumentParser:
+def _common(suppress: bool) -> _Parser:
     """The options every command takes; on subcommands they default to what was given before."""
     parser = _Parser(add_help=False)
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument(
-        "--url", dest="store_url", default=default, metavar="URL", help="the store, e.g. postgresql://user@host/db (TASKGATE_URL)"
+        "--url",
+        dest="store_url",
+        default=default,
+        metavar="URL",
+        help="the store, e.g. postgresql://user@host/db (TASKGATE_URL)",
     )
     parser.add_argument("--prefix", default=default, help="table or key prefix (TASKGATE_PREFIX)")
     parser.add_argument(
-        "--app", default=default, metavar="MODULE:GATE", help="use the application's gate (its store and queues)"
+        "--app",
+        default=default,
+        metavar="MODULE:GATE",
+        help="use the application's gate (its store and queues)",
     )
     parser.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS if suppress else False, help="print JSON"
@@ -102,9 +109,13 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
     purge.add_argument("--older-than", type=_duration, metavar="DURATION", help="e.g. 7d, 12h")
     pause = add("pause", "hold a queue in every process")
     pause.add_argument("queue")
-    pause.add_argument("--for", dest="for_", type=_duration, metavar="DURATION", help="default: until resumed")
+    pause.add_argument(
+        "--for", dest="for_", type=_duration, metavar="DURATION", help="default: until resumed"
+    )
     add("resume", "end a queue's hold").add_argument("queue")
-    migration.add_arguments(add("migrate", "run taskgate's schema migrations (SQL stores)"), url_required=False)
+    migration.add_arguments(
+        add("migrate", "run taskgate's schema migrations (SQL stores)"), url_required=False
+    )
     return parser
 
 

@@ -141,7 +141,10 @@ def print_detail(detail: TaskDetail, out: TextIO, *, as_json: bool) -> None:
             ("replay of", task.replay_of),
             ("replay chain", " -> ".join(chain)),
             ("parents", _links(detail.parents)),
-            ("children", _links(detail.children) + ("" if detail.related_complete else "\n(not all searched)")),
+            (
+                "children",
+                _links(detail.children) + ("" if detail.related_complete else "\n(not all searched)"),
+            ),
             ("progress", "" if task.progress_json is None else json.dumps(task.progress, indent=2)),
             ("payload", _pretty(task.payload)),
             ("result", _pretty(task.result)),

@@ -2,14 +2,13 @@
 the store named by ``TASKGATE_URL`` (and ``TASKGATE_PREFIX``), as a deployed app would.
 
 Handlers: ``ok`` stores progress and returns its payload; ``boom`` always raises (a failed task
-with a traceback); ``hold`` creates the file ``payload["started"]`` and then waits for the file
-``payload["release"]``, so a test decides when it ends -- or stops the worker while it runs.
+with a traceback); ``hold`` creates the file ``payload["started"]`` and then runs until cancelled, so a test
+can stop the worker while it runs.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -39,12 +38,9 @@ async def boom(task: Task) -> None:
     raise RuntimeError(f"boom: {task.json()}")
 
 
-async def hold(task: Task) -> str:
-    paths = task.json()
-    Path(paths["started"]).touch()
-    while not Path(paths["release"]).exists():
-        await anyio.sleep(0.02)
-    return "released"
+async def hold(task: Task) -> None:
+    await anyio.Path(task.json()["started"]).touch()
+    await anyio.sleep_forever()  # until the worker's shutdown grace runs out
 
 
 def make_gate(url: str | None = None, prefix: str | None = None) -> Gate:

@@ -80,7 +80,9 @@ class Store:
             gate.config.broker.close()
 
 
-def cli(*args: str, env: dict[str, str] | None = None, cwd: Path = APP_DIR) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = APP_DIR
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m taskgate ARGS`` to its end."""
     command = [sys.executable, "-m", "taskgate", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=WAIT)
@@ -100,7 +102,9 @@ def _delete_redis_keys(prefix: str) -> None:
 
 def _migrate(store: Store) -> None:
     env = {**os.environ, "TASKGATE_URL": store.url, "TASKGATE_PREFIX": store.prefix}
-    proc = subprocess.run([str(CONSOLE_SCRIPT), "migrate", "upgrade"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [str(CONSOLE_SCRIPT), "migrate", "upgrade"], capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.endswith(f"(prefix {store.prefix}): upgraded from nothing to 0006\n"), proc.stdout
 
@@ -190,7 +194,9 @@ def test_list_filters_by_type_status_queue_group_key_and_pages(store: Store) -> 
     assert completed[0]["result"] == {"n": 1} and completed[0]["status"] == "completed"
     assert [t["id"] for t in store.json("list", "--group", "g1")] == [ids["child"]]
     assert [t["id"] for t in store.json("list", "--key", f"key-{store.name}")] == [ids["ok"]]
-    assert [t["id"] for t in store.json("list", "--type", "ok", "--limit", "1", "--offset", "1")] == [ids["child"]]
+    assert [t["id"] for t in store.json("list", "--type", "ok", "--limit", "1", "--offset", "1")] == [
+        ids["child"]
+    ]
 
     lines = store.run("list", "--queue", "work", "--type", "boom").stdout.splitlines()
     assert lines[0].split()[:4] == ["id", "type", "queue", "status"]
@@ -211,7 +217,9 @@ def test_show_gives_payload_result_progress_and_dependencies(store: Store) -> No
     assert task["progress"] == {"step": "done"} and task["claims"] == 1 and task["finished_at"]
     assert detail["children"] == [{"id": ids["child"], "type": "ok", "status": "completed"}]
     assert detail["replay_chain"] == [ids["ok"]] and detail["related_complete"] is True
-    assert store.json("show", ids["child"])["parents"] == [{"id": ids["ok"], "type": "ok", "status": "completed"}]
+    assert store.json("show", ids["child"])["parents"] == [
+        {"id": ids["ok"], "type": "ok", "status": "completed"}
+    ]
 
     human = store.run("show", ids["ok"]).stdout
     assert f"id:           {ids['ok']}" in human
@@ -258,7 +266,10 @@ def test_purge_deletes_the_final_tasks_the_filter_names(store: Store) -> None:
         store.call("cancel", task_id)
 
     assert store.json("purge", "--type", "purgeme", "--older-than", "1h") == {"purged": 0}
-    assert store.run("purge", "--type", "purgeme", "--status", "canceled", "--limit", "2").stdout == "purged 2 tasks\n"
+    assert (
+        store.run("purge", "--type", "purgeme", "--status", "canceled", "--limit", "2").stdout
+        == "purged 2 tasks\n"
+    )
     assert store.json("purge", "--type", "purgeme") == {"purged": 1}
     assert [t.id for t in store.call("list", type="purgeme")] == [keep]
 
@@ -295,9 +306,9 @@ def test_a_stopped_worker_puts_its_running_task_back_untouched(
 ) -> None:
     if stop is signal.SIGINT and store.name != "sqlite":
         pytest.skip("SIGINT takes the same path as SIGTERM: once is enough")
-    started, release = tmp_path / "started", tmp_path / "release"
+    started = tmp_path / "started"
     done = store.call("submit", "ok", {"n": 4}, app=True)
-    held = store.call("submit", "hold", {"started": str(started), "release": str(release)}, app=True)
+    held = store.call("submit", "hold", {"started": str(started)}, app=True)
     env = {**os.environ, "TASKGATE_URL": store.url, "TASKGATE_PREFIX": store.prefix}
     command = [sys.executable, "-m", "taskgate", "worker", "cli_app:make_gate", "--shutdown-timeout", "0.2"]
     with subprocess.Popen(command, cwd=APP_DIR, env=env, stderr=subprocess.PIPE, text=True) as proc:
