@@ -49,9 +49,22 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         return _dispatch(args, sys.stdout)
     except KeyboardInterrupt:
         return 130
+    except BaseExceptionGroup as group:  # the worker's task group: report one operator error as such
+        exc = _only(group)
+        if not isinstance(exc, _operator_errors()):
+            raise
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 1
     except _operator_errors() as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _only(exc: BaseException) -> BaseException:
+    """The one exception inside nested groups of one (else ``exc`` itself)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _operator_errors() -> tuple[type[BaseException], ...]:

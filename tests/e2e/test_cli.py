@@ -393,3 +393,20 @@ def test_operations_the_store_refuses_are_one_line_and_exit_1(store: Store) -> N
     ]:
         _assert_one_line_error(store.run(*args, code=1), fragment)
     store.call("cancel", pending)
+
+
+def test_taskgate_migrate_stays_an_alias_that_says_what_it_did(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    alias = Path(sys.executable).with_name("taskgate-migrate")
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([str(alias), *args], capture_output=True, text=True, timeout=WAIT)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        return proc.stdout
+
+    assert (
+        run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): upgraded from nothing to 0006\n"
+    )
+    assert run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): already at 0006\n"
+    assert run("downgrade", url, "0005", "--prefix", "alias_").endswith("downgraded from 0006 to 0005\n")
+    assert run("current", url, "--prefix", "alias_") == "0005\n"
