@@ -4,6 +4,7 @@ what they did -- the revision before and after, or the SQL with ``--sql``."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import TextIO
 
 from alembic import command
@@ -12,19 +13,30 @@ from sqlalchemy import create_engine
 
 from taskgate.brokers.sql.engine import normalize_url
 from taskgate.cli.errors import CLIError
+from taskgate.cli.store import store_family
 from taskgate.migrate import alembic_config, downgrade, upgrade
 from taskgate.models import DEFAULT_PREFIX
 
 __all__ = ["add_arguments", "run"]
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, url_required: bool) -> None:
-    """The ``upgrade|downgrade|current|history`` subcommands on ``parser``."""
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    url_required: bool,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> None:
+    """The ``upgrade|downgrade|current|history`` subcommands on ``parser``, each also taking the
+    options of ``parents``."""
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    up = actions.add_parser("upgrade", help="migrate up (default: to head)")
-    down = actions.add_parser("downgrade", help="migrate down to a revision ('base' drops every table)")
-    current = actions.add_parser("current", help="show the database's revision")
-    actions.add_parser("history", help="list the revisions")
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return actions.add_parser(name, help=help, description=help, parents=list(parents))
+
+    up = add("upgrade", "migrate up (default: to head)")
+    down = add("downgrade", "migrate down to a revision ('base' drops every table)")
+    current = add("current", "show the database's revision")
+    add("history", "list the revisions")
     for sub in (up, down, current):
         if url_required:
             sub.add_argument("url", help="database URL, e.g. postgresql://user@host/db")
@@ -57,6 +69,8 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
     url = args.url or args.store_url
     if not url:
         raise CLIError("no database: give its URL, or pass --url or set TASKGATE_URL")
+    if store_family(url) != "sql":
+        raise CLIError(f"migrations are for SQL stores; {url.split(':', 1)[0]} keeps no schema to migrate")
     prefix = args.prefix or DEFAULT_PREFIX
     if args.action == "current":
         out.write(f"{_revision(url, prefix)}\n")

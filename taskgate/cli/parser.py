@@ -39,8 +39,9 @@ def _seconds(value: str) -> float:
     return seconds
 
 
-def _common(suppress: bool) -> _Parser:
-    """The options every command takes; on subcommands they default to what was given before."""
+def _common(suppress: bool, *, reads: bool = True) -> _Parser:
+    """The store options (with ``reads``: ``--app`` and ``--json`` too); on subcommands they
+    default to what was given before the command name."""
     parser = _Parser(add_help=False)
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument(
@@ -51,6 +52,8 @@ def _common(suppress: bool) -> _Parser:
         help="the store, e.g. postgresql://user@host/db (TASKGATE_URL)",
     )
     parser.add_argument("--prefix", default=default, help="table or key prefix (TASKGATE_PREFIX)")
+    if not reads:
+        return parser
     parser.add_argument(
         "--app",
         default=default,
@@ -77,10 +80,11 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     common = [_common(True)]
 
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help, description=help, parents=common)
+    def add(name: str, help: str, parents: list[_Parser] = common) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help, parents=parents)
 
-    worker = add("worker", "run an application's gate until SIGTERM or SIGINT")
+    # The worker's gate brings its own store; migrations read no tasks.
+    worker = add("worker", "run an application's gate until SIGTERM or SIGINT", [])
     worker.add_argument("gate", metavar="MODULE:GATE", help="where the gate is, e.g. myapp.tasks:gate")
     worker.add_argument(
         "--shutdown-timeout",
@@ -113,9 +117,9 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
         "--for", dest="for_", type=_duration, metavar="DURATION", help="default: until resumed"
     )
     add("resume", "end a queue's hold").add_argument("queue")
-    migration.add_arguments(
-        add("migrate", "run taskgate's schema migrations (SQL stores)"), url_required=False
-    )
+    store_only = [_common(True, reads=False)]
+    migrate = add("migrate", "run taskgate's schema migrations (SQL stores)", store_only)
+    migration.add_arguments(migrate, url_required=False, parents=store_only)
     return parser
 
 
