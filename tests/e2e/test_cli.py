@@ -303,17 +303,20 @@ def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    ("stop", "loop"), [(signal.SIGTERM, "asyncio"), (signal.SIGINT, "trio")], ids=["SIGTERM", "SIGINT-trio"]
+)
 def test_a_stopped_worker_puts_its_running_task_back_untouched(
-    store: Store, stop: signal.Signals, tmp_path: Path
+    store: Store, stop: signal.Signals, loop: str, tmp_path: Path
 ) -> None:
     if stop is signal.SIGINT and store.name != "sqlite":
-        pytest.skip("SIGINT takes the same path as SIGTERM: once is enough")
+        pytest.skip("SIGINT and Trio take the same path as SIGTERM on asyncio: one store is enough")
     started = tmp_path / "started"
     done = store.call("submit", "ok", {"n": 4}, app=True)
     held = store.call("submit", "hold", {"started": str(started)}, app=True)
     env = {**os.environ, "TASKGATE_URL": store.url, "TASKGATE_PREFIX": store.prefix}
     command = [sys.executable, "-m", "taskgate", "worker", "cli_app:make_gate", "--shutdown-timeout", "0.2"]
+    command += ["--backend", loop]
     with subprocess.Popen(command, cwd=APP_DIR, env=env, stderr=subprocess.PIPE, text=True) as proc:
         try:
             _wait_for(started, proc)
