@@ -7,15 +7,8 @@ import argparse
 from collections.abc import Sequence
 from typing import TextIO
 
-from alembic import command
-from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine
-
-from taskgate.brokers.sql.engine import normalize_url
 from taskgate.cli.errors import CLIError
 from taskgate.cli.store import store_family
-from taskgate.migrate import alembic_config, downgrade, upgrade
-from taskgate.models import DEFAULT_PREFIX
 
 __all__ = ["add_arguments", "run"]
 
@@ -40,7 +33,7 @@ def add_arguments(
     for sub in (up, down, current):
         if url_required:
             sub.add_argument("url", help="database URL, e.g. postgresql://user@host/db")
-            sub.add_argument("--prefix", default=DEFAULT_PREFIX, help="table prefix (default: taskgate_)")
+            sub.add_argument("--prefix", help="table prefix (default: taskgate_)")
         else:
             sub.add_argument("url", nargs="?", help="database URL (default: --url / TASKGATE_URL)")
     up.add_argument("--revision", default="head", help="the revision to reach (default: head)")
@@ -49,7 +42,15 @@ def add_arguments(
         sub.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
 
 
+# alembic and the SQL layer are imported when a migration runs: every other command starts faster.
+
+
 def _revision(url: str, prefix: str) -> str:
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    from taskgate.brokers.sql.engine import normalize_url
+
     engine = create_engine(normalize_url(url))
     try:
         with engine.connect() as connection:
@@ -63,6 +64,12 @@ def _revision(url: str, prefix: str) -> str:
 
 def run(args: argparse.Namespace, out: TextIO) -> None:
     """Carry out ``args.action`` and report it on ``out``."""
+    from alembic import command
+
+    from taskgate.brokers.sql.engine import normalize_url
+    from taskgate.migrate import alembic_config, downgrade, upgrade
+    from taskgate.models import DEFAULT_PREFIX
+
     if args.action == "history":
         command.history(alembic_config())
         return
