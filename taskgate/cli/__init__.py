@@ -103,8 +103,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
     try:
         anyio.run(COMMANDS[args.command], gate, args, out)
     finally:
-        if not args.app:
-            gate.config.broker.close()
+        gate.config.broker.close()
     return 0
 
 

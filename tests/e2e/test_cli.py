@@ -290,6 +290,7 @@ def test_pause_holds_a_queue_until_resumed(store: Store) -> None:
 
     assert store.run("resume", queue, *flags, use_env=False).stdout == f"resumed {queue}\n"
     assert store.json("stats", queue)[0]["paused_until"] is None
+    assert store.json("resume", queue) == {"queue": queue, "paused_until": None}  # not held: no change
 
 
 # -- the worker ------------------------------------------------------------------------------
