@@ -108,10 +108,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     gate: Gate = load_gate(args.gate)
+    # taskgate's own logs at --log-level; other libraries' at WARNING unless the app set up logging.
+    logging.getLogger("taskgate").setLevel(args.log_level.upper())
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         anyio.run(functools.partial(serve, gate, args.shutdown_timeout), backend=args.backend)
     finally:

@@ -94,7 +94,9 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
         help="grace for running handlers on a stop, then they go back untouched (default 30s)",
     )
     worker.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="event loop")
-    worker.add_argument("--log-level", default="INFO", help="level of taskgate's logs on stderr")
+    worker.add_argument(
+        "--log-level", default="INFO", help="level of taskgate's logs on stderr (default INFO)"
+    )
 
     stats = add("stats", "queues' backlog and holds (with --app: limits and quota too)")
     stats.add_argument("queues", nargs="*", metavar="QUEUE", help="default: the --app's configured queues")
