@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
+from taskgate.cli.bulk import cancel_matching, replay_matching
 from taskgate.cli.errors import CLIError
 from taskgate.cli.output import dump_json, overview_json, print_table, stats_json, task_json, text
 from taskgate.cli.show import print_detail, read_detail
@@ -77,9 +78,26 @@ async def show(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
     print_detail(await read_detail(gate, args.id), out, as_json=args.json)
 
 
+def _by_filter(args: argparse.Namespace, ids: list[str]) -> bool:
+    """Whether the command names its tasks by filter options; `CLIError` unless by one way."""
+    filtered = any(getattr(args, name) is not None for name in ("status", "type", "queue", "group"))
+    if filtered == bool(ids):
+        raise CLIError(
+            f"{args.command}: give task ids or filter options (--status, --type, --queue, --group), "
+            "not both" + ("" if ids else ", nor neither")
+        )
+    return filtered
+
+
 async def cancel(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
-    """Cancel each task named (and its descendants); stops at the first that cannot be."""
-    tasks = [await gate.cancel(task_id) for task_id in args.ids]
+    """Cancel each task named, or each one the filter matches, and its descendants.
+
+    By id it stops at the first that cannot be canceled; by filter it passes over those.
+    """
+    if _by_filter(args, args.ids):
+        tasks = await cancel_matching(gate, _filter(args))
+    else:
+        tasks = [await gate.cancel(task_id) for task_id in args.ids]
     if args.json:
         dump_json([task_json(t) for t in tasks], out)
     else:
@@ -89,7 +107,19 @@ async def cancel(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
 
 
 async def replay(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
-    """Re-run a final task as a new execution; prints the new id."""
+    """Re-run a final task as a new execution and print the new id; or, by filter, each final
+    task it matches that is the newest of its chain, printing each pair."""
+    if _by_filter(args, [args.id] if args.id else []):
+        if args.status is None:
+            raise CLIError("replay: a filter needs --status (failed, canceled, or completed)")
+        if args.status == Status.COMPLETED and not args.allow_completed:
+            raise CLIError("replay: completed tasks are replayed only with --allow-completed")
+        pairs = await replay_matching(gate, _filter(args), allow_completed=args.allow_completed)
+        if args.json:
+            dump_json([{"id": new, "replay_of": old} for old, new in pairs], out)
+        else:
+            out.writelines(f"{new}  replay of {old}\n" for old, new in pairs)
+        return
     new_id = await gate.replay(args.id, allow_completed=args.allow_completed)
     if args.json:
         dump_json({"id": new_id, "replay_of": args.id}, out)

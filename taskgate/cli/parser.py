@@ -19,6 +19,7 @@ __all__ = ["build_migrate_parser", "build_parser"]
 
 _STATUSES = [s.value for s in Status]
 _FINAL = [s.value for s in Status if s.is_final]
+_WAITING = [s.value for s in Status if not s.is_final]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,9 +107,12 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
     listing.add_argument("--key", help="business key")
     listing.add_argument("--offset", type=int, default=0)
     add("show", "one task: payload, result, error, traceback, parents, children").add_argument("id")
-    add("cancel", "cancel tasks and their descendants").add_argument("ids", nargs="+", metavar="ID")
-    replay = add("replay", "re-run a final task as a new execution")
-    replay.add_argument("id")
+    cancel = add("cancel", "cancel tasks (by id, or every one a filter matches) and their descendants")
+    cancel.add_argument("ids", nargs="*", metavar="ID")
+    _filters(cancel, statuses=_WAITING)
+    replay = add("replay", "re-run a final task (or the final tasks a filter matches) as a new execution")
+    replay.add_argument("id", nargs="?")
+    _filters(replay, statuses=_FINAL)
     replay.add_argument("--allow-completed", action="store_true", help="replay a completed task too")
     purge = add("purge", "delete final tasks now")
     _filters(purge, statuses=_FINAL)

@@ -262,6 +262,27 @@ def test_cancel_then_replay_makes_a_new_execution_in_the_chain(store: Store) -> 
     assert store.call("get", new_id).replay_of == replayed["id"]
 
 
+def test_cancel_and_replay_by_filter_act_on_each_matching_task(store: Store) -> None:
+    kind = f"bulk{secrets.token_hex(2)}"
+    parent = store.call("submit", kind, None)
+    child = store.call("submit", kind, None, depends_on=[parent])  # blocked: not matched below
+    other = store.call("submit", kind, None)
+
+    canceled = store.json("cancel", "--type", kind, "--status", "pending")
+    assert sorted(t["id"] for t in canceled) == sorted([parent, other])
+    assert store.call("get", child).status is Status.CANCELED  # with its parent
+    assert store.run("cancel", "--type", kind).stdout == ""  # nothing left to cancel
+
+    pairs = store.json("replay", "--type", kind, "--status", "canceled")
+    assert sorted(p["replay_of"] for p in pairs) == sorted([parent, child, other])
+    new = {p["replay_of"]: p["id"] for p in pairs}
+    assert store.call("get", new[parent]).status is Status.PENDING
+    assert store.call("get", new[other]).status is Status.PENDING
+    lines = store.run("replay", "--type", kind, "--status", "canceled").stdout.splitlines()
+    assert parent not in "".join(lines)  # its replay is the newest of its chain now
+    store.json("cancel", "--type", kind)
+
+
 def test_purge_deletes_the_final_tasks_the_filter_names(store: Store) -> None:
     keep = store.call("submit", "purgeme", None)
     gone = [store.call("submit", "purgeme", None) for _ in range(3)]
@@ -372,6 +393,10 @@ def test_an_unreachable_store_is_one_line_and_exit_1(backend: str, command: list
         (["pause", "q", "--for", "soon"], "argument --for"),
         (["purge", "--status", "pending"], "invalid choice: 'pending'"),
         (["--url", "ftp://host/x", "list"], "unknown store scheme 'ftp'"),
+        (["cancel"], "give task ids or filter options"),
+        (["cancel", "01ID", "--type", "x"], "not both"),
+        (["replay", "--type", "x"], "a filter needs --status"),
+        (["replay", "--status", "completed"], "only with --allow-completed"),
         (["worker", "no_such_module:gate"], "no module named 'no_such_module'"),
         (["worker", "cli_app"], "expected MODULE:GATE"),
         (["worker", "cli_app:nothing"], "has no attribute 'nothing'"),
