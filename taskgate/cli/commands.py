@@ -21,7 +21,7 @@ Command = Callable[[Gate, argparse.Namespace, TextIO], Awaitable[None]]
 
 _LIST_COLUMNS = ("id", "type", "queue", "status", "attempts", "created_at", "group", "business_key")
 _STATS_COLUMNS = ("queue", "queue_len", "paused_until", "unhandled")
-_LIMIT_COLUMNS = ("workers", "running", "rps", "quota_used", "quota_limit", "quota_window_end")
+_LIMIT_COLUMNS = ("workers", "rps", "quota_used", "quota_limit", "quota_window_end")
 
 
 def _filter(args: argparse.Namespace) -> Filter:

@@ -89,13 +89,14 @@ def task_json(task: Task) -> dict[str, Any]:
 
 
 def stats_json(queue: str, stats: QueueStats, *, limits_known: bool) -> dict[str, Any]:
-    """``stats`` of ``queue``; the configured limits only when ``limits_known`` (an app's config)."""
+    """``stats`` of ``queue``; the configured limits and quota only when ``limits_known`` (an
+    app's config). Never this process's own figures (``running``, ``quota_stalled``): it runs
+    no workers."""
     document: dict[str, Any] = {"queue": queue, **dataclasses.asdict(stats)}
-    if not limits_known:
-        for name in ("workers", "rps", "running", "quota_limit", "quota_used", "quota_window_end"):
-            document.pop(name)
-        document.pop("quota_exhausted")
-        document.pop("quota_stalled")
+    local = ("running", "quota_stalled")
+    configured = ("workers", "rps", "quota_limit", "quota_used", "quota_window_end", "quota_exhausted")
+    for name in local if limits_known else local + configured:
+        document.pop(name)
     return document
 
 

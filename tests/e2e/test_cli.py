@@ -179,15 +179,19 @@ def test_stats_reads_a_queue_from_the_store_and_the_limits_from_the_app(store: S
     assert work == {"queue": "work", "queue_len": 0, "reachable": True, "paused_until": None, "unhandled": 0}
 
     [with_app] = store.json("--app", "cli_app:make_gate", "stats")
-    assert (with_app["queue"], with_app["workers"], with_app["running"], with_app["quota_limit"]) == (
-        "work",
-        2,
-        0,
-        0,
-    )
+    assert with_app == {
+        **work,
+        "workers": 2,
+        "rps": 0.0,
+        "quota_limit": 0,
+        "quota_used": 0,
+        "quota_window_end": None,
+        "quota_exhausted": False,
+    }
     table = store.run("stats", "--app", "cli_app:make_gate").stdout.splitlines()
-    assert table[0].split()[:5] == ["queue", "queue_len", "paused_until", "unhandled", "workers"]
-    assert table[1].split()[:5] == ["work", "0", "0", "2", "0"]
+    header = "queue queue_len paused_until unhandled workers rps quota_used quota_limit quota_window_end"
+    assert table[0].split() == header.split()
+    assert table[1].split() == ["work", "0", "0", "2", "0.0", "0", "0"]
 
 
 def test_list_filters_by_type_status_queue_group_key_and_pages(store: Store) -> None:
