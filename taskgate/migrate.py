@@ -11,7 +11,6 @@ they also accept an open SQLAlchemy `Connection`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
@@ -55,35 +54,12 @@ def downgrade(
     command.downgrade(alembic_config(url_or_connection, prefix), revision, sql=sql)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="taskgate-migrate", description="Migrate taskgate's tables.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("upgrade", help="migrate up (default: to head)")
-    down = commands.add_parser("downgrade", help="migrate down to a revision ('base' drops all)")
-    current = commands.add_parser("current", help="show the database's revision")
-    commands.add_parser("history", help="list the revisions")
-    for sub in (up, down, current):
-        sub.add_argument("url", help="database URL, e.g. postgresql://user@host/db")
-        sub.add_argument("--prefix", default=DEFAULT_PREFIX, help="table prefix (default: taskgate_)")
-    up.add_argument("--revision", default="head")
-    down.add_argument("revision")
-    for sub in (up, down):
-        sub.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``taskgate-migrate``; returns the process exit status."""
-    args = _parser().parse_args(argv)
-    if args.command == "history":
-        command.history(alembic_config())
-    elif args.command == "current":
-        command.current(alembic_config(args.url, args.prefix))
-    elif args.command == "upgrade":
-        upgrade(args.url, args.revision, prefix=args.prefix, sql=args.sql)
-    else:
-        downgrade(args.url, args.revision, prefix=args.prefix, sql=args.sql)
-    return 0
+    """Entry point of ``taskgate-migrate`` (``taskgate migrate`` under another name, taking the
+    database URL and ``--prefix`` after the action); returns the process exit status."""
+    from taskgate.cli import migrate_main
+
+    return migrate_main(argv)
 
 
 if __name__ == "__main__":
