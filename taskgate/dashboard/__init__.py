@@ -1,0 +1,16 @@
+"""The web dashboard (extra ``taskgate[dashboard]``): `app` makes an ASGI app over a broker.
+
+Server-rendered with Jinja2 (autoescaped) on Starlette; no build step, no JavaScript needed
+(a small inline script refreshes the page when enabled). Read-only unless
+``allow_actions=True``; every broker call runs in a worker thread.
+
+Layout: `factory` builds the app, `site` guards every request (auth, headers) and renders,
+`reads` gathers what a page shows, `pages` and `actions` are the endpoints, `csrf` signs the
+forms' tokens, `render` turns stored bytes into text for the templates.
+"""
+
+from __future__ import annotations
+
+from taskgate.dashboard.factory import app
+
+__all__ = ["app"]
