@@ -20,7 +20,7 @@ from taskgate.brokers.base import Broker
 from taskgate.brokers.sql import SQLBroker
 
 from .conftest import Served
-from .seed import ATTACK, QUEUES, Seeded, seed
+from .seed import ATTACK, QUEUES, Seeded
 
 MOUNT = "/ops/tasks"
 
