@@ -11,6 +11,17 @@ forms' tokens, `render` turns stored bytes into text for the templates.
 
 from __future__ import annotations
 
+from taskgate.errors import ConfigError
+
+try:
+    import jinja2  # noqa: F401
+    import starlette  # noqa: F401
+except ImportError as exc:  # the extra is not installed: say which one to install
+    raise ConfigError(
+        f"taskgate.dashboard needs Starlette and Jinja2, which cannot be imported ({exc}): "
+        "pip install 'taskgate[dashboard]'"
+    ) from exc
+
 from taskgate.dashboard.factory import app
 
 __all__ = ["app"]
