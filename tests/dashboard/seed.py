@@ -71,3 +71,24 @@ def _complete(broker: Broker, queue: str, task_type: str, result: bytes) -> None
 def _fail(broker: Broker, task_type: str, error: str, traceback: str) -> None:
     task_id, token = _claimed(broker, task_type, "cpu")
     broker.settle(Settle((Fail(task_id, token, FailureKind.BUSINESS, error, traceback=traceback),)))
+
+
+def busy(broker: Broker) -> None:
+    """A store in mid-run, for the README's screenshot: a few dozen pipeline tasks in every
+    status, quota units spent, one failure with its traceback."""
+    tasks = []
+    for n in range(12):
+        tasks.append(
+            NewTask(f"01DOCRETRIEVE{n:02}", "retrieve", "cpu", payload=json.dumps({"doc": n}).encode())
+        )
+        tasks.append(NewTask(f"01DOCGENERATE{n:02}", "generate", "llm", depends_on=(f"01DOCRETRIEVE{n:02}",)))
+        tasks.append(NewTask(f"01DOCSCORE{n:02}", "score", "cpu", depends_on=(f"01DOCGENERATE{n:02}",)))
+    broker.submit(Submit(tuple(tasks)))
+    for _ in range(9):
+        _complete(broker, "cpu", "retrieve", b'{"docs": 3}')
+    for _ in range(5):
+        _complete(broker, "llm", "generate", b'{"answer": "..."}')
+    for _ in range(3):
+        _complete(broker, "cpu", "score", b'{"score": 0.9}')
+    _fail(broker, "score", "ValueError: score out of range", "Traceback (most recent call last):\n  ...\n")
+    broker.claim(Claim("llm", 2, LEASE, quota=LLM_QUOTA, types=("generate",)))  # two running

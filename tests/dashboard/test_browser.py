@@ -20,7 +20,7 @@ from taskgate.brokers.base import Broker
 from taskgate.brokers.sql import SQLBroker
 
 from .conftest import Served
-from .seed import ATTACK, QUEUES, Seeded
+from .seed import ATTACK, QUEUES, Seeded, busy
 
 MOUNT = "/ops/tasks"
 
@@ -144,3 +144,21 @@ def test_markup_in_a_payload_error_and_type_is_shown_and_never_run(
     _wait(browser).until(ec.presence_of_element_located((By.ID, "payload")))
     assert ATTACK in browser.find_element(By.ID, "error").text
     shots(browser, "task-markup")
+
+
+def test_a_count_on_the_overview_leads_to_the_list_of_those_tasks(
+    serve: Callable[[Any], Served], tmp_path: Path, browser: Any, shots: Any
+) -> None:
+    broker = SQLBroker(f"sqlite:///{tmp_path / 'busy.db'}")
+    busy(broker)
+    browser.set_window_size(1100, 660)  # the README's screenshot: docs/dashboard.png
+    browser.get(_site(serve, broker) + "/")
+    cell = "//table[@id='counts']//tr[td[1][normalize-space()='generate']]/td[3]/a"  # generate, pending
+    link = _wait(browser).until(ec.element_to_be_clickable((By.XPATH, cell)))
+    shots(browser, "overview-busy")
+    assert link.text == "2"
+    link.click()
+    _wait(browser).until(ec.presence_of_element_located((By.ID, "tasks")))
+    rows = browser.find_elements(By.CSS_SELECTOR, "#tasks tbody tr")
+    assert len(rows) == 2 and all("generate" in row.text and "pending" in row.text for row in rows)
+    broker.close()
