@@ -1,4 +1,5 @@
-"""The dashboard's actions (POST forms): cancel and replay a task, pause and resume a queue.
+"""The dashboard's actions (POST forms): cancel and replay a task, pause and resume a queue,
+purge final tasks.
 
 Each passes `Site.action_form` first (``allow_actions``, the CSRF token; ``auth`` already
 passed), then makes one change through the broker in a worker thread and redirects (303) to
@@ -11,14 +12,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from taskgate.brokers.base import Broker, check_identifier
-from taskgate.brokers.params import Hold, Replay
+from taskgate.brokers.params import Hold, Prune, Replay
 from taskgate.dashboard.site import Refused, Site
 from taskgate.durations import parse_duration
 from taskgate.ids import new_id
+from taskgate.runtime.purge import purge_params
 from taskgate.runtime.recovery import descendants_to_rerun, replay_pairs
-from taskgate.task import Filter, Task
+from taskgate.task import Filter, Status, Task
 
-__all__ = ["cancel", "pause", "replay", "resume"]
+__all__ = ["cancel", "pause", "purge", "replay", "resume"]
 
 
 async def cancel(site: Site, request: Request) -> Response:
@@ -70,6 +72,30 @@ async def resume(site: Site, request: Request) -> Response:
     queue = _path_value(request, "queue")
     await site.call(site.broker.hold, Hold(queue, resume=True))
     return site.redirect(request, "/")
+
+
+async def purge(site: Site, request: Request) -> Response:
+    """Delete the final tasks the form selects (``status``: one final status or any; ``queue``,
+    ``type``, ``group``; ``older_than``: finished at least that long ago, e.g. "7d"), as
+    `Gate.purge` does; the overview then says how many went."""
+    form = await site.action_form(request)
+    try:
+        status = Status(form["status"]) if form.get("status") else None
+        chosen = {name: form.get(name) or None for name in ("queue", "type", "group")}
+        query = Filter(status=status, queue=chosen["queue"], type=chosen["type"], group=chosen["group"])
+        prune, _ = purge_params(query, form.get("older_than", "").strip() or None)
+    except (TypeError, ValueError) as exc:
+        raise Refused(400, str(exc)) from None
+    went = await site.call(_purge, site.broker, prune)
+    return site.redirect(request, f"/?purged={went}")
+
+
+def _purge(broker: Broker, prune: Prune) -> int:
+    # Bounded prunes until one deletes nothing (see `taskgate.runtime.purge`), in one thread hop.
+    deleted = 0
+    while went := broker.prune(prune):
+        deleted += went
+    return deleted
 
 
 def _path_value(request: Request, name: str) -> str:

@@ -29,11 +29,11 @@ def app(
     """The dashboard over ``broker``, an ASGI app: serve it, or mount it
     (``fastapi_app.mount("/tasks", app(broker))``); its links follow the mount point.
 
-    Read-only unless ``allow_actions=True``, which adds cancel, replay, pause and resume as
-    POST forms carrying a CSRF token. ``auth(request)`` (a plain or async function taking the
-    Starlette `Request`) is asked on EVERY request, pages included, since payloads may hold
-    personal data: True lets it in, anything else answers 403 (it may raise starlette's
-    ``HTTPException(401, headers={"WWW-Authenticate": ...})`` to ask for credentials).
+    Read-only unless ``allow_actions=True``, which adds cancel, replay (with descendants),
+    pause, resume and purge as POST forms carrying a CSRF token. ``auth(request)`` (a plain or
+    async function taking the Starlette `Request`) is asked on EVERY request, pages included,
+    since payloads may hold personal data: True lets it in, anything else answers 403 (it may
+    raise starlette's ``HTTPException(401, headers={"WWW-Authenticate": ...})`` to ask for credentials).
     ``queues`` (a `Config`, or a mapping of queue name to `QueueConfig`) names the queues the
     overview shows and their limits and quota budgets; without it the overview shows the task
     counts only. ``secret`` signs the CSRF tokens (at least 16 bytes; None: random per app, so
@@ -62,5 +62,6 @@ def app(
         Route("/tasks/{task_id}/replay", site.guard(actions.replay), methods=["POST"], name="replay"),
         Route("/queues/{queue}/pause", site.guard(actions.pause), methods=["POST"], name="pause"),
         Route("/queues/{queue}/resume", site.guard(actions.resume), methods=["POST"], name="resume"),
+        Route("/purge", site.guard(actions.purge), methods=["POST"], name="purge"),
     ]
     return Starlette(routes=routes)

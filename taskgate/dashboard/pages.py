@@ -24,8 +24,16 @@ MAX_LIMIT = 500
 async def overview(site: Site, request: Request) -> Response:
     """Counts by type and status, and each known queue's figures."""
     data = await site.call(read_overview, site.broker, site.catalog)
-    statuses = list(Status)
-    return site.page(request, "overview.html", data=data, statuses=statuses, title="Overview")
+    purged = request.query_params.get("purged", "")
+    return site.page(
+        request,
+        "overview.html",
+        data=data,
+        statuses=list(Status),
+        final=[s for s in Status if s.is_final],
+        purged=int(purged) if purged.isdigit() and len(purged) < 10 else None,
+        title="Overview",
+    )
 
 
 async def tasks(site: Site, request: Request) -> Response:

@@ -155,3 +155,22 @@ def test_pause_without_a_time_holds_until_resumed(broker: Broker, seeded: Seeded
 def test_without_queues_the_overview_shows_the_counts_only(broker: Broker, seeded: Seeded) -> None:
     page = TestClient(dashboard.app(broker)).get("/").text
     assert 'id="counts"' in page and 'id="queues"' not in page and "queues=" in page
+
+
+def test_purge_deletes_the_final_tasks_it_selects_and_says_how_many(broker: Broker, seeded: Seeded) -> None:
+    client = _client(broker, allow_actions=True)
+    answer = _post(client, "/", "/purge", status="failed", queue="cpu", older_than="0s")
+    assert answer.status_code == 303 and answer.headers["location"] == "/?purged=2"
+    assert 'id="purged">2 final tasks deleted.' in client.get(answer.headers["location"]).text
+    assert broker.list(Filter(status=Status.FAILED)) == []
+    left = {t.id for t in broker.list(Filter())}
+    assert left == {seeded.retrieve, seeded.generate, seeded.score, seeded.waiting}
+
+
+def test_purge_of_a_status_that_is_not_final_is_a_400_and_deletes_nothing(
+    broker: Broker, seeded: Seeded
+) -> None:
+    client = _client(broker, allow_actions=True)
+    assert _post(client, "/", "/purge", status="pending").status_code == 400
+    assert _post(client, "/", "/purge", older_than="a while").status_code == 400
+    assert len(broker.list(Filter())) == 6

@@ -37,7 +37,12 @@ def test_by_default_pages_carry_no_forms_and_every_action_answers_403(broker: Br
     page = client.get(f"/tasks/{seeded.waiting}").text + client.get("/").text
     assert 'method="post"' not in page and "csrf_token" not in page
     assert "taskgate_csrf" not in client.cookies
-    for path in (f"/tasks/{seeded.waiting}/cancel", f"/tasks/{seeded.ocr}/replay", "/queues/cpu/pause"):
+    for path in (
+        f"/tasks/{seeded.waiting}/cancel",
+        f"/tasks/{seeded.ocr}/replay",
+        "/queues/cpu/pause",
+        "/purge",
+    ):
         assert client.post(path, content="csrf_token=x", headers=FORM).status_code == 403
     assert broker.get(seeded.waiting).status is Status.PENDING
     assert len(broker.list(broker_filter(type="ocr"))) == 2  # no replay made
