@@ -107,9 +107,7 @@ def _require_browser() -> None:
     pytest.skip(message)
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    """Headless Chromium at a phone-ish width, through the system chromedriver."""
+def _chromium(*, javascript: bool) -> Any:
     _require_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -118,8 +116,23 @@ def browser() -> Iterator[Any]:
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.implicitly_wait(0)
+    if not javascript:
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium, through the system chromedriver."""
+    driver = _chromium(javascript=True)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def browser_without_js() -> Iterator[Any]:
+    """Headless Chromium with JavaScript switched off."""
+    driver = _chromium(javascript=False)
     yield driver
     driver.quit()
 

@@ -162,3 +162,32 @@ def test_a_count_on_the_overview_leads_to_the_list_of_those_tasks(
     rows = browser.find_elements(By.CSS_SELECTOR, "#tasks tbody tr")
     assert len(rows) == 2 and all("generate" in row.text and "pending" in row.text for row in rows)
     broker.close()
+
+
+def test_without_javascript_filters_links_and_actions_still_work(
+    serve: Callable[[Any], Served], broker: Broker, seeded: Seeded, browser_without_js: Any, shots: Any
+) -> None:
+    browser = browser_without_js
+    site = _site(serve, broker, allow_actions=True)
+    browser.get(site + "/tasks")
+    assert browser.find_element(By.ID, "refresh-toggle").is_displayed() is False  # needs the script
+    browser.find_element(By.NAME, "type").send_keys("ocr")
+    browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    _wait(browser).until(ec.url_contains("type=ocr"))
+    browser.find_element(By.LINK_TEXT, seeded.waiting).click()
+    _wait(browser).until(ec.element_to_be_clickable((By.XPATH, "//button[text()='Cancel']"))).click()
+    _wait(browser).until(ec.text_to_be_present_in_element((By.TAG_NAME, "h1"), "canceled"))
+    shots(browser, "no-javascript-canceled")
+    assert broker.get(seeded.waiting).status is Status.CANCELED
+
+
+def test_with_refresh_ticked_the_page_follows_the_store(
+    serve: Callable[[Any], Served], broker: Broker, seeded: Seeded, browser: Any
+) -> None:
+    browser.get(_site(serve, broker, refresh=1) + f"/tasks/{seeded.waiting}")
+    _wait(browser).until(ec.element_to_be_clickable((By.ID, "autorefresh"))).click()
+    assert "pending" in browser.find_element(By.TAG_NAME, "h1").text
+    broker.cancel(seeded.waiting)  # another process changes the store
+    _wait(browser).until(ec.text_to_be_present_in_element((By.TAG_NAME, "h1"), "canceled"))
+    browser.refresh()  # the choice is remembered
+    _wait(browser).until(ec.element_located_selection_state_to_be((By.ID, "autorefresh"), True))
