@@ -1,4 +1,4 @@
-"""Fixtures of the dashboard tests: a seeded broker (memory, SQLite, PostgreSQL), the app
+"""Fixtures of the dashboard tests: a seeded broker (memory, SQLite, PostgreSQL, Redis), the app
 served by uvicorn on a loopback port in a background thread, and headless Chromium.
 
 The browser is Debian's ``chromium`` driven through its ``chromedriver`` (selenium, told both
@@ -28,17 +28,39 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql", "redis"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
-    """A broker of each backend the dashboard tests run on."""
+    """A broker of each backend the dashboard tests run on (a fresh database or key prefix)."""
     if request.param == "memory":
         made: Broker = MemoryBroker()
     elif request.param == "sqlite":
         made = SQLBroker(f"sqlite:///{tmp_path / 'dash.db'}")
+    elif request.param == "redis":
+        made = _redis_broker(request)
     else:
         made = SQLBroker(request.getfixturevalue("postgresql_url"))
     yield made
     made.close()
+
+
+def _redis_broker(request: pytest.FixtureRequest) -> Broker:
+    import redis
+    from helpers.redis_servers import purge_keys
+
+    from taskgate.brokers.redis import RedisBroker
+    from taskgate.brokers.redis.keys import KeySpace
+
+    url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
+
+    def purge() -> None:
+        client = redis.Redis.from_url(url)
+        try:
+            purge_keys(client, KeySpace(prefix).pattern())
+        finally:
+            client.close()
+
+    request.addfinalizer(purge)
+    return RedisBroker(url, key_prefix=prefix)
 
 
 @pytest.fixture

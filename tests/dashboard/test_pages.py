@@ -1,4 +1,4 @@
-"""The dashboard's pages over HTTP, on memory, SQLite and PostgreSQL: links follow the mount
+"""The dashboard's pages over HTTP, on memory, SQLite, PostgreSQL and Redis: links follow the mount
 point, the list filters and pages, a task's page shows its replay chain and progress, and the
 actions replay (with descendants), pause and resume."""
 
