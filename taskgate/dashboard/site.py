@@ -106,22 +106,12 @@ class Site:
         return verdict is True
 
     async def action_form(self, request: Request) -> dict[str, str]:
-        """The fields of an action's form, once the action is allowed: `Refused` (403) when
-        actions are off or the CSRF token is missing or wrong, (400) for a malformed body."""
+        """The fields of an action's form, once the action is allowed: `Refused` with 403 when
+        actions are off or the form carries no valid CSRF token (a body that is no form carries
+        none), with 400 for a form over `MAX_FORM_BYTES`."""
         if not self.allow_actions:
             raise Refused(403, "Actions are disabled on this dashboard (allow_actions=False).")
-        if request.headers.get("content-type", "").split(";")[0].strip() != _FORM_TYPE:
-            raise Refused(400, "An action takes a form (application/x-www-form-urlencoded).")
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_FORM_BYTES:
-                raise Refused(400, "The form is too large.")
-        try:
-            parsed = parse_qs(body.decode("utf-8"), max_num_fields=20, strict_parsing=False)
-        except (UnicodeDecodeError, ValueError):
-            raise Refused(400, "The form could not be read.") from None
-        form = {name: values[-1] for name, values in parsed.items()}
+        form = await _read_form(request)
         if not self._csrf.valid(request, form.get(FIELD)):
             raise Refused(403, "The form's CSRF token is missing or wrong: reload the page and try again.")
         return form
@@ -171,6 +161,23 @@ _HEADERS = {
     "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
 }
+
+
+async def _read_form(request: Request) -> dict[str, str]:
+    """The fields of a urlencoded form body (the last value of a repeated one); {} for a body
+    that is not such a form."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != _FORM_TYPE:
+        return {}
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise Refused(400, "The form is too large.")
+    try:
+        parsed = parse_qs(body.decode("utf-8"), max_num_fields=20)
+    except (UnicodeDecodeError, ValueError):  # not UTF-8, or too many fields
+        return {}
+    return {name: values[-1] for name, values in parsed.items()}
 
 
 def _csp(nonce: str) -> str:

@@ -193,3 +193,13 @@ def test_broker_calls_run_in_worker_threads_never_on_the_event_loop(broker: Brok
     for path in ("/", "/tasks", f"/tasks/{seeded.generate}"):
         assert client.get(path).status_code == 200
     assert broker_threads and loop_threads and not broker_threads & loop_threads
+
+
+def test_a_body_that_is_no_form_carries_no_token_and_is_refused(broker: Broker, seeded: Seeded) -> None:
+    client = _client(broker, allow_actions=True)
+    token = _token(client, f"/tasks/{seeded.waiting}")
+    as_json = client.post(f"/tasks/{seeded.waiting}/cancel", json={"csrf_token": token})
+    assert as_json.status_code == 403
+    too_big = client.post(f"/tasks/{seeded.waiting}/cancel", content="x=" + "y" * 20_000, headers=FORM)
+    assert too_big.status_code == 400
+    assert broker.get(seeded.waiting).status is Status.PENDING
