@@ -51,3 +51,15 @@ def test_llm_pipeline_runs_on_trio_too() -> None:
         ["--chains", "2", "--broker", "memory://", "--backend", "trio"], out=io.StringIO()
     )
     assert sum(summary["statuses"].values()) == 6
+
+
+def test_the_dashboard_example_shows_the_pipeline_store(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    url = f"sqlite:///{tmp_path / 'pipeline.db'}"
+    _load("llm_pipeline").main(["--chains", "2", "--broker", url, "--seed", "3"], out=io.StringIO())
+    with TestClient(_load("dashboard").make_app(url)) as client:
+        overview = client.get("/")
+        assert overview.status_code == 200 and str(overview.url).endswith("/tasks/")
+        assert 'href="/tasks/tasks?type=score"' in overview.text and 'id="queues"' in overview.text
+        assert client.get("/tasks/tasks?type=score").text.count('href="/tasks/tasks/') == 2
