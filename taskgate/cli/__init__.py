@@ -23,6 +23,7 @@ from taskgate.cli import migration
 from taskgate.cli.commands import COMMANDS
 from taskgate.cli.errors import CLIError, one_line
 from taskgate.cli.parser import build_migrate_parser, build_parser
+from taskgate.cli.serve_dashboard import serve_dashboard
 from taskgate.cli.store import client_gate, load_gate, open_store
 from taskgate.cli.worker import serve
 from taskgate.errors import TaskgateError
@@ -97,6 +98,8 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     if args.command == "worker":
         return _worker(args)
+    if args.command == "dashboard":
+        return serve_dashboard(args)
     # The runtime's warnings (a store not answering) would add lines to the one-line error.
     logging.getLogger("taskgate").addHandler(logging.NullHandler())
     gate = load_gate(args.app) if args.app else client_gate(open_store(args.store_url, args.prefix))

@@ -8,7 +8,6 @@ import argparse
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
-from taskgate.cli.bulk import cancel_matching, replay_matching
 from taskgate.cli.errors import CLIError
 from taskgate.cli.output import dump_json, overview_json, print_table, stats_json, task_json, text
 from taskgate.cli.show import print_detail, read_detail
@@ -90,14 +89,19 @@ def _by_filter(args: argparse.Namespace, ids: list[str]) -> bool:
 
 
 async def cancel(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
-    """Cancel each task named, or each one the filter matches, and its descendants.
+    """Cancel each task named, or each one the filter matches (`Gate.cancel_many`), and its
+    descendants.
 
     By id it stops at the first that cannot be canceled; by filter it passes over those.
     """
     if _by_filter(args, args.ids):
-        tasks = await cancel_matching(gate, _filter(args))
-    else:
-        tasks = [await gate.cancel(task_id) for task_id in args.ids]
+        count = await gate.cancel_many(_filter(args))
+        if args.json:
+            dump_json({"canceled": count}, out)
+        else:
+            out.write(f"canceled {count} task{'' if count == 1 else 's'}\n")
+        return
+    tasks = [await gate.cancel(task_id) for task_id in args.ids]
     if args.json:
         dump_json([task_json(t) for t in tasks], out)
     else:
@@ -107,20 +111,23 @@ async def cancel(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
 
 
 async def replay(gate: Gate, args: argparse.Namespace, out: TextIO) -> None:
-    """Re-run a final task as a new execution and print the new id; or, by filter, each final
-    task it matches that is the newest of its chain, printing each pair."""
+    """Re-run a final task as a new execution (with ``--descendants``, with the stages its
+    failure canceled) and print the new id; or, by filter, each final task it matches that is
+    the newest of its chain, with its canceled descendants (`Gate.replay_many`), printing
+    each new execution and the one it re-runs."""
     if _by_filter(args, [args.id] if args.id else []):
         if args.status is None:
             raise CLIError("replay: a filter needs --status (failed, canceled, or completed)")
         if args.status == Status.COMPLETED and not args.allow_completed:
             raise CLIError("replay: completed tasks are replayed only with --allow-completed")
-        pairs = await replay_matching(gate, _filter(args), allow_completed=args.allow_completed)
+        made = await gate.replay_many(_filter(args), allow_completed=args.allow_completed)
+        pairs = [(task.replay_of, task.id) for task in [await gate.get(new) for new in made]]
         if args.json:
             dump_json([{"id": new, "replay_of": old} for old, new in pairs], out)
         else:
             out.writelines(f"{new}  replay of {old}\n" for old, new in pairs)
         return
-    new_id = await gate.replay(args.id, allow_completed=args.allow_completed)
+    new_id = await gate.replay(args.id, allow_completed=args.allow_completed, descendants=args.descendants)
     if args.json:
         dump_json({"id": new_id, "replay_of": args.id}, out)
     else:

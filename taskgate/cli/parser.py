@@ -114,6 +114,11 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
     replay.add_argument("id", nargs="?")
     _filters(replay, statuses=_FINAL)
     replay.add_argument("--allow-completed", action="store_true", help="replay a completed task too")
+    replay.add_argument(
+        "--descendants",
+        action="store_true",
+        help="also re-run the stages its failure canceled (always, by filter)",
+    )
     purge = add("purge", "delete final tasks now")
     _filters(purge, statuses=_FINAL)
     purge.add_argument("--older-than", type=_duration, metavar="DURATION", help="e.g. 7d, 12h")
@@ -123,6 +128,12 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
         "--for", dest="for_", type=_duration, metavar="DURATION", help="default: until resumed"
     )
     add("resume", "end a queue's hold").add_argument("queue")
+    site = add("dashboard", "serve the dashboard (extra taskgate[dashboard])")
+    site.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    site.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    site.add_argument(
+        "--allow-actions", action="store_true", help="cancel, replay, pause, resume, purge from the pages"
+    )
     store_only = [_common(True, reads=False)]
     migrate = add("migrate", "run taskgate's schema migrations (SQL stores)", store_only)
     migration.add_arguments(migrate, url_required=False, parents=store_only)

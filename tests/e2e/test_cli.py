@@ -13,9 +13,11 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -272,16 +274,18 @@ def test_cancel_and_replay_by_filter_act_on_each_matching_task(store: Store) -> 
     child = store.call("submit", kind, None, depends_on=[parent])  # blocked: not matched below
     other = store.call("submit", kind, None)
 
-    canceled = store.json("cancel", "--type", kind, "--status", "pending")
-    assert sorted(t["id"] for t in canceled) == sorted([parent, other])
+    assert store.json("cancel", "--type", kind, "--status", "pending") == {"canceled": 2}
+    assert store.call("get", other).status is Status.CANCELED
     assert store.call("get", child).status is Status.CANCELED  # with its parent
-    assert store.run("cancel", "--type", kind).stdout == ""  # nothing left to cancel
+    assert store.run("cancel", "--type", kind).stdout == "canceled 0 tasks\n"  # nothing left
 
     pairs = store.json("replay", "--type", kind, "--status", "canceled")
     assert sorted(p["replay_of"] for p in pairs) == sorted([parent, child, other])
     new = {p["replay_of"]: p["id"] for p in pairs}
     assert store.call("get", new[parent]).status is Status.PENDING
     assert store.call("get", new[other]).status is Status.PENDING
+    # the child was re-run with its parent, waiting for the new one (not born canceled)
+    assert store.call("get", new[child]).depends_on == (new[parent],)
     lines = store.run("replay", "--type", kind, "--status", "canceled").stdout.splitlines()
     assert parent not in "".join(lines)  # its replay is the newest of its chain now
     store.json("cancel", "--type", kind)
@@ -446,3 +450,39 @@ def test_taskgate_migrate_stays_an_alias_that_says_what_it_did(tmp_path: Path) -
     assert run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): already at 0006\n"
     assert run("downgrade", url, "0005", "--prefix", "alias_").endswith("downgraded from 0006 to 0005\n")
     assert run("current", url, "--prefix", "alias_") == "0005\n"
+
+
+# -- the dashboard ---------------------------------------------------------------------------
+
+
+def test_dashboard_serves_the_store_until_sigterm(store: Store) -> None:
+    # (The pages themselves are tested in tests/dashboard; this is the command serving them.)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "TASKGATE_URL": store.url, "TASKGATE_PREFIX": store.prefix}
+    command = [sys.executable, "-m", "taskgate", "dashboard", "--port", str(port)]
+    proc = subprocess.Popen(command, env=env, cwd=APP_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        page = _get_when_up(f"http://127.0.0.1:{port}/tasks/{store.ids['boom']}", proc)
+        assert store.ids["boom"] in page and "failed" in page
+        assert "<form" not in page  # read-only without --allow-actions
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+
+
+def _get_when_up(url: str, proc: subprocess.Popen[bytes]) -> str:
+    """The page at ``url`` once the server answers (it fails the test if the server exits)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=WAIT) as response:
+                return str(response.read().decode())
+        except OSError:
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # the server is starting: nothing to wait on but its port
