@@ -88,7 +88,7 @@ class Ledger:
             key = (entry.pid, entry.task_id)
             if entry.event == "start":
                 started[key] = entry.at
-            elif key in started:
+            elif entry.event == "end" and key in started:
                 runs.append((started.pop(key), entry.at, entry.task_id, entry.pid))
         return runs
 
