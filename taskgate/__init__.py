@@ -33,6 +33,7 @@ from taskgate.errors import (
 )
 from taskgate.gate import Gate
 from taskgate.runtime import renew_lease
+from taskgate.sync import SyncClient
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "ShutdownError",
     "SkipRetry",
     "Status",
+    "SyncClient",
     "SystemClock",
     "Task",
     "TaskCanceledError",

@@ -61,6 +61,7 @@ from taskgate.brokers.sql import (
     finish,
     holds,
     leases,
+    outbox,
     quota_claim,
     quotas,
     reads,
@@ -170,6 +171,7 @@ class SQLBroker:
             group_limits=True,
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
+            in_app_transaction=True,
             # A database in this process: a transition is local work, worth trying on the loop.
             inline_attempts=self._traits.in_process,
             # One writer at a time: an ack write and a claim cannot overlap there, so one
@@ -256,6 +258,27 @@ class SQLBroker:
             return create.store_new(tx, items, check_ids=attempts > 1)
 
         return self._run("submit", step, inline=len(items) <= INLINE_MAX_ROWS)
+
+    def submit_in(self, connection: Connection, submit: Submit) -> Submitted:
+        """Store ``submit.tasks`` through the application's ``connection``, in the transaction it
+        has open (`taskgate.brokers.outbox.InTransaction`); committing is the application's.
+
+        Statements go through SQLAlchemy's execution on that connection (nothing prepared), and
+        on PostgreSQL a ``pg_notify`` delivered only if it commits. Raises `ConfigError` for a
+        connection on another database (nothing written), and `submit`'s errors.
+        """
+        if self._closed:
+            raise BrokerError("SQLBroker is closed")
+        outbox.check_same_database(self._engine, connection.engine)
+        self._check_payloads(submit.tasks)
+        tx = Tx(connection, self._models, self._traits, self._now)
+        with translated("enqueue_in"):
+            rows = outbox.store_in(tx, submit.tasks, self._channel)
+        return _submitted(rows, submit.snapshots)
+
+    def announce(self, queues: Collection[str]) -> None:
+        """Wake this process's `wait_for_work` callers waiting on ``queues``."""
+        self._signals.bump(check_queues(queues))
 
     def _store_alone(self, item: NewTask) -> dict[str, Any] | None:
         """A single task stored by one statement in autocommit, where the dialect can
