@@ -63,35 +63,43 @@ def _transaction_of(target: object) -> tuple[Connection, Callable[[Callable[[], 
     )
 
 
+# The wake-ups waiting for a transaction's end, kept in the session's or connection's ``info``;
+# one pair of listeners per session or connection takes them (listeners cannot be removed
+# while their event runs).
+_WAKES = "taskgate_wakes_after_commit"
+
+
 def _after_session_commit(session: Session, wake: Callable[[], None]) -> None:
     """Run ``wake`` after ``session``'s current transaction commits; forget it if it does not."""
+    if not event.contains(session, "after_commit", _session_committed):
+        event.listen(session, "after_commit", _session_committed)
+        event.listen(session, "after_transaction_end", _session_ended)
+    session.info.setdefault(_WAKES, []).append(wake)
 
-    def committed(_: Session) -> None:
-        if not session.in_nested_transaction():  # a SAVEPOINT released: not committed yet
+
+def _session_committed(session: Session) -> None:
+    if not session.in_nested_transaction():  # a SAVEPOINT released: nothing is committed yet
+        for wake in session.info.pop(_WAKES, ()):
             wake()
 
-    def ended(_: Session, transaction: SessionTransaction) -> None:
-        if transaction.parent is None:  # the outermost one: committed (after_commit ran) or not
-            event.remove(session, "after_commit", committed)
-            event.remove(session, "after_transaction_end", ended)
 
-    event.listen(session, "after_commit", committed)
-    event.listen(session, "after_transaction_end", ended)
+def _session_ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost: committed (its wakes ran already) or not
+        session.info.pop(_WAKES, None)
 
 
 def _after_connection_commit(connection: Connection, wake: Callable[[], None]) -> None:
     """Run ``wake`` as ``connection``'s transaction commits; forget it on a rollback."""
+    if not event.contains(connection, "commit", _connection_committed):
+        event.listen(connection, "commit", _connection_committed)
+        event.listen(connection, "rollback", _connection_rolled_back)
+    connection.info.setdefault(_WAKES, []).append(wake)
 
-    def committed(_: Connection) -> None:
-        forget()
+
+def _connection_committed(connection: Connection) -> None:
+    for wake in connection.info.pop(_WAKES, ()):
         wake()
 
-    def rolled_back(_: Connection) -> None:
-        forget()
 
-    def forget() -> None:
-        event.remove(connection, "commit", committed)
-        event.remove(connection, "rollback", rolled_back)
-
-    event.listen(connection, "commit", committed)
-    event.listen(connection, "rollback", rolled_back)
+def _connection_rolled_back(connection: Connection) -> None:
+    connection.info.pop(_WAKES, None)

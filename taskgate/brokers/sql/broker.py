@@ -131,7 +131,8 @@ class SQLBroker:
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._traits: Traits = traits_for(self._engine.dialect.name, self._engine.dialect.driver)
+        self._driver = self._engine.dialect.driver
+        self._traits: Traits = traits_for(self._engine.dialect.name, self._driver)
         self._prepared = PreparedCache()
         self._clock = clock
         self._server_clock = SampledServerClock(self._traits)
@@ -271,7 +272,10 @@ class SQLBroker:
             raise BrokerError("SQLBroker is closed")
         outbox.check_same_database(self._engine, connection.engine)
         self._check_payloads(submit.tasks)
-        tx = Tx(connection, self._models, self._traits, self._now)
+        # The application's driver may not be ours (aiomysql under an AsyncSession): its traits.
+        dialect = connection.dialect
+        traits = traits_for(dialect.name, dialect.driver) if dialect.driver != self._driver else self._traits
+        tx = Tx(connection, self._models, traits, self._now)
         with translated("enqueue_in"):
             rows = outbox.store_in(tx, submit.tasks, self._channel)
         return _submitted(rows, submit.snapshots)
