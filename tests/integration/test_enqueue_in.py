@@ -250,3 +250,41 @@ def test_a_broker_that_is_not_sql_is_refused(app_engine: Engine) -> None:
         pytest.raises(ConfigError, match=r"enqueue_in .* needs a SQL broker \(SQLBroker\); MemoryBroker"),
     ):
         gate.enqueue_in(session, "ship")
+
+
+def _notified_before_a_marker(listener: Any, marker_from: Engine) -> list[str]:
+    """The queues notified on taskgate's channel before a marker sent after them (PostgreSQL
+    delivers notifications in commit order, so the marker's arrival means all before it came)."""
+    with marker_from.begin() as conn:
+        conn.execute(select(func.pg_notify("taskgate_work", "--marker--")))
+    seen: list[str] = []
+    for note in listener.notifies(timeout=GUARD):
+        if note.payload == "--marker--":
+            return seen
+        seen.append(note.payload)
+    raise AssertionError(f"the marker never came; saw {seen}")
+
+
+def test_postgresql_notifies_other_processes_in_the_transaction_only_if_it_commits(
+    postgresql_url: str,
+) -> None:
+    import psycopg
+
+    engine = create_engine(postgresql_url)
+    Base.metadata.create_all(engine)
+    broker = SQLBroker(postgresql_url, poll_interval=LONG)
+    gate = Gate(_config_of(broker))
+    listener = psycopg.connect(postgresql_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+    try:
+        listener.execute('LISTEN "taskgate_work"')  # as another process's broker does
+        with Session(engine) as session:
+            gate.enqueue_in(session, "ship", {"item": "gone"})
+            session.rollback()
+        assert _notified_before_a_marker(listener, engine) == []
+        with Session(engine) as session, session.begin():
+            gate.enqueue_in(session, "ship", {"item": "kept"})
+        assert _notified_before_a_marker(listener, engine) == ["shipping"]
+    finally:
+        listener.close()
+        broker.close()
+        engine.dispose()
