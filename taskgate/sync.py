@@ -143,11 +143,38 @@ class SyncClient:
         """`Gate.cancel`: cancel ``id`` (and its descendants); its snapshot."""
         return self._call(self._gate.cancel, id)
 
+    def cancel_many(self, filter: Filter | None = None, **filter_fields: Any) -> int:
+        """`Gate.cancel_many`: cancel every task the filter matches that is not final; how many."""
+        return self._call(self._gate.cancel_many, filter, **filter_fields)
+
     def replay(
-        self, execution_id: str, *, allow_completed: bool = False, payload: Any | Unset = UNSET
+        self,
+        execution_id: str,
+        *,
+        allow_completed: bool = False,
+        payload: Any | Unset = UNSET,
+        descendants: bool = False,
     ) -> str:
-        """`Gate.replay`: re-run a final execution as a new one; the new id."""
-        return self._call(self._gate.replay, execution_id, allow_completed=allow_completed, payload=payload)
+        """`Gate.replay`: re-run a final execution as a new one (with ``descendants``, with the
+        stages its failure canceled); the new id."""
+        return self._call(
+            self._gate.replay,
+            execution_id,
+            allow_completed=allow_completed,
+            payload=payload,
+            descendants=descendants,
+        )
+
+    def replay_many(
+        self, filter: Filter | None = None, *, allow_completed: bool = False, **filter_fields: Any
+    ) -> builtins.list[str]:
+        """`Gate.replay_many`: replay every final task the filter matches, with its canceled
+        descendants; the new executions' ids."""
+        return self._call(self._gate.replay_many, filter, allow_completed=allow_completed, **filter_fields)
+
+    def purge(self, filter: Filter | None = None, *, older_than: DurationLike | None = None) -> int:
+        """`Gate.purge`: delete the final tasks the filter matches; how many went."""
+        return self._call(self._gate.purge, filter, older_than=older_than)
 
     def replay_by_key(
         self, business_key: str, *, allow_completed: bool = False, payload: Any | Unset = UNSET

@@ -58,6 +58,13 @@ def _every_method(client: SyncClient, n: int) -> None:
         client.wait(failing, timeout=GUARD)
     parked = client.submit("later", delay="1h")
     assert client.cancel(parked).status is Status.CANCELED
+    tenant = f"tenant-{n}-{threading.get_ident()}"
+    client.submit_many("later", [1, 2], group=tenant, delay="1h")
+    assert client.cancel_many(group=tenant) == 2
+    (rerun,) = client.replay_many(Filter(group=tenant, limit=1))
+    assert client.get(rerun).group == tenant
+    assert client.replay(failing, descendants=True) != failing
+    assert client.purge(Filter(type="later", status=Status.CANCELED, limit=1)) == 1
     assert isinstance(client.stats("q"), QueueStats)
     assert client.overview()["echo"][Status.COMPLETED] >= 4
     assert client.pause("parked", for_="1h") > client.get(first).created_at
