@@ -34,6 +34,7 @@ from taskgate.errors import (
 from taskgate.gate import Gate
 from taskgate.retention import Retention
 from taskgate.runtime import renew_lease, set_progress
+from taskgate.sync import SyncClient
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "ShutdownError",
     "SkipRetry",
     "Status",
+    "SyncClient",
     "SystemClock",
     "Task",
     "TaskCanceledError",

@@ -25,6 +25,7 @@ from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
 from taskgate.config import Config, QueueConfig
 from taskgate.durations import DurationLike
+from taskgate.enqueue import enqueue_in, in_transaction_broker
 from taskgate.errors import (
     AlreadyFinalError,
     AlreadyReplayedError,
@@ -222,6 +223,24 @@ class Gate:
             timeout=timeout,
             group=group,
         )
+
+    def enqueue_in(
+        self, session_or_connection: Any, type: str, payload: Any = None, **submit_options: Any
+    ) -> str:
+        """Write one task in the application's own transaction; its execution id. Not async.
+
+        ``session_or_connection`` is a SQLAlchemy `Session` or `Connection` on the broker's
+        database: the task is committed by the application's commit and gone with its
+        rollback. Workers in this process hear of it once the session commits; on PostgreSQL
+        others are notified in the same transaction; elsewhere they find it by polling. From
+        an ``AsyncSession``: ``await session.run_sync(lambda s: gate.enqueue_in(s, ...))``.
+        ``submit_options`` are `submit`'s. Raises `ConfigError` for a broker that is not SQL
+        or a session bound to another database, and `submit`'s errors, having written nothing.
+        """
+        self._runtime.check_open()
+        broker = in_transaction_broker(self.config.broker)
+        (task,) = build_tasks(self.config, type, [payload], **submit_options)
+        return enqueue_in(broker, session_or_connection, task)
 
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:
         self._runtime.check_open()

@@ -271,6 +271,8 @@ class Capabilities:
       the field, and `Gate` refuses a queue configured with them.
     - ``cross_process``: several processes can share the tasks.
     - ``push_wakeups``: `Broker.wait_for_work` is woken by other processes' submits, not polled.
+    - ``in_app_transaction``: implements `taskgate.brokers.outbox.InTransaction`, so
+      `Gate.enqueue_in` can write tasks in an application's own SQLAlchemy transaction.
 
     How it is best called (every broker answers every call correctly either way):
 
@@ -293,6 +295,7 @@ class Capabilities:
     group_limits: bool = False
     cross_process: bool = False
     push_wakeups: bool = False
+    in_app_transaction: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)
     nonblocking: bool = False
     inline_attempts: bool = False

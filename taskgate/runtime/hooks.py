@@ -41,11 +41,18 @@ class HookDispatcher:
         self.hook = hook
         self._send: MemoryObjectSendStream[Task] | None = None
         self._receive: MemoryObjectReceiveStream[Task] | None = None
+        self._calling = False
 
     @property
     def active(self) -> bool:
         """True while a consumer task is draining the stream."""
         return self._send is not None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is queued for the hook and no call of it is under way."""
+        send = self._send
+        return not self._calling and (send is None or send.statistics().current_buffer_used == 0)
 
     async def emit(self, tasks: Iterable[Task]) -> None:
         """Hand ``tasks`` to the consumer, or call the hook inline when none runs (client use)."""
@@ -66,7 +73,11 @@ class HookDispatcher:
         async with receive:
             async for task in receive:
                 if self.hook is not None:
-                    await call_hook(self.hook, task)
+                    self._calling = True
+                    try:
+                        await call_hook(self.hook, task)
+                    finally:
+                        self._calling = False
 
     def close(self) -> None:
         """Stop accepting; the consumer delivers what is queued, then ends."""

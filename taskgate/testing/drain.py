@@ -83,7 +83,7 @@ async def _until_done(gate: Gate, runtime: Runtime, clock: ManualClock | None, w
         with anyio.fail_after(within):
             while True:
                 look = await _look(gate, runtime, clock)
-                if look.running or look.due:
+                if look.running or look.due or not runtime.hooks.idle:
                     runtime.wake_all(new_work=True)
                     await anyio.sleep(LOOK_EVERY)
                 elif look.next_at is None:

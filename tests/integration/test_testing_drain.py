@@ -58,6 +58,20 @@ async def test_drain_moves_past_delays_and_throttles_and_returns_tasks_in_finish
     assert calls == ["busy", "busy", "later"]
 
 
+async def test_drain_returns_after_the_state_hook_saw_every_change(gate_broker: Broker) -> None:
+    seen: list[tuple[str, Status]] = []
+
+    async def slow_hook(task: Task) -> None:
+        await anyio.sleep(0.02)  # slower than drain's look at the store: the hook lags behind
+        seen.append((task.id, task.status))
+
+    gate = make_gate(gate_broker, on_state_change=slow_hook)
+    gate.handle("q", lambda task: None)
+    task_id = await gate.submit("q")
+    await drain(gate)
+    assert seen[-1] == (task_id, Status.COMPLETED)
+
+
 async def test_drain_waits_for_a_running_gate_and_leaves_it_running(gate_broker: Broker) -> None:
     gate = make_gate(gate_broker)
     gate.handle("q", lambda task: task.json() * 2)

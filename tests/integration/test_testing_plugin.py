@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from helpers.readme import readme_block
 
 from taskgate import Config, Gate, ManualClock, QueueConfig, Status, Task
 from taskgate.brokers.memory import MemoryBroker
@@ -55,44 +55,9 @@ def test_the_memory_broker_fixture_runs_on_the_clock_fixture(
     assert memory_broker.clock is taskgate_clock
 
 
-USER_TEST = """
-    import pytest
-
-    from taskgate import Config, Gate, QueueConfig, Task
-    from taskgate.testing import drain, make_task
-
-
-    def make_gate(broker):
-        gate = Gate(Config(broker=broker, queues={"default": QueueConfig(workers=1)},
-                           routes={"greet": "default"}, max_retry=3))
-
-        @gate.handler("greet")
-        def greet(task: Task) -> str:
-            if task.attempts < 2:
-                raise ConnectionError("flaky")
-            return "hello " + task.json()["name"]
-
-        return gate, greet
-
-
-    def test_handler_unit(memory_broker):
-        _, greet = make_gate(memory_broker)
-        assert greet(make_task(type="greet", payload={"name": "ann"}, attempts=2)) == "hello ann"
-
-
-    @pytest.mark.anyio
-    async def test_drain(memory_broker, taskgate_clock):
-        gate, _ = make_gate(memory_broker)
-        before = taskgate_clock.now()
-        task_id = await gate.submit("greet", {"name": "bob"})
-        (done,) = await drain(gate, timeout=5)
-        assert (done.id, done.result_json(), done.attempts) == (task_id, "hello bob", 2)
-        assert taskgate_clock.now() > before
-"""
-
-
 def test_an_installed_taskgate_gives_any_project_the_fixtures(tmp_path: Path) -> None:
-    (tmp_path / "test_app.py").write_text(textwrap.dedent(USER_TEST))
+    # The README's own example of an app's tests, run as that app's pytest would run it.
+    (tmp_path / "test_app.py").write_text(readme_block("## Testing your app"))
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_app.py"],
         cwd=tmp_path,

@@ -62,6 +62,7 @@ from taskgate.brokers.sql import (
     finish,
     holds,
     leases,
+    outbox,
     quota_claim,
     quotas,
     reads,
@@ -132,7 +133,8 @@ class SQLBroker:
         self._engine, self._owns_engine, memory = _open_engine(url_or_engine)
         self._reader = self._engine.execution_options(taskgate_read_only=True)
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._traits: Traits = traits_for(self._engine.dialect.name, self._engine.dialect.driver)
+        self._driver = self._engine.dialect.driver
+        self._traits: Traits = traits_for(self._engine.dialect.name, self._driver)
         self._prepared = PreparedCache()
         self._clock = clock
         self._server_clock = SampledServerClock(self._traits)
@@ -172,6 +174,7 @@ class SQLBroker:
             group_limits=True,
             cross_process=not memory,
             push_wakeups=self._traits.push_wakeups,
+            in_app_transaction=True,
             # A database in this process: a transition is local work, worth trying on the loop.
             inline_attempts=self._traits.in_process,
             # One writer at a time: an ack write and a claim cannot overlap there, so one
@@ -258,6 +261,30 @@ class SQLBroker:
             return create.store_new(tx, items, check_ids=attempts > 1)
 
         return self._run("submit", step, inline=len(items) <= INLINE_MAX_ROWS)
+
+    def submit_in(self, connection: Connection, submit: Submit) -> Submitted:
+        """Store ``submit.tasks`` through the application's ``connection``, in the transaction it
+        has open (`taskgate.brokers.outbox.InTransaction`); committing is the application's.
+
+        Statements go through SQLAlchemy's execution on that connection (nothing prepared), and
+        on PostgreSQL a ``pg_notify`` delivered only if it commits. Raises `ConfigError` for a
+        connection on another database (nothing written), and `submit`'s errors.
+        """
+        if self._closed:
+            raise BrokerError("SQLBroker is closed")
+        outbox.check_same_database(self._engine, connection.engine)
+        self._check_payloads(submit.tasks)
+        # The application's driver may not be ours (aiomysql under an AsyncSession): its traits.
+        dialect = connection.dialect
+        traits = traits_for(dialect.name, dialect.driver) if dialect.driver != self._driver else self._traits
+        tx = Tx(connection, self._models, traits, self._now)
+        with translated("enqueue_in"):
+            rows = outbox.store_in(tx, submit.tasks, self._channel)
+        return _submitted(rows, submit.snapshots)
+
+    def announce(self, queues: Collection[str]) -> None:
+        """Wake this process's `wait_for_work` callers waiting on ``queues``."""
+        self._signals.bump(check_queues(queues))
 
     def _store_alone(self, item: NewTask) -> dict[str, Any] | None:
         """A single task stored by one statement in autocommit, where the dialect can
