@@ -43,7 +43,7 @@ from taskgate.runtime.purge import purge, purge_params
 from taskgate.runtime.recovery import WAITING_STATUSES, descendants_to_rerun, replay_pairs, replay_statuses
 from taskgate.runtime.runner import Runtime
 from taskgate.runtime.stats import StatsReader
-from taskgate.runtime.submission import build_tasks, pause_for, route
+from taskgate.runtime.submission import build_tasks, pause_for, route, run_timeout
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "Gate"]
@@ -96,6 +96,7 @@ class Gate:
         *,
         retry_if: Callable[[Exception], object] | None = None,
         backoff: Backoff | None = None,
+        timeout: DurationLike | None = None,
     ) -> None:
         """Register ``fn`` for ``task_type``: ``async def fn(task)`` awaited, plain ``def`` in a thread.
 
@@ -104,9 +105,12 @@ class Gate:
         handler raised is retried (false: the task fails at once; a ``retry_if`` that raises
         counts as false and is logged; called on the event loop, so keep it quick); `Throttled`
         and `SkipRetry` never reach it. ``backoff`` replaces its queue's (`QueueConfig.backoff`).
+        ``timeout`` (a duration like `submit`'s) limits each run of the type, as its queue's
+        `QueueConfig.timeout` would (a task's own ``submit(..., timeout=)`` still wins).
         Raises `ConfigError` when the type's queue has no limits configured, the type has a
         handler already, or ``backoff`` is not a `Backoff`; `TypeError` for a ``fn`` or
-        ``retry_if`` that is not callable. Nothing is registered then.
+        ``retry_if`` that is not callable, `TypeError`/`ValueError` naming a bad ``timeout``.
+        Nothing is registered then.
         """
         route(self.config, task_type)
         if not callable(fn):
@@ -117,10 +121,11 @@ class Gate:
             raise ConfigError(
                 f"backoff for {task_type!r} must be a taskgate.Backoff or None, got {backoff!r}"
             )
+        limit = run_timeout(timeout)
         if task_type in self._handlers:
             raise ConfigError(f"task type {task_type!r} already has a handler")
-        if retry_if is not None or backoff is not None:
-            self._policies[task_type] = HandlerPolicy(backoff, retry_if)
+        if retry_if is not None or backoff is not None or limit is not None:
+            self._policies[task_type] = HandlerPolicy(backoff, retry_if, limit)
         self._handlers[task_type] = fn
         self._runtime.add_queue_for(task_type)
 
@@ -130,11 +135,12 @@ class Gate:
         *,
         retry_if: Callable[[Exception], object] | None = None,
         backoff: Backoff | None = None,
+        timeout: DurationLike | None = None,
     ) -> Callable[[H], H]:
         """Decorator form of `handle`, with the same keywords."""
 
         def register(fn: H) -> H:
-            self.handle(task_type, fn, retry_if=retry_if, backoff=backoff)
+            self.handle(task_type, fn, retry_if=retry_if, backoff=backoff, timeout=timeout)
             return fn
 
         return register

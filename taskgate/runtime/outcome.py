@@ -10,6 +10,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import Enum
 
 from taskgate.backoff import Backoff
@@ -60,10 +61,11 @@ DEFAULT_POLICY = Policy()
 
 @dataclass(frozen=True, slots=True)
 class HandlerPolicy:
-    """The retry options a handler was registered with (`Gate.handle`); None: not given."""
+    """The options a handler was registered with (`Gate.handle`); None: not given."""
 
     backoff: Backoff | None = None
     retry_if: RetryIf | None = None
+    timeout: timedelta | None = None
 
 
 class StopReason(Enum):

@@ -14,6 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from datetime import timedelta
 from typing import cast
 
 import anyio
@@ -388,6 +389,16 @@ class Runtime:
             tracing=self.tracing,
         )
 
+    def run_limit(self, task: Task, conf: QueueConfig) -> timedelta | None:
+        """How long a run of ``task`` may take: its own ``timeout``, else its handler's, else
+        its queue's (None: no limit)."""
+        if task.timeout is not None:
+            return task.timeout
+        own = self.policies.get(task.type)
+        if own is not None and own.timeout is not None:
+            return own.timeout
+        return conf.run_limit
+
     def policy_for(self, task: Task) -> Policy:
         """The retry policy of ``task``: its handler's ``retry_if``, and its handler's backoff,
         else its queue's (`QueueConfig.backoff`), else the default."""
@@ -447,7 +458,7 @@ class Runtime:
             slot_queue=scheduler.name if slot is not None else None,
             ack=scheduler.acks.put,
             lease_deadline=claimed_at + scheduler.lease_seconds,
-            timeout=lease.task.timeout if lease.task.timeout is not None else conf.run_limit,
+            timeout=self.run_limit(lease.task, conf),
             free_slot=free_slot,
         )
         key = (lease.task.id, lease.task.claims)

@@ -14,7 +14,7 @@ from taskgate.durations import DurationLike, parse_duration
 from taskgate.errors import ConfigError
 from taskgate.ids import new_ids
 
-__all__ = ["build_tasks", "route"]
+__all__ = ["build_tasks", "pause_for", "route", "run_timeout"]
 
 
 def route(config: Config, task_type: str) -> str:
@@ -45,7 +45,9 @@ def _delay(delay: DurationLike | None) -> timedelta | None:
     return value
 
 
-def _timeout(timeout: DurationLike | None) -> timedelta | None:
+def run_timeout(timeout: DurationLike | None) -> timedelta | None:
+    """A run limit given like ``delay`` (None: none): > 0, at most `MAX_DELAY`; `TypeError`/
+    `ValueError` naming a bad one."""
     value = _duration(timeout, "timeout", "30s")
     if value is not None and not timedelta(0) < value <= MAX_DELAY:
         raise ValueError(f"timeout must be > 0 and at most {MAX_DELAY.days} days, got {timeout!r}")
@@ -150,7 +152,7 @@ def build_tasks(
     if when is not None:
         wait = None
     retries = _max_retry(config, max_retry)
-    limit = _timeout(timeout)
+    limit = run_timeout(timeout)
     parents = _parents(depends_on)
     ids = new_ids(len(items))
     encoded = [encode_value(payload, what="payload") for payload in items]

@@ -157,3 +157,32 @@ async def test_a_bad_timeout_is_refused_naming_it_and_stores_nothing(
     with pytest.raises(error, match=match):
         await gate.submit_many("q", [1, 2], timeout=bad)  # type: ignore[arg-type]
     assert await gate.list() == []
+
+
+async def test_a_handlers_timeout_limits_its_type_between_the_tasks_and_the_queues(broker: Broker) -> None:
+    gate = make_gate(broker, {"q": timed_queue("1h", workers=3)}, routes={"quick": "q", "slow": "q"})
+    gate.handle("quick", hang, timeout=SHORT)  # its own limit, shorter than the queue's hour
+    gate.handle("slow", hang)
+    async with gate:
+        quick = await gate.submit("quick")
+        failed = await eventually(gate, quick, lambda t: t.status.is_final)
+        assert (failed.status, failed.last_error) == (Status.FAILED, TIMED_OUT)
+        slow = await gate.submit("slow")
+        own = await gate.submit("quick", timeout="1h")  # a task's own timeout still wins
+        running = [await eventually(gate, t, lambda t: t.status is Status.RUNNING) for t in (slow, own)]
+        # A quick task started after them runs into the handler's limit; they outlive it.
+        later = await gate.submit("quick")
+        assert (await eventually(gate, later, lambda t: t.status.is_final)).status is Status.FAILED
+        assert [(await gate.get(t.id)).status for t in running] == [Status.RUNNING, Status.RUNNING]
+        await gate.cancel(slow)
+        await gate.cancel(own)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon", timedelta(days=40_000)])
+def test_a_bad_handler_timeout_is_refused_naming_it_and_registers_nothing(bad: object) -> None:
+    from taskgate.brokers.memory import MemoryBroker
+
+    gate = make_gate(MemoryBroker())
+    with pytest.raises((TypeError, ValueError), match="timeout"):
+        gate.handle("q", hang, timeout=bad)  # type: ignore[arg-type]
+    gate.handle("q", hang)  # nothing was registered: the type is free
