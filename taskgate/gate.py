@@ -506,12 +506,26 @@ class Gate:
 
     # -- running ---------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        *,
+        queues: Iterable[str] | None = None,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Claim and execute the queues of the registered types until `shutdown` or cancellation.
 
-        Returns after in-flight work has ended. Works with ``TaskGroup.start``.
+        ``queues``: claim from these only (a worker deployment per queue); each must be
+        configured, else `ConfigError` naming it, before anything runs. Returns after
+        in-flight work has ended. Works with ``TaskGroup.start``.
         """
-        await self._runtime.run(task_status=task_status)
+        only = None
+        if queues is not None:
+            if isinstance(queues, str):
+                raise TypeError(f"queues takes a collection of queue names, not the string {queues!r}")
+            only = frozenset(queues)
+            for name in sorted(only):
+                self._queue_config(name)
+        await self._runtime.run(queues=only, task_status=task_status)
 
     async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (SPEC name)
         """Stop claiming and let running handlers finish; after ``timeout`` seconds cancel them.

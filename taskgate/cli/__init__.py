@@ -116,7 +116,7 @@ def _worker(args: argparse.Namespace) -> int:
     logging.getLogger("taskgate").setLevel(args.log_level.upper())
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        anyio.run(functools.partial(serve, gate, args.shutdown_timeout), backend=args.backend)
+        anyio.run(functools.partial(serve, gate, args.shutdown_timeout, args.queues), backend=args.backend)
     finally:
         gate.config.broker.close()
     return 0

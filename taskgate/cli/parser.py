@@ -35,6 +35,13 @@ def _duration(value: str) -> str:
     return value
 
 
+def _names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected queue names separated by commas, got {value!r}")
+    return names
+
+
 def _seconds(value: str) -> float:
     seconds = parse_duration(_duration(value), field="duration").total_seconds()
     return seconds
@@ -93,6 +100,12 @@ def build_parser(prog: str = "taskgate") -> argparse.ArgumentParser:
         default=30.0,
         metavar="S",
         help="grace for running handlers on a stop, then they go back untouched (default 30s)",
+    )
+    worker.add_argument(
+        "--queues",
+        type=_names,
+        metavar="A,B",
+        help="claim from these queues only (default: every queue the app has handlers for)",
     )
     worker.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="event loop")
     worker.add_argument(

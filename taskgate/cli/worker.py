@@ -8,6 +8,7 @@ then exits 0 -- what a container runtime expects from a stop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -22,11 +23,12 @@ __all__ = ["serve"]
 log = logging.getLogger("taskgate.cli")
 
 
-async def serve(gate: Gate, shutdown_timeout: float | None) -> None:
-    """Run ``gate``'s workers until a SIGTERM or SIGINT, then shut them down gracefully."""
+async def serve(gate: Gate, shutdown_timeout: float | None, queues: list[str] | None = None) -> None:
+    """Run ``gate``'s workers (of ``queues`` only, when given) until a SIGTERM or SIGINT, then
+    shut them down gracefully."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as group:
-            await group.start(gate.run)
+            await group.start(functools.partial(gate.run, queues=queues))
             print(f"taskgate worker: running (grace {_grace(shutdown_timeout)})", file=sys.stderr, flush=True)
             group.start_soon(_stop_on_signal, gate, signals, shutdown_timeout)
 

@@ -69,6 +69,7 @@ class Runtime:
     ) -> None:
         """``policies``: the retry policy a handler was registered with, by task type."""
         self.config, self.broker, self.handlers = config, config.broker, handlers
+        self._only: frozenset[str] | None = None  # the queues `run` claims from (None: all handled)
         self.policies: Mapping[str, HandlerPolicy] = policies if policies is not None else {}
         self.poll_interval = poll_interval
         self._reap_interval = reap_interval
@@ -251,11 +252,18 @@ class Runtime:
 
     # -- run / shutdown ------------------------------------------------------------------------
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Claim and execute the handled queues until `shutdown` or cancellation."""
+    async def run(
+        self,
+        *,
+        queues: frozenset[str] | None = None,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Claim and execute the handled queues (of ``queues`` only, when given) until
+        `shutdown` or cancellation."""
         self.check_open()
         if self._running:
             raise RuntimeError("this gate is already running")
+        self._only = queues
         self._running = True
         self._stopped, self._work_done = anyio.Event(), anyio.Event()
         self._grace_over = False
@@ -289,7 +297,8 @@ class Runtime:
         self, work: anyio.abc.TaskGroup, executor: Executor, status: TaskStatus[None]
     ) -> None:
         for name in sorted({self.config.queue_for(t) for t in self.handlers}):
-            self._add_scheduler(work, executor, name)
+            if self._only is None or name in self._only:
+                self._add_scheduler(work, executor, name)
         self._work_group, self._executor_ref = work, executor
         status.started()
 
@@ -336,6 +345,8 @@ class Runtime:
         name = self.config.queue_for(task_type)
         work, executor = self._work_group, self._executor_ref
         if not self._running or work is None or executor is None or self.closing:
+            return
+        if self._only is not None and name not in self._only:
             return
         scheduler = self.schedulers.get(name)
         if scheduler is None:

@@ -346,7 +346,7 @@ def test_a_stopped_worker_puts_its_running_task_back_untouched(
     held = store.call("submit", "hold", {"started": str(started)}, app=True)
     env = {**os.environ, "TASKGATE_URL": store.url, "TASKGATE_PREFIX": store.prefix}
     command = [sys.executable, "-m", "taskgate", "worker", "cli_app:make_gate", "--shutdown-timeout", "0.2"]
-    command += ["--backend", loop]
+    command += ["--backend", loop, "--queues", "work"]
     with subprocess.Popen(command, cwd=APP_DIR, env=env, stderr=subprocess.PIPE, text=True) as proc:
         try:
             _wait_for(started, proc)
@@ -362,6 +362,12 @@ def test_a_stopped_worker_puts_its_running_task_back_untouched(
     assert (task.status, task.attempts, task.throttled, task.lease_lost) == (Status.PENDING, 0, 0, 0)
     assert task.last_error is None and task.result is None
     store.call("cancel", held)  # not left for a later test's worker
+
+
+def test_a_worker_for_a_queue_the_app_does_not_have_is_one_line_and_exit_1(store: Store) -> None:
+    env = {**os.environ, "TASKGATE_URL": store.url, "TASKGATE_PREFIX": store.prefix}
+    proc = cli("worker", "cli_app:make_gate", "--queues", "work,nowhere", env=env)
+    _assert_one_line_error(proc, "unknown queue 'nowhere'")
 
 
 # -- errors ----------------------------------------------------------------------------------

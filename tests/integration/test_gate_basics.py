@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -246,3 +247,18 @@ async def test_a_sync_hook_is_called_too(gate_broker):
     async with gate:
         await gate.wait(await gate.submit("q"), timeout=GUARD)
     assert seen == [Status.PENDING, Status.RUNNING, Status.COMPLETED]
+
+
+async def test_a_gate_run_for_some_queues_claims_from_those_only(gate_broker):
+    queues = {"mine": QueueConfig(workers=1), "theirs": QueueConfig(workers=1)}
+    gate = make_gate(gate_broker, queues, routes={"a": "mine", "b": "theirs"})
+    gate.handle("a", lambda task: "a")
+    gate.handle("b", lambda task: "b")
+    with pytest.raises(ConfigError, match="unknown queue 'elsewhere'"):
+        await gate.run(queues=["mine", "elsewhere"])
+    async with anyio.create_task_group() as tg:
+        await tg.start(functools.partial(gate.run, queues=["mine"]))
+        ours, other = await gate.submit("a"), await gate.submit("b")
+        assert await gate.wait_json(ours, timeout=GUARD) == "a"
+        await gate.shutdown()
+    assert (await gate.get(other)).status is Status.PENDING
