@@ -24,8 +24,8 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Ruff (lint and format check) and mypy strict on the package."""
     session.install("-e", ".[lint]")
-    session.run("ruff", "check", "taskgate", "tests", "examples", "noxfile.py")
-    session.run("ruff", "format", "--check", "taskgate", "tests", "examples", "noxfile.py")
+    session.run("ruff", "check", "taskgate", "tests", "examples", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "taskgate", "tests", "examples", "benchmarks", "noxfile.py")
     session.run("mypy")
 
 
