@@ -251,7 +251,7 @@ class Gate:
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:
         self._runtime.check_open()
         tracing = self._runtime.tracing
-        if tracing is None:
+        if tracing is None or not tracing.active:  # no span to open: the submit's hot path
             return await self._store(build_tasks(self.config, task_type, payloads, **options))
         with tracing.submitting(task_type) as span:
             tasks = build_tasks(self.config, task_type, payloads, trace_context=span.trace_context, **options)
