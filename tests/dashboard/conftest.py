@@ -8,6 +8,7 @@ paths, so nothing is downloaded). Without them the browser tests skip locally an
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -44,22 +45,13 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
 
 
 def _redis_broker(request: pytest.FixtureRequest) -> Broker:
-    import redis
-    from helpers.redis_servers import purge_keys
+    from helpers.redis_servers import purge_prefix
 
     from taskgate.brokers.redis import RedisBroker
-    from taskgate.brokers.redis.keys import KeySpace
 
     url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
 
-    def purge() -> None:
-        client = redis.Redis.from_url(url)
-        try:
-            purge_keys(client, KeySpace(prefix).pattern())
-        finally:
-            client.close()
-
-    request.addfinalizer(purge)
+    request.addfinalizer(functools.partial(purge_prefix, url, prefix))
     return RedisBroker(url, key_prefix=prefix)
 
 

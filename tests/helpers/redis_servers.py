@@ -187,3 +187,14 @@ def purge_keys(client: redis.Redis | redis.RedisCluster, pattern: str) -> int:
     for key in keys:
         client.delete(key)
     return len(keys)
+
+
+def purge_prefix(url: str, key_prefix: str) -> None:
+    """Delete every key a broker with ``key_prefix`` wrote on the server at ``url``."""
+    from taskgate.brokers.redis.keys import KeySpace
+
+    client = redis.Redis.from_url(url)
+    try:
+        purge_keys(client, KeySpace(key_prefix).pattern())
+    finally:
+        client.close()

@@ -8,6 +8,7 @@ The broker under test is chosen by ONE fixture, `gate_broker`: memory always, SQ
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +16,13 @@ from typing import Any
 
 import pytest
 import redis
-from helpers.redis_servers import purge_keys
+from helpers.redis_servers import purge_prefix
 from sql_sessions import Server, server_for
 
 from taskgate import ManualClock
 from taskgate.brokers.base import Broker
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.brokers.redis import RedisBroker
-from taskgate.brokers.redis.keys import KeySpace
 from taskgate.brokers.sql import SQLBroker  # type: ignore[attr-defined]
 
 
@@ -61,7 +61,6 @@ def gate_broker(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: An
 @pytest.fixture
 def client(redis_url: str) -> Iterator[Any]:
     """A plain redis-py client on the shared Redis, to look at what a broker stored."""
-    import redis
 
     plain = redis.Redis.from_url(redis_url)
     yield plain
@@ -91,14 +90,7 @@ def broker(
         url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
         opened = RedisBroker(url, key_prefix=prefix, clock=clock)
 
-        def purge() -> None:
-            client = redis.Redis.from_url(url)
-            try:
-                purge_keys(client, KeySpace(prefix).pattern())
-            finally:
-                client.close()
-
-        request.addfinalizer(purge)
+        request.addfinalizer(functools.partial(purge_prefix, url, prefix))
     else:
         opened = SQLBroker(request.getfixturevalue(f"{backend}_url"), clock=clock)
     yield opened
@@ -127,10 +119,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str,
     elif backend == "redis":
         url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
         yield url, {"key_prefix": prefix}
-        client = redis.Redis.from_url(url)
-        try:
-            purge_keys(client, KeySpace(prefix).pattern())
-        finally:
-            client.close()
+        purge_prefix(url, prefix)
     else:
         yield request.getfixturevalue(f"{backend}_url"), {}

@@ -4,6 +4,7 @@ Each process exports its spans to a file (`traced_process.py`); the test joins t
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -13,10 +14,9 @@ from typing import Any
 
 import anyio
 import pytest
-import redis
 from gate_helpers import GUARD as WAIT
 from gate_helpers import eventually, make_gate
-from helpers.redis_servers import purge_keys
+from helpers.redis_servers import purge_prefix
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -24,7 +24,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from taskgate import Backoff, QueueConfig, Status, Task
 from taskgate.brokers.memory import MemoryBroker
-from taskgate.brokers.redis.keys import KeySpace
 
 HERE = Path(__file__).parent
 GUARD = 60.0
@@ -37,14 +36,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
         return f"sqlite:///{tmp_path / 'traced.db'}", ""
     url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("unique_prefix")
 
-    def purge() -> None:
-        client = redis.Redis.from_url(url)
-        try:
-            purge_keys(client, KeySpace(prefix).pattern())
-        finally:
-            client.close()
-
-    request.addfinalizer(purge)
+    request.addfinalizer(functools.partial(purge_prefix, url, prefix))
     return url, prefix
 
 
