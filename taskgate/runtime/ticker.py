@@ -156,6 +156,7 @@ class Ticker:
                 if not await self._submit_tick(state.schedule, tick):
                     return False
                 state.last = tick
+            state.last = due  # submitted, found, or too old to tell: handled
         state.next = state.cron.after(now if due is None else due) or datetime.max.replace(tzinfo=now.tzinfo)
         return True
 
