@@ -3,7 +3,9 @@
 The tick tasks are the only state: each is submitted with the business key
 ``schedule:<name>:<tick UTC ISO>`` and ``run_at`` the tick, so when several gates tick the same
 schedule, the first submit of a tick makes its task and the others get `TaskExistsError`, which
-is expected and passed over quietly. No broker verb or table is needed for it.
+is expected and passed over quietly. No broker verb or table is needed for it. It holds while
+the tick's task is kept: a queue whose `Retention` deletes final tasks sooner than its schedule's
+gates all reach a tick (seconds, for gates that are up) may see a tick's task made again.
 
 When a tick is due: at or after it, on the broker's clock when one was injected (a
 `ManualClock` in tests), else on this host's clock -- not the store's, which no broker call
