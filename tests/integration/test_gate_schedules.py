@@ -15,9 +15,10 @@ from typing import Any
 
 import anyio
 import pytest
-from gate_helpers import GUARD, make_gate, until
+from gate_helpers import GUARD, Faulty, make_gate, until
 
 from taskgate import (
+    BrokerError,
     Config,
     ConfigError,
     Filter,
@@ -228,6 +229,27 @@ async def test_a_walk_back_past_its_bound_submits_only_the_latest_tick(gate_brok
     assert await ticks(gate, "s") == iso(
         *(start + timedelta(seconds=n) for n in range(6)), start + timedelta(seconds=1006)
     )
+
+
+async def test_ticks_the_store_failed_to_look_up_or_store_are_tried_again(clock, caplog):
+    inner = MemoryBroker(clock=clock)
+    faulty = Faulty(inner)
+    clock.set(at(2030, 1, 1, 10, 20))
+    gate = make_gate(faulty, QUEUES, schedules=[Schedule("h", "0 * * * *", "q", catch_up=True)])
+    faulty.failing["list"] = faulty.failing["submit"] = BrokerError("the store is down")
+    async with gate:
+        await until(lambda: _asked(faulty, "list", 2))  # the walk back's lookup, again
+        del faulty.failing["list"]
+        await until(lambda: _asked(faulty, "submit", 2))  # then the tick's submit, again
+        del faulty.failing["submit"]
+        await until(lambda: _asked(faulty, "submit", 3))
+    assert [t.business_key for t in inner.list(Filter())] == ["schedule:h:2030-01-01T10:00:00+00:00"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("the store is down" in message for message in warned), warned
+
+
+async def _asked(faulty: Faulty, verb: str, times: int) -> bool:
+    return faulty.calls.get(verb, 0) >= times
 
 
 # -- bad input -------------------------------------------------------------------------------
