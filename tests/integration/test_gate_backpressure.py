@@ -31,18 +31,23 @@ async def _fill(gate: Gate) -> None:
         await gate.submit("q", {"n": n})
 
 
-async def _blocked_submit(gate: Gate, payload: object, stored: list[str], group: anyio.abc.TaskGroup) -> None:
-    """Start a submit of ``payload`` in ``group`` that appends its id to ``stored`` once it is in,
-    and let it find the queue full and wait."""
+async def _blocked_submit(
+    gate: Gate, payload: object, stored: list[str], group: anyio.abc.TaskGroup
+) -> anyio.Event:
+    """Start a submit of ``payload`` in ``group`` that appends its id to ``stored`` once it is in
+    (and sets the event answered), and let it find the queue full and wait."""
+    done = anyio.Event()
 
     async def submit() -> None:
         stored.append(await gate.submit("q", payload))
+        done.set()
 
     group.start_soon(submit)
     for _ in range(20):  # several failed tries, each one a full broker call
         await anyio.wait_all_tasks_blocked()
         await anyio.sleep(0.01)
     assert stored == [], "a submit to a full queue must wait"
+    return done
 
 
 async def test_raise_mode_refuses_a_submit_to_a_full_queue_at_once(gate_broker: Broker) -> None:
@@ -66,17 +71,18 @@ async def test_a_blocked_submit_waits_and_goes_in_once_a_claim_makes_room(gate_b
     stored: list[str] = []
     with anyio.fail_after(GUARD):
         async with anyio.create_task_group() as group:
-            await _blocked_submit(gate, "third", stored, group)
+            done = await _blocked_submit(gate, "third", stored, group)
             assert len(await _waiting(gate)) == LIMIT
             async with gate:  # one worker claims one task: room for one
-                while not stored:
-                    await anyio.sleep(0.005)
+                await done.wait()
                 release.set()
     (third,) = stored
     assert (await gate.get(third)).payload == b'"third"'
 
 
-async def test_the_callers_cancel_scope_ends_a_blocked_submit_with_nothing_stored(gate_broker: Broker) -> None:
+async def test_the_callers_cancel_scope_ends_a_blocked_submit_with_nothing_stored(
+    gate_broker: Broker,
+) -> None:
     gate = _gate(gate_broker, "block")
     await _fill(gate)
     with anyio.move_on_after(0.3) as scope:
@@ -97,7 +103,9 @@ async def test_a_batch_larger_than_max_pending_raises_at_once_even_when_blocking
     assert len(await gate.submit_many("q", range(LIMIT))) == LIMIT  # a batch that fits goes in
 
 
-async def test_a_blocked_submit_ends_with_shutdown_error_when_the_gate_shuts_down(gate_broker: Broker) -> None:
+async def test_a_blocked_submit_ends_with_shutdown_error_when_the_gate_shuts_down(
+    gate_broker: Broker,
+) -> None:
     gate = _gate(gate_broker, "block")
     await _fill(gate)
     outcome: list[BaseException] = []
@@ -147,14 +155,19 @@ def test_the_sync_client_blocks_until_room_and_raises_like_the_gate(gate_broker:
             async def hold(task: Task) -> None:
                 await release.wait()
 
+            done = anyio.Event()
+
+            async def submit_in_a_thread() -> None:
+                stored.append(await anyio.to_thread.run_sync(client.submit, "q", 3))
+                done.set()
+
             with anyio.fail_after(GUARD):
                 async with anyio.create_task_group() as group:
-                    group.start_soon(lambda: anyio.to_thread.run_sync(lambda: stored.append(client.submit("q", 3))))
+                    group.start_soon(submit_in_a_thread)
                     await anyio.sleep(0.1)
                     assert stored == []
                     async with blocking:
-                        while not stored:
-                            await anyio.sleep(0.01)
+                        await done.wait()
                         release.set()
 
         anyio.run(drain_one_then_wait)
