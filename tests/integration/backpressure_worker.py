@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from taskgate import Config, Filter, Gate, QueueConfig, QueueFullError, Status, Task
+from taskgate import Config, Filter, Gate, QueueConfig, QueueFullError, Task
 from taskgate.brokers import open_broker
 
 __all__ = ["QUEUE", "ProcessSpec", "drain", "produce"]
@@ -74,16 +74,21 @@ def drain(spec: ProcessSpec, ready: Any) -> None:
 
 async def _drain(spec: ProcessSpec, ready: Any) -> None:
     gate = _gate(spec)
+    ran, all_ran = [0], anyio.Event()
 
     @gate.handler(QUEUE)
     async def work(task: Task) -> None:
         await anyio.sleep(spec.hold)
+        ran[0] += 1
+        if ran[0] == spec.count:
+            all_ran.set()
 
     try:
         async with gate:
             await anyio.to_thread.run_sync(ready.wait)
             with anyio.fail_after(CHILD_DEADLINE):
-                while len(await gate.list(Filter(status=Status.COMPLETED))) < spec.count:
-                    await anyio.sleep(POLL)
+                await all_ran.wait()
+                for task in await gate.list(Filter(queue=QUEUE)):
+                    await gate.wait(task.id)  # its completion written
     finally:
         gate.config.broker.close()
