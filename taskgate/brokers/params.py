@@ -186,6 +186,11 @@ class Submit:
 
 def _limits(value: object) -> tuple[tuple[str, int], ...]:
     """``Submit.max_pending`` checked: (queue, limit >= 1) pairs, sorted, each queue once."""
+    if type(value) is tuple and len(value) == 1:  # the runtime's: one queue, on every submit
+        pair = value[0]
+        if type(pair) is tuple and len(pair) == 2 and is_identifier(pair[0]) and type(pair[1]) is int:
+            if pair[1] >= 1:
+                return value
     pairs = _tuple_of(value, tuple, what="Submit.max_pending")
     for n, pair in enumerate(pairs):
         assert isinstance(pair, tuple)

@@ -57,6 +57,8 @@ async def test_raise_mode_refuses_a_submit_to_a_full_queue_at_once(gate_broker: 
         await gate.submit("q", "one too many")
     assert (raised.value.queue, raised.value.max_pending, raised.value.waiting) == ("q", LIMIT, LIMIT)
     assert len(await _waiting(gate)) == LIMIT
+    stats = await gate.stats("q")
+    assert (stats.max_pending, stats.queue_len) == (LIMIT, LIMIT)
 
 
 async def test_a_blocked_submit_waits_and_goes_in_once_a_claim_makes_room(gate_broker: Broker) -> None:

@@ -5,10 +5,14 @@ queue's row of ``<prefix>queue_limits`` (the row `taskgate.brokers.sql.holds` an
 `taskgate.brokers.sql.slots` use, made first if missing) until commit, so the submits of one
 limited queue count one after the other whichever process makes them: two cannot both pass
 at one below the limit. (SQLite's immediate write transaction serializes every writer anyway.)
-Then ONE statement counts the queue's waiting tasks: pending and retrying through the claim
-index (``queue, ready``), blocked through the status index (``status, ...``, the queue checked
-on each blocked row: blocked tasks are children waiting for parents, few in most stores).
-Each count stops at the limit, so a full queue costs at most ``limit`` index entries.
+Then ONE statement counts the queue's waiting tasks, each part stopping at the limit: pending
+and retrying through the claim index (``queue, ready``: at most ``limit`` entries), blocked
+through an index the planner picks -- the status index (``status, ...``, the queue checked on
+each blocked row) or the claim index's queue prefix (the queue's rows, status checked on each).
+No index has (queue, status): one would cost every insert and status change on MySQL and SQLite,
+where submits without limits must cost what they did. So the blocked part reads up to every
+blocked task of the store (children waiting for parents: few in most stores) or every task of
+the queue, whichever the planner finds fewer -- until it has found ``limit`` of them.
 
 A submit without limits sends none of this: it costs what it did.
 """
