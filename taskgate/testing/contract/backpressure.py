@@ -114,6 +114,27 @@ class BackPressureContract:
         claim_one(broker)
         assert _limited(broker, [new_task()], q=2) == [Status.PENDING]
 
+    def test_canceling_a_blocked_or_pending_task_makes_room(self, broker: Broker) -> None:
+        parent = submit(broker, queue="parents")
+        blocked = submit(broker, depends_on=(parent.id,))
+        grandchild = submit(broker, depends_on=(blocked.id,))
+        pending = submit(broker)
+        _assert_full(broker, [new_task()], queue="q", limit=3, waiting=3)
+        broker.cancel(blocked.id)  # and its blocked child with it (cascade)
+        assert broker.get(grandchild.id).status is Status.CANCELED
+        assert _limited(broker, [new_task(), new_task()], q=3) == [Status.PENDING] * 2
+        broker.cancel(pending.id)
+        assert _limited(broker, [new_task()], q=3) == [Status.PENDING]
+        _assert_full(broker, [new_task()], queue="q", limit=3, waiting=3)
+
+    def test_a_blocked_task_woken_still_counts_as_pending(self, broker: Broker) -> None:
+        parent = submit(broker, queue="parents")
+        child = submit(broker, depends_on=(parent.id,))
+        lease = claim_one(broker, "parents")
+        steps.ack(broker, parent.id, lease.token, None)
+        assert broker.get(child.id).status is Status.PENDING
+        _assert_full(broker, [new_task()], queue="q", limit=1, waiting=1)
+
     def test_a_submit_without_limits_is_not_counted(self, broker: Broker) -> None:
         submit(broker)
         submit(broker)
