@@ -26,6 +26,7 @@ __all__ = ["Config", "QueueConfig", "Retention", "Schedule", "StateChangeHook"]
 StateChangeHook = Callable[["Task"], Any]
 
 DEFAULT_LEASE_TTL = timedelta(seconds=60)
+ON_FULL = ("block", "raise")  # what a submit to a queue at its max_pending does
 MIN_QUOTA_PERIOD = timedelta(seconds=1)
 
 
@@ -88,6 +89,11 @@ class QueueConfig:
       handler sets none (None: the default, ``Backoff()``); from a mapping, its keys.
     - ``retention``: how long the queue's final tasks are kept (`Retention`); None: the
       `Config`'s.
+    - ``max_pending``: back-pressure (0: none). A submit that would take the queue's pending
+      + retrying + blocked tasks, counted in the store across processes, past it waits for
+      room (``on_full="block"``, within the caller's cancel scope) or raises `QueueFullError`
+      at once (``on_full="raise"``). A batch larger than ``max_pending`` can never fit: it
+      raises at once either way, as `Gate.enqueue_in` does when the queue is full.
     """
 
     workers: int
@@ -106,6 +112,8 @@ class QueueConfig:
     group_quota_limit: int = 0
     backoff: Backoff | None = None
     retention: Retention | None = None
+    max_pending: int = 0
+    on_full: str = "block"
 
     def __post_init__(self) -> None:
         owner = "QueueConfig"
@@ -129,6 +137,9 @@ class QueueConfig:
             )
         if self.retention is not None and not isinstance(self.retention, Retention):
             raise ConfigError(f"{owner}.retention must be a Retention or None, got {self.retention!r}")
+        _int_field(owner, "max_pending", self.max_pending, minimum=0)
+        if self.on_full not in ON_FULL:
+            raise ConfigError(f"{owner}.on_full must be 'block' or 'raise', got {self.on_full!r}")
 
     def _check_quota(self, owner: str) -> None:
         _int_field(owner, "quota_limit", self.quota_limit, minimum=0)

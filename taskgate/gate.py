@@ -37,6 +37,7 @@ from taskgate.errors import (
 )
 from taskgate.ids import new_id
 from taskgate.middleware import Middleware, check_middleware
+from taskgate.runtime.backpressure import limits_of
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.outcome import HandlerPolicy
 from taskgate.runtime.purge import purge, purge_params
@@ -232,7 +233,10 @@ class Gate:
         and counts as a business failure (``TimeoutError``). ``group`` puts the task in a group
         of its queue (a tenant, a user) limited by the queue's ``group_*`` limits. Raises `ShutdownError`,
         `TaskNotFoundError` (unknown parent), `TaskExistsError` (used business key), or
-        `TypeError`/`ValueError` naming a bad argument.
+        `TypeError`/`ValueError` naming a bad argument. When the queue is at its
+        ``QueueConfig.max_pending``, waits for room (``on_full="block"``; bound it with a
+        cancel scope, e.g. ``anyio.fail_after``: nothing is stored then) or raises
+        `QueueFullError` (``on_full="raise"``).
         """
         ids = await self._submit(
             type,
@@ -267,6 +271,9 @@ class Gate:
         Takes `submit`'s options; instead of ``business_key``, ``business_keys`` gives one key
         (or None) per payload. A used key raises `TaskExistsError` and stores none of the batch;
         a key given twice or a key count unlike the payload count raises `ValueError`.
+        Back-pressure as for `submit`, for the whole batch: one larger than the queue's
+        ``max_pending`` can never fit and raises `QueueFullError` at once, even with
+        ``on_full="block"``.
         """
         if isinstance(payloads, str | bytes):
             raise TypeError("payloads must be an iterable of payloads, not a single str/bytes")
@@ -295,11 +302,15 @@ class Gate:
         an ``AsyncSession``: ``await session.run_sync(lambda s: gate.enqueue_in(s, ...))``.
         ``submit_options`` are `submit`'s. Raises `ConfigError` for a broker that is not SQL
         or a session bound to another database, and `submit`'s errors, having written nothing.
+        A queue with ``max_pending`` is counted in the transaction, whose lock on the queue's
+        count is then held until the application commits; when it is full `QueueFullError` is
+        raised whatever its ``on_full`` (it never waits inside the application's transaction).
         """
         self._runtime.check_open()
         broker = in_transaction_broker(self.config.broker)
         (task,) = build_tasks(self.config, type, [payload], **submit_options)
-        return enqueue_in(broker, session_or_connection, task)
+        limits, _ = limits_of(self.config, task.queue)
+        return enqueue_in(broker, session_or_connection, task, max_pending=limits)
 
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:
         self._runtime.check_open()

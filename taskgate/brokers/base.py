@@ -325,6 +325,9 @@ class Broker(Protocol):
         Parents must exist already or come earlier in the same submit. A used business key
         raises `TaskExistsError` with the key's newest execution (exactly one of many racing
         submitters wins); an unknown parent raises `TaskNotFoundError`. No tasks: no change.
+        With ``submit.max_pending``, a batch that would take a limited queue's pending +
+        retrying + blocked tasks past its limit raises `QueueFullError`, counted in the same
+        unit as the insert (of many racing submitters, never more pass than there is room).
         """
         ...
 

@@ -158,15 +158,54 @@ class Submit:
 
     ``snapshots=False``: answer only each task's status on arrival (for callers that look at
     nothing else), so the broker need not build the snapshots.
+
+    ``max_pending``: (queue, limit) pairs, sorted by queue, each limit >= 1 (back-pressure,
+    ``QueueConfig.max_pending``). For each such queue the batch names, the broker counts the
+    queue's pending, retrying and blocked tasks in the same unit as the insert; when they
+    plus the batch's tasks of that queue (every one, whatever its status on arrival) would
+    exceed the limit it raises `QueueFullError` and stores nothing. Empty: no count is made.
     """
 
     tasks: tuple[NewTask, ...]
     snapshots: bool = True
+    max_pending: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.tasks, NewTask):
             raise TypeError("Submit.tasks takes a sequence of NewTask, not a single NewTask")
         object.__setattr__(self, "tasks", _tuple_of(self.tasks, NewTask, what="Submit.tasks"))
+        if self.max_pending:
+            object.__setattr__(self, "max_pending", _limits(self.max_pending))
+
+    def limited(self) -> list[tuple[str, int, int]]:
+        """(queue, limit, tasks of the batch in it) for each queue of ``max_pending`` the batch
+        names, by queue: what a broker checks before it stores the batch."""
+        if not self.max_pending:
+            return []
+        adding: dict[str, int] = {}
+        for task in self.tasks:
+            adding[task.queue] = adding.get(task.queue, 0) + 1
+        return [(queue, limit, adding[queue]) for queue, limit in self.max_pending if queue in adding]
+
+
+def _limits(value: object) -> tuple[tuple[str, int], ...]:
+    """``Submit.max_pending`` checked: (queue, limit >= 1) pairs, sorted, each queue once."""
+    if type(value) is tuple and len(value) == 1:  # the runtime's: one queue, on every submit
+        pair = value[0]
+        if type(pair) is tuple and len(pair) == 2 and is_identifier(pair[0]) and type(pair[1]) is int:
+            if pair[1] >= 1:
+                return value
+    pairs = _tuple_of(value, tuple, what="Submit.max_pending")
+    for n, pair in enumerate(pairs):
+        assert isinstance(pair, tuple)
+        if len(pair) != 2:
+            raise ValueError(f"Submit.max_pending[{n}] must be a (queue, limit) pair, got {pair!r}")
+        check_identifier(pair[0], what=f"Submit.max_pending[{n}] queue")
+        _count(pair[1], what=f"Submit.max_pending[{n}] limit", minimum=1)
+    queues = [pair[0] for pair in pairs]  # type: ignore[index]
+    if queues != sorted(set(queues)):
+        raise ValueError(f"Submit.max_pending must be sorted by queue, each queue once, got {value!r}")
+    return pairs  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,12 +21,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from taskgate.brokers.base import Lease, NewTask, QuotaGrant
-from taskgate.brokers.params import Compensation, Submit
+from taskgate.brokers.params import Compensation, Submit, Submitted
 from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError
 from taskgate.middleware import Middleware
 from taskgate.runtime.acks import AckWriter
+from taskgate.runtime.backpressure import PendingLimits, Room, limits_of, store_when_room
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext
 from taskgate.runtime.executor import Executor, Handler
@@ -105,6 +106,9 @@ class Runtime:
         self.middleware: list[Middleware] = []
         self.observers = Observers()
         self.tracing = load_tracing()  # None without opentelemetry installed
+        # Back-pressure: each queue's `Submit.max_pending`, and the room blocked submits wait for.
+        self._max_pending: dict[str, tuple[PendingLimits, bool]] = {}
+        self.room = Room()
         self.instrument(config.middleware)
         self.ticker: Ticker | None = None  # the gate's schedules (set by `Gate`), ticked by `run`
 
@@ -162,18 +166,33 @@ class Runtime:
         for the poll (`wake_queue`). Without a hook the broker answers statuses instead of
         snapshots (`arrived_unseen`).
         """
-        submit = Submit(tuple(tasks), snapshots=self._submit_snapshots)
-        if self.observers:
-            began = time.perf_counter()
-            submitted = await self.calls(self.broker.submit, submit)
-            self.observers.submitted(tasks, time.perf_counter() - began)
-        else:
+        queue = tasks[0].queue  # a gate's submit is of one type: one queue
+        known = self._max_pending.get(queue)
+        if known is None:
+            known = self._max_pending[queue] = limits_of(self.config, queue)
+        limits, block = known
+        submit = Submit(tuple(tasks), snapshots=self._submit_snapshots, max_pending=limits)
+        if limits:
+            submitted = await store_when_room(
+                self._store, submit, block=block, room=self.room, check_open=self.check_open
+            )
+        elif self.observers:
+            submitted = await self._store(submit)
+        else:  # the hot path: no limit, nobody timing it
             submitted = await self.calls(self.broker.submit, submit)
         if submit.snapshots:
             await self.observe(submitted.tasks)
         else:
             self.arrived_unseen(tasks, submitted.statuses)
         return [task.id for task in tasks]
+
+    async def _store(self, submit: Submit) -> Submitted:
+        if not self.observers:
+            return await self.calls(self.broker.submit, submit)
+        began = time.perf_counter()
+        submitted = await self.calls(self.broker.submit, submit)
+        self.observers.submitted(submit.tasks, time.perf_counter() - began)
+        return submitted
 
     # -- observing transitions ------------------------------------------------------------------
 
@@ -187,6 +206,7 @@ class Runtime:
         for task in tasks:
             if task.status.is_final:
                 self.waiters.notify(task.id)
+                self.room.freed(task.queue)  # a waiting task canceled makes room
                 cascade = cascade or task.status is not Status.COMPLETED
             elif task.status in (Status.PENDING, Status.RETRYING):
                 self.wake_queue(task.queue)
@@ -332,6 +352,7 @@ class Runtime:
         )
         acks.on_written = lambda: scheduler.wake(new_work=False)  # a backlog may have held claims
         scheduler.on_idle = self.queue_idle.fire
+        scheduler.on_claimed = functools.partial(self.room.freed, name)  # room for blocked submits
         self.schedulers[name] = scheduler
         self.queue_idle.fire()
 

@@ -104,6 +104,28 @@ assert config.queues["llm"].retention.failed is None and config.retention.failed
 print("ok")
 """
     ),
+    "async def accept_hook(gate, payload)": Run(
+        """
+import anyio
+from taskgate import Config, Gate, QueueConfig
+from taskgate.brokers.memory import MemoryBroker
+"""
+        + "{block}"
+        + """
+gate = Gate(Config(broker=MemoryBroker(), queues=queues))
+
+async def main():
+    hooks = [await accept_hook(gate, n) for n in range(51)]
+    assert all(hooks[:50]) and hooks[50] is None, hooks[48:]
+    for n in range(1000):
+        assert await ask_llm(gate, n)
+    assert await ask_llm(gate, "one too many") is None  # gave up after its 2 s
+    assert len(await gate.list(queue="llm")) == 1000
+    print("ok")
+
+anyio.run(main)
+"""
+    ),
     "await gate.purge()": Run(FAILED_PIPELINE),
     "await gate.replay(failed_id, descendants=True)": Run(FAILED_PIPELINE),
     "async def only_active_tenants": Run(

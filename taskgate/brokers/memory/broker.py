@@ -63,6 +63,7 @@ from taskgate.errors import (
     BrokerError,
     CompletedNotAllowedError,
     LeaseLostError,
+    QueueFullError,
     ReplayNotFinalError,
     TaskExistsError,
     TaskNotFoundError,
@@ -119,11 +120,20 @@ class MemoryBroker:
         one id or one business key, raise `ValueError`.
         """
         with self._cond:
+            if submit.max_pending:
+                self._check_room(submit)
             records = self._store_new(submit.tasks)
             statuses = [r.status for r in records]
             if not submit.snapshots:
                 return Submitted(statuses)  # no snapshot built: a third of a batch's cost
             return Submitted(statuses, [r.snapshot() for r in records])
+
+    def _check_room(self, submit: Submit) -> None:
+        """Raise `QueueFullError` when the batch would take a queue past its ``max_pending``."""
+        for queue, limit, adding in submit.limited():
+            waiting = self._table.waiting(queue)
+            if waiting + adding > limit:
+                raise QueueFullError(queue, limit, min(waiting, limit), adding)  # as SQL counts
 
     def _store_new(self, items: Sequence[NewTask]) -> builtins.list[Record]:
         """`submit`'s writes of ``items``; the caller holds the lock and reads the records in it."""

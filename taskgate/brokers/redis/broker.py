@@ -204,14 +204,15 @@ class RedisBroker:
         items = submit.tasks
         if not items:
             return self._request(None, [], lambda reply: Submitted(statuses=[]))
+        args = enqueue_args(items, submit.max_pending)
         if not submit.snapshots:
-            return self._request("enqueue", enqueue_args(items), _arrival_statuses)
+            return self._request("enqueue", args, _arrival_statuses)
 
         def answer(reply: builtins.list[Any]) -> Submitted:
             tasks = arrived_tasks(items, *enqueued(unwrap(reply)))
             return Submitted(statuses=[task.status for task in tasks], tasks=tasks)
 
-        return self._request("enqueue", enqueue_args(items), answer)
+        return self._request("enqueue", args, answer)
 
     def replay(self, replay: Replay) -> Task:
         """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.

@@ -243,14 +243,16 @@ class SQLBroker:
         Besides the protocol's errors: an id already in use, two tasks of the batch with one
         id or one business key, or a payload larger than the server accepts raise `ValueError`.
         """
-        return _submitted(self._store_new(submit.tasks), submit.snapshots)
+        return _submitted(self._store_new(submit), submit.snapshots)
 
-    def _store_new(self, items: tuple[NewTask, ...]) -> builtins.list[dict[str, Any]]:
+    def _store_new(self, submit: Submit) -> builtins.list[dict[str, Any]]:
         """`submit`'s writes: the rows stored, in order."""
+        items = submit.tasks
         self._check_payloads(items)
         if not items:
             return []
-        if len(items) == 1:
+        room = submit if submit.max_pending else None
+        if len(items) == 1 and room is None:  # a limited queue is counted in a transaction
             stored = self._store_alone(items[0])
             if stored is not None:
                 return [stored]
@@ -260,7 +262,7 @@ class SQLBroker:
             # The first attempt leaves taken ids to the primary key; a re-run checks them.
             nonlocal attempts
             attempts += 1
-            return create.store_new(tx, items, check_ids=attempts > 1)
+            return create.store_new(tx, items, check_ids=attempts > 1, room=room)
 
         return self._run("submit", step, inline=len(items) <= INLINE_MAX_ROWS)
 
@@ -281,7 +283,7 @@ class SQLBroker:
         traits = traits_for(dialect.name, dialect.driver) if dialect.driver != self._driver else self._traits
         tx = Tx(connection, self._models, traits, self._now)
         with translated("enqueue_in"):
-            rows = outbox.store_in(tx, submit.tasks, self._channel)
+            rows = outbox.store_in(tx, submit, self._channel)
         return _submitted(rows, submit.snapshots)
 
     def announce(self, queues: Collection[str]) -> None:
@@ -714,7 +716,7 @@ class SQLBroker:
 
     def _plan_submit(self, tx: Tx, submit: Submit) -> OneStatement[Submitted] | None:
         """The one-statement insert of a single task (a batch: None)."""
-        if len(submit.tasks) != 1:
+        if len(submit.tasks) != 1 or submit.max_pending:
             return None
         self._check_payloads(submit.tasks)
         snapshots = submit.snapshots

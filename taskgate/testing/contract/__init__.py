@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from taskgate.testing.contract._fixtures import BrokerFactory, ContractFixtures
 from taskgate.testing.contract._support import RACE_ROUNDS
+from taskgate.testing.contract.backpressure import BackPressureContract
 from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claim_acks import ClaimAcksContract
 from taskgate.testing.contract.claim_types import ClaimTypesContract
@@ -68,6 +69,7 @@ class BrokerContract(
     SurfaceContract,
     LifecycleContract,
     SubmitContract,
+    BackPressureContract,
     LargeBatchContract,
     ClaimContract,
     ClaimAcksContract,

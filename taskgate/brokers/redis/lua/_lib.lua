@@ -39,6 +39,9 @@
 --   idx:group:<group>  ZSET   ids of one group (of any queue), score created_at
 --   idx:status:<st>    ZSET   ids in one status but running (`leases` holds those), score
 --                             created_at
+--   blocked:<queue>    ZSET   a queue's blocked ids, score created_at: with queue:<queue>,
+--                             what back-pressure counts (enqueue.lua). Tasks blocked by a
+--                             build without it are not in it: they count once they are ready
 --   slots:<queue>      ZSET   shared slot token (= lease token) -> expiry (µs)
 --   slot_waiters:<queue> ZSET claimer id -> expiry (µs): claimers owed a free slot
 --   rate:<queue>       STRING the queue's GCRA arrival time (µs); expires once past
@@ -262,9 +265,15 @@ local function move_status(id, task_type, created_at, from, to)
   index_status(to, id, created_at)
 end
 
--- `move_status` of `t` (id, type, created_at, status); the caller also sets `t.status`.
+-- `move_status` of `t` (id, type, created_at, status; queue too when it enters or leaves
+-- blocked: `blocked:<queue>`, which back-pressure counts); the caller also sets `t.status`.
 local function recount(t, to)
   move_status(t.id, t.type, t.created_at, t.status, to)
+  if to == 'blocked' then
+    zset_later(B .. 'blocked:' .. t.queue, t.id, t.created_at)
+  elseif t.status == 'blocked' then
+    zset_later(B .. 'blocked:' .. t.queue, t.id, false)
+  end
 end
 
 -- The only place a status changes: counters and the status index move with it.
