@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         Renewal,
         Replay,
         Settle,
+        Step,
         Submit,
         Submitted,
     )
@@ -444,6 +445,18 @@ class Broker(Protocol):
         ``depends_on`` still names it) and its index entries; a business key whose last
         execution goes is free again, one whose newest goes names the execution it replayed.
         Never blocks on a task another call holds: such a task is left for a later prune.
+        """
+        ...
+
+    def step(self, step: Step) -> bytes | None:
+        """Read the stored result of step ``step.name`` of task ``step.task_id`` (None: none
+        stored), or with ``step.result`` store it unless one is stored already; answer the
+        result stored after the call -- the first writer's, so racing runs agree on one.
+
+        No lease token is asked: a run whose lease was lost may have paid for the step's work
+        already, and what it got is still worth keeping. Steps belong to one execution: a
+        replay starts without any, and `prune` deletes a task's steps with it. An unknown task
+        raises `TaskNotFoundError`, storing nothing.
         """
         ...
 
