@@ -33,7 +33,7 @@ from taskgate.errors import (
 )
 from taskgate.gate import Gate
 from taskgate.retention import Retention
-from taskgate.runtime import renew_lease, set_progress
+from taskgate.runtime import renew_lease, set_progress, step
 from taskgate.sync import SyncClient
 from taskgate.task import Filter, QueueStats, Status, Task
 
@@ -71,6 +71,7 @@ __all__ = [
     "UnknownTypeError",
     "renew_lease",
     "set_progress",
+    "step",
 ]
 
 __version__ = "0.1.0.dev0"
