@@ -442,8 +442,9 @@ class Broker(Protocol):
         the child is final too) and a task replayed by an execution still stored (the newest of
         a replay chain goes first; the one it replayed is then the newest). Each deleted task
         goes with its dependency edges (as a child, and as the parent of final children, whose
-        ``depends_on`` still names it) and its index entries; a business key whose last
-        execution goes is free again, one whose newest goes names the execution it replayed.
+        ``depends_on`` still names it), its durable steps (`step`) and its index entries; a
+        business key whose last execution goes is free again, one whose newest goes names the
+        execution it replayed.
         Never blocks on a task another call holds: such a task is left for a later prune.
         """
         ...
