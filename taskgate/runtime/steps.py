@@ -6,6 +6,9 @@ lease or a retry -- gets the stored result back without calling ``fn``. On a tas
 (`Task.first_run`) nothing can be stored yet, so the step skips the read and costs one broker
 call; later runs read first. The result a step answers is always the stored JSON decoded, on
 the first run too, so every run of a handler sees the same value (a tuple comes back a list).
+Two runs at once -- a sync handler still going in its abandoned thread after its lease was lost,
+and the run that took the task back -- may both call ``fn`` before either stored; the first
+result stored is the one both get.
 
 Within one run, a name used again with equal arguments answers the result it already has (no
 call, no broker round trip); with other arguments it raises `ValueError`, since a later run
