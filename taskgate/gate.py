@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from taskgate.backoff import Backoff
 from taskgate.brokers.base import UNSET, Capabilities, NewTask, Unset, check_identifier
-from taskgate.brokers.params import Hold, Replay
+from taskgate.brokers.params import Compensation, Hold, Replay
 from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
 from taskgate.config import Config, QueueConfig
@@ -97,6 +97,7 @@ class Gate:
         retry_if: Callable[[Exception], object] | None = None,
         backoff: Backoff | None = None,
         timeout: DurationLike | None = None,
+        on_failure: str | None = None,
     ) -> None:
         """Register ``fn`` for ``task_type``: ``async def fn(task)`` awaited, plain ``def`` in a thread.
 
@@ -107,12 +108,18 @@ class Gate:
         and `SkipRetry` never reach it. ``backoff`` replaces its queue's (`QueueConfig.backoff`).
         ``timeout`` (a duration like `submit`'s) limits each run of the type, as its queue's
         `QueueConfig.timeout` would (a task's own ``submit(..., timeout=)`` still wins).
-        Raises `ConfigError` when the type's queue has no limits configured, the type has a
-        handler already, or ``backoff`` is not a `Backoff`; `TypeError` for a ``fn`` or
-        ``retry_if`` that is not callable, `TypeError`/`ValueError` naming a bad ``timeout``.
+        ``on_failure`` names a compensation type: when a task of ``task_type`` becomes
+        ``failed`` (retries used up, `SkipRetry`, or its lease lost ``lease_lost_max`` times),
+        a task of that type is submitted in the same atomic unit as the failure, with payload
+        ``{"failed": <the failed task's id>}``, no parents, and ``Config.max_retry``.
+        Raises `ConfigError` when the type's queue (or ``on_failure``'s) has no limits
+        configured, ``on_failure`` is ``task_type`` itself, the type has a handler already, or
+        ``backoff`` is not a `Backoff`; `TypeError` for a ``fn`` or ``retry_if`` that is not
+        callable, `TypeError`/`ValueError` naming a bad ``timeout`` or ``on_failure``.
         Nothing is registered then.
         """
         route(self.config, task_type)
+        compensation = self._compensation(task_type, on_failure)
         if not callable(fn):
             raise TypeError(f"handler for {task_type!r} must be callable, got {fn!r}")
         if retry_if is not None and not callable(retry_if):
@@ -124,10 +131,23 @@ class Gate:
         limit = run_timeout(timeout)
         if task_type in self._handlers:
             raise ConfigError(f"task type {task_type!r} already has a handler")
-        if retry_if is not None or backoff is not None or limit is not None:
-            self._policies[task_type] = HandlerPolicy(backoff, retry_if, limit)
+        if retry_if is not None or backoff is not None or limit is not None or compensation is not None:
+            self._policies[task_type] = HandlerPolicy(backoff, retry_if, limit, compensation)
         self._handlers[task_type] = fn
         self._runtime.add_queue_for(task_type)
+
+    def _compensation(self, task_type: str, on_failure: str | None) -> Compensation | None:
+        """`handle`'s ``on_failure`` as the `Compensation` brokers submit, checked."""
+        if on_failure is None:
+            return None
+        check_identifier(on_failure, what="on_failure")
+        if on_failure == task_type:
+            raise ConfigError(f"on_failure of {task_type!r} names the type itself; name a compensation type")
+        try:
+            queue = route(self.config, on_failure)
+        except ConfigError as exc:
+            raise ConfigError(f"on_failure of {task_type!r} cannot be routed: {exc}") from None
+        return Compensation(on_failure, queue, max_retry=self.config.max_retry)
 
     def handler(
         self,
@@ -136,11 +156,14 @@ class Gate:
         retry_if: Callable[[Exception], object] | None = None,
         backoff: Backoff | None = None,
         timeout: DurationLike | None = None,
+        on_failure: str | None = None,
     ) -> Callable[[H], H]:
         """Decorator form of `handle`, with the same keywords."""
 
         def register(fn: H) -> H:
-            self.handle(task_type, fn, retry_if=retry_if, backoff=backoff, timeout=timeout)
+            self.handle(
+                task_type, fn, retry_if=retry_if, backoff=backoff, timeout=timeout, on_failure=on_failure
+            )
             return fn
 
         return register

@@ -31,7 +31,7 @@ for it, and a broker without a sink builds none of those snapshots.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum, StrEnum
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from taskgate.brokers.params import (
         Claim,
         Claimed,
+        Compensation,
         Heartbeat,
         Hold,
         ItemAnswer,
@@ -404,15 +405,16 @@ class Broker(Protocol):
 
         `Complete` completes the task and wakes children now ready; `Retry` counts the failure
         by kind and sets ``retrying`` due at ``now + delay``; `Fail` counts it, sets ``failed``
-        and cancels descendants; `Requeue` puts the task back to ``pending`` due now, touching
-        no counter; `Canceled` ends a run stopped by a cancel (with cascade). A `Retry` or
-        `Requeue` of a task whose cancel was requested cancels it instead (with cascade).
-        Items are independent: an unknown id or a stale token answers its own item with
-        `TaskNotFoundError`/`LeaseLostError` and changes nothing for it; a `Retry` with
-        ``hold_queue`` whose token holds the task also holds its queue until ``now + delay``;
-        a lease named twice is settled once (the later item answers `LeaseLostError`). A value
-        the medium cannot store raises for the whole call, before anything is written. Given-back quota units
-        go to the window they came from (never below 0); slots not held are ignored.
+        and cancels descendants (and submits its ``compensation``, if any, in the same unit);
+        `Requeue` puts the task back to ``pending`` due now, touching no counter; `Canceled`
+        ends a run stopped by a cancel (with cascade). A `Retry` or `Requeue` of a task whose
+        cancel was requested cancels it instead (with cascade). Items are independent: an
+        unknown id or a stale token answers its own item with `TaskNotFoundError`/
+        `LeaseLostError` and changes nothing for it; a `Retry` with ``hold_queue`` whose token
+        holds the task also holds its queue until ``now + delay``; a lease named twice is
+        settled once (the later item answers `LeaseLostError`). A value the medium cannot
+        store raises for the whole call, before anything is written. Given-back quota units go
+        to the window they came from (never below 0); slots not held are ignored.
         """
         ...
 
@@ -461,12 +463,19 @@ class Broker(Protocol):
         """
         ...
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended; return their new snapshots.
 
         Each gets ``lease_lost += 1`` and goes back to ``pending``; at ``lease_lost_max`` it
-        fails instead (with cascade); a task marked for cancel is canceled. Two reapers at once
-        count a lease once.
+        fails instead (with cascade) and, when ``compensations`` names its type, that
+        `Compensation` is submitted in the same unit; a task marked for cancel is canceled.
+        Two reapers at once count a lease once.
         """
         ...
 

@@ -30,8 +30,9 @@ done: read or store once), and a submit inside the application's own transaction
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -58,6 +59,7 @@ __all__ = [
     "Canceled",
     "Claim",
     "Claimed",
+    "Compensation",
     "Complete",
     "Fail",
     "Finish",
@@ -79,7 +81,9 @@ __all__ = [
     "Submit",
     "Submitted",
     "Unhandled",
+    "check_compensations",
     "check_progress",
+    "compensation_payload",
 ]
 
 # The hold of a queue paused until resumed: later than any time a clock reads.
@@ -592,11 +596,60 @@ class Retry:
         object.__setattr__(self, "traceback", _traceback(self.traceback, "Retry"))
 
 
+def compensation_payload(failed_id: str) -> bytes:
+    """The payload of a compensation task: ``{"failed": <the failed task's id>}`` as compact JSON."""
+    return json.dumps({"failed": failed_id}, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Compensation:
+    """The task a broker submits when a task fails for good, in the same unit as the failure
+    (`Fail.compensation`, and `Broker.reap`'s ``compensations`` for a task failed by lease loss).
+
+    The new task has a fresh id, type ``type``, queue ``queue``, ``max_retry``, the payload
+    `compensation_payload` of the failed task's id, no parents, and is due at once.
+    """
+
+    type: str
+    queue: str
+    max_retry: int = 0
+
+    def __post_init__(self) -> None:
+        check_identifier(self.type, what="Compensation.type")
+        check_identifier(self.queue, what="Compensation.queue")
+        _count(self.max_retry, what="Compensation.max_retry", minimum=0)
+
+    def task(self, failed_id: str, task_id: str) -> NewTask:
+        """The compensation of ``failed_id``, stored under ``task_id``."""
+        return NewTask(
+            task_id, self.type, self.queue, compensation_payload(failed_id), max_retry=self.max_retry
+        )
+
+
+def check_compensations(compensations: object) -> dict[str, Compensation]:
+    """`Broker.reap`'s ``compensations`` (failed task type -> `Compensation`) as a dict, or a
+    `TypeError` naming what is wrong."""
+    if compensations is None:
+        return {}
+    if not isinstance(compensations, Mapping):
+        raise TypeError(
+            f"compensations must be a mapping of task type to Compensation, got {compensations!r}"
+        )
+    for task_type, compensation in compensations.items():
+        check_identifier(task_type, what="compensated task type")
+        if not isinstance(compensation, Compensation):
+            raise TypeError(
+                f"compensations[{task_type!r}] must be a Compensation, got {type(compensation).__name__}"
+            )
+    return dict(compensations)
+
+
 @dataclass(frozen=True, slots=True)
 class Fail:
     """Count a failure by ``kind`` and fail the task for good (its descendants are canceled).
 
-    ``traceback`` becomes the task's ``last_traceback``, as for `Retry`.
+    ``traceback`` becomes the task's ``last_traceback``, as for `Retry`. ``compensation``: also
+    submit that task in the same unit (`Compensation`); a stale token submits nothing.
     """
 
     task_id: str
@@ -604,12 +657,17 @@ class Fail:
     kind: FailureKind
     error: str
     traceback: str | None = None
+    compensation: Compensation | None = None
 
     def __post_init__(self) -> None:
         _lease_ref(self.task_id, self.token, "Fail")
         _failure(self.kind, self.error, "Fail")
         object.__setattr__(self, "error", storable_error(self.error))
         object.__setattr__(self, "traceback", _traceback(self.traceback, "Fail"))
+        if self.compensation is not None and not isinstance(self.compensation, Compensation):
+            raise TypeError(
+                f"Fail.compensation must be a Compensation or None, got {type(self.compensation).__name__}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

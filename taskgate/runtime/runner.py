@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from taskgate.brokers.base import Lease, NewTask, QuotaGrant
-from taskgate.brokers.params import Submit
+from taskgate.brokers.params import Compensation, Submit
 from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError
@@ -312,6 +312,7 @@ class Runtime:
             on_settled=self.observe,
             # Without a hook nothing reads a completed task's snapshot: the broker may skip it.
             on_completed=self.completed_unseen if self.hooks.hook is None else None,
+            compensations=self.compensations,
         )
         scheduler = QueueScheduler(
             name,
@@ -395,6 +396,7 @@ class Runtime:
             keeper=self.keeper,
             on_hold=self.hold_here,
             policy_for=self.policy_for,
+            compensation_for=self.compensation_for,
             middleware=self.middleware,
             observers=self.observers,
             tracing=self.tracing,
@@ -409,6 +411,16 @@ class Runtime:
         if own is not None and own.timeout is not None:
             return own.timeout
         return conf.run_limit
+
+    def compensation_for(self, task_type: str) -> Compensation | None:
+        """What the final failure of a task of ``task_type`` submits (`Gate.handle`'s
+        ``on_failure``); None: nothing."""
+        own = self.policies.get(task_type)
+        return own.compensation if own is not None else None
+
+    def compensations(self) -> dict[str, Compensation]:
+        """Every registered type's compensation, for the reaper's failures."""
+        return {t: p.compensation for t, p in self.policies.items() if p.compensation is not None}
 
     def policy_for(self, task: Task) -> Policy:
         """The retry policy of ``task``: its handler's ``retry_if``, and its handler's backoff,
@@ -518,9 +530,15 @@ class Runtime:
         """One reaper pass: take back expired leases and react to the result."""
         deadline = min((worker_deadline(c) for c in self._all_queue_configs()), default=15.0)
         try:
-            reaped = await self.calls(
-                self.broker.reap, lease_lost_max=self.config.lease_lost_max, deadline=deadline
+            # Passed only when there are some, so a broker written before compensations existed
+            # still reaps for gates that use none.
+            compensations = self.compensations()
+            reap = (
+                functools.partial(self.broker.reap, compensations=compensations)
+                if compensations
+                else self.broker.reap
             )
+            reaped = await self.calls(reap, lease_lost_max=self.config.lease_lost_max, deadline=deadline)
         except BrokerError as exc:
             log.warning("reaper: %s", exc)
             return []

@@ -163,6 +163,7 @@ with TestClient(app) as client:
 print("ok")
 """
     ),
+    '@gate.handler("charge", on_failure="refund")': Run("{block}", shows="refunded 0"),
 }
 # Run by tests/migrations/test_app_alembic.py, which makes these edits to a real env.py.
 ALEMBIC_RECIPE = "include_object=include_object"

@@ -9,7 +9,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 
@@ -35,6 +35,7 @@ from taskgate.brokers.params import (
     Canceled,
     Claim,
     Claimed,
+    Compensation,
     Complete,
     Fail,
     Finish,
@@ -54,6 +55,7 @@ from taskgate.brokers.params import (
     Step,
     Submit,
     Submitted,
+    check_compensations,
 )
 from taskgate.clock import Clock, SystemClock, utc
 from taskgate.errors import (
@@ -66,7 +68,7 @@ from taskgate.errors import (
     TaskExistsError,
     TaskNotFoundError,
 )
-from taskgate.ids import new_tokens
+from taskgate.ids import new_id, new_tokens
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["MemoryBroker"]
@@ -422,6 +424,8 @@ class MemoryBroker:
         elif isinstance(item, Fail):
             _count_failure(record, item.kind, item.error, item.traceback)
             self._finish(record, Status.FAILED, now)
+            if item.compensation is not None:
+                self._compensate(record, item.compensation)
         elif isinstance(item, Requeue):
             self._back_to_pending_or_cancel(record, now)
         else:
@@ -429,6 +433,10 @@ class MemoryBroker:
             record.last_error = _CANCELED_ERROR
             self._finish(record, Status.CANCELED, now)
         return record
+
+    def _compensate(self, failed: Record, compensation: Compensation) -> None:
+        """Submit ``compensation`` for the task ``failed`` just failed, in the same lock hold."""
+        self._store_new([compensation.task(failed.id, new_id())])
 
     def _give_back(self, give_back: GiveBack) -> None:
         """Return each grant's units to the window it came from (never below 0) and the slots
@@ -495,30 +503,43 @@ class MemoryBroker:
             record.steps[step.name] = step.result
             return step.result
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
 
         Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
-        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        canceled, a task at ``lease_lost_max`` fails (submitting its type's entry of
+        ``compensations``, if any), any other goes back to ``pending`` due now.
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
+        compensate = check_compensations(compensations)
         with self._transition:
             now = self._now()
             expired = [
                 r for r in self._running() if r.lease_expires_at is not None and r.lease_expires_at <= now
             ]
             expired.sort(key=lambda r: (r.lease_expires_at, r.id))
-            return [self._reap_one(r, now, lease_lost_max) for r in expired[:limit]]
+            return [self._reap_one(r, now, lease_lost_max, compensate) for r in expired[:limit]]
 
     def _running(self) -> Iterable[Record]:
         return (self._table.records[i] for i in self._table.running)
 
-    def _reap_one(self, record: Record, now: datetime, lease_lost_max: int) -> Task:
+    def _reap_one(
+        self, record: Record, now: datetime, lease_lost_max: int, compensations: Mapping[str, Compensation]
+    ) -> Task:
         record.lease_lost += 1
         if record.lease_lost >= lease_lost_max and not record.cancel_requested:
             record.last_error = f"lease lost {record.lease_lost} times (lease_lost_max={lease_lost_max})"
             self._finish(record, Status.FAILED, now)
+            compensation = compensations.get(record.type)
+            if compensation is not None:
+                self._compensate(record, compensation)
         else:
             self._back_to_pending_or_cancel(record, now)
         return record.snapshot()

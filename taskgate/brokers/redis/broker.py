@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import functools
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -15,6 +15,7 @@ from taskgate.brokers.checks import check_count, check_queues, check_timeout
 from taskgate.brokers.params import (
     Claim,
     Claimed,
+    Compensation,
     Heartbeat,
     Hold,
     ItemAnswer,
@@ -28,6 +29,7 @@ from taskgate.brokers.params import (
     Step,
     Submit,
     Submitted,
+    check_compensations,
 )
 from taskgate.brokers.redis.claims import claim_call
 from taskgate.brokers.redis.codec import (
@@ -53,6 +55,7 @@ from taskgate.brokers.redis.waiter import SignalWaiter
 from taskgate.brokers.split import SplitCall
 from taskgate.clock import Clock
 from taskgate.errors import BrokerError, TaskNotFoundError
+from taskgate.ids import new_id
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["RedisBroker"]
@@ -394,15 +397,27 @@ class RedisBroker:
         (stored,) = self._run("step", args)
         return None if stored is None else bytes(stored)
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
 
         Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
-        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        canceled, a task at ``lease_lost_max`` fails (submitting its type's entry of
+        ``compensations`` in the same script), any other goes back to ``pending`` due now.
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
-        return [task_from_values(snapshot) for snapshot in self._run("reap", [lease_lost_max, limit])]
+        args: builtins.list[Any] = [lease_lost_max, limit, new_id()]
+        compensate = check_compensations(compensations)
+        args.append(len(compensate))
+        for task_type, comp in compensate.items():
+            args.extend((task_type, comp.type, comp.queue, comp.max_retry))
+        return [task_from_values(snapshot) for snapshot in self._run("reap", args)]
 
     # -- what transitions settle on their own -----------------------------------------------
 

@@ -41,6 +41,7 @@ from taskgate.brokers.drivers import missing_driver
 from taskgate.brokers.params import (
     Claim,
     Claimed,
+    Compensation,
     Complete,
     Finish,
     Heartbeat,
@@ -55,6 +56,7 @@ from taskgate.brokers.params import (
     Step,
     Submit,
     Submitted,
+    check_compensations,
 )
 from taskgate.brokers.split import SplitCall
 from taskgate.brokers.sql import (
@@ -590,15 +592,23 @@ class SQLBroker:
         create.check_value_size(step.result, self._ready(), what=f"result of step {step.name!r}")
         return self._run("step", lambda tx: steps.store_step(tx, step))
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
 
         Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
-        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        canceled, a task at ``lease_lost_max`` fails (submitting its type's entry of
+        ``compensations`` in the same transaction), any other goes back to ``pending`` due now.
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
-        return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit), inline=False)
+        compensate = check_compensations(compensations)
+        return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit, compensate), inline=False)
 
     # -- what transitions settle on their own -----------------------------------------------
 

@@ -37,6 +37,7 @@ from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claim_acks import ClaimAcksContract
 from taskgate.testing.contract.claim_types import ClaimTypesContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
+from taskgate.testing.contract.compensation import CompensationContract
 from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.groups import GroupContract
 from taskgate.testing.contract.holds import HoldContract
@@ -95,5 +96,6 @@ class BrokerContract(
     SettleContract,
     QuietSettleContract,
     SettledContract,
+    CompensationContract,
 ):
     """Every broker contract test; subclass it as ``Test<Backend>`` and define ``broker_factory``."""

@@ -593,9 +593,53 @@ local function retry_held(id, token, kind, text, delay, hold, tb)
   end
 end
 
+-- The ULID after `id` (26 Crockford base-32 digits): the same millisecond, the random part one
+-- higher -- how a script makes more ids from the one fresh id its caller sent.
+local CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ'
+local function next_ulid(id)
+  local digits = {}
+  for i = 1, #id do
+    digits[i] = string.find(CROCKFORD, string.sub(id, i, i), 1, true) - 1
+  end
+  for i = #id, 1, -1 do
+    if digits[i] < 31 then
+      digits[i] = digits[i] + 1
+      break
+    end
+    digits[i] = 0
+  end
+  local out = {}
+  for i = 1, #digits do
+    out[i] = string.sub(CROCKFORD, digits[i] + 1, digits[i] + 1)
+  end
+  return table.concat(out)
+end
+
+-- Submit the compensation of the task `failed_id`, just failed by this script: a new task of
+-- `comp_type` in `queue`, payload {"failed": failed_id}, no parents, pending and due now, under
+-- `id` or (taken already) the next free ULID after it. Returns the id used.
+local function store_compensation(id, comp_type, queue, max_retry, failed_id)
+  while redis.call('EXISTS', task_key(id)) == 1 do
+    id = next_ulid(id)
+  end
+  redis.call('HSET', task_key(id), 'id', id, 'type', comp_type, 'queue', queue, 'created_at', NOW_S,
+    'run_at', NOW_S, 'attempts', '0', 'max_retry', max_retry, 'throttled', '0', 'lease_lost', '0',
+    'claims', '0', 'depends_on', '[]', 'ignore_parent_failure', '0', 'cancel_requested', '0',
+    'status', 'pending', 'payload', cjson.encode({ failed = failed_id }))
+  redis.call('SADD', B .. 'types:' .. queue, comp_type)
+  zset_later(B .. 'idx:all', id, NOW_S)
+  zset_later(B .. 'idx:type:' .. comp_type, id, NOW_S)
+  zset_later(B .. 'idx:queue:' .. queue, id, NOW_S)
+  move_status(id, comp_type, NOW_S, nil, 'pending')
+  redis.call('ZADD', B .. 'queue:' .. queue, NOW_S, id)
+  redis.call('ZADD', due_key(queue, comp_type), NOW_S, id)
+  signal(queue)
+  return id
+end
+
 -- Count the failure by `kind`, store `text` as its error (and `tb` as its traceback), and
 -- fail the task for good (its descendants canceled).
-local function fail_held(id, token, kind, text, tb)
+local function fail_held(id, token, kind, text, tb, comp)
   local t, err = load_leased(id, token)
   if not t then
     return err
@@ -603,6 +647,9 @@ local function fail_held(id, token, kind, text, tb)
   count_failure(t, kind)
   set_traceback(id, tb)
   finish(t, 'failed', { 'last_error', text })
+  if comp then  -- {id, type, queue, max_retry}: the compensation, in this same script
+    store_compensation(comp[1], comp[2], comp[3], comp[4], id)
+  end
 end
 
 -- Put the task back to `pending`, due now, touching no counter (graceful shutdown) -- or,
