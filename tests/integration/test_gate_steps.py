@@ -10,10 +10,10 @@ from typing import Any
 
 import anyio.lowlevel
 import pytest
-from gate_helpers import GUARD, eventually, make_gate
+from gate_helpers import GUARD, Faulty, eventually, make_gate
 
 import taskgate
-from taskgate import ManualClock, NoTaskError, QueueConfig, Status, Task
+from taskgate import BrokerError, ManualClock, NoTaskError, QueueConfig, Status, Task
 from taskgate.brokers.base import Broker
 from taskgate.brokers.params import Step
 from taskgate.runtime import step_sync
@@ -130,6 +130,33 @@ async def test_what_a_step_raises_fails_the_run_and_stores_nothing(gate_broker: 
         failed = await eventually(gate, task_id, lambda t: t.status is Status.FAILED)
     assert failed.last_error == "PermissionError: card declined"
     assert gate_broker.step(Step(task_id, "charge")) is None
+
+
+async def test_a_broker_error_storing_a_step_fails_the_run_which_is_retried(
+    gate_broker: Broker, clock: ManualClock
+) -> None:
+    broker = Faulty(gate_broker)
+    broker.failing["step"] = BrokerError("the store is down")
+    gate = make_gate(broker, QUEUES, max_retry=1)
+    calls: list[int] = []
+
+    def count() -> int:
+        calls.append(1)
+        return len(calls)
+
+    @gate.handler("q")
+    async def work(task: Task) -> int:
+        if not task.first_run:
+            broker.failing.clear()  # the store is back
+        return int(await taskgate.step("count", count))
+
+    async with gate:
+        task_id = await gate.submit("q")
+        retrying = await eventually(gate, task_id, lambda t: t.status is Status.RETRYING)
+        assert retrying.last_error == "BrokerError: the store is down"
+        clock.advance(timedelta(hours=1))
+        assert await gate.wait_json(task_id, timeout=GUARD) == 2  # nothing was stored: run again
+    assert calls == [1, 1]
 
 
 async def test_a_bad_step_name_or_fn_is_refused_before_anything_runs(gate_broker: Broker) -> None:
