@@ -34,6 +34,7 @@ from taskgate.errors import (
 from taskgate.gate import Gate
 from taskgate.retention import Retention
 from taskgate.runtime import renew_lease, set_progress, step
+from taskgate.schedules import Schedule
 from taskgate.sync import SyncClient
 from taskgate.task import Filter, QueueStats, Status, Task
 
@@ -56,6 +57,7 @@ __all__ = [
     "QueueStats",
     "ReplayNotFinalError",
     "Retention",
+    "Schedule",
     "ShutdownError",
     "SkipRetry",
     "Status",

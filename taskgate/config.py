@@ -15,12 +15,13 @@ from taskgate.errors import ConfigError
 from taskgate.ids import MAX_ID_LENGTH
 from taskgate.middleware import Middleware, check_middleware
 from taskgate.retention import Retention
+from taskgate.schedules import Schedule
 
 if TYPE_CHECKING:
     from taskgate.brokers.base import Broker
     from taskgate.task import Task
 
-__all__ = ["Config", "QueueConfig", "Retention", "StateChangeHook"]
+__all__ = ["Config", "QueueConfig", "Retention", "Schedule", "StateChangeHook"]
 
 StateChangeHook = Callable[["Task"], Any]
 
@@ -244,7 +245,9 @@ class Config:
     unless their queue's `QueueConfig` says otherwise; the reaper of a running gate deletes
     older ones. ``middleware``: coroutines ``async def mw(task, call_next)`` wrapped around
     every handler run, the first outermost (`taskgate.middleware`); one that is not a
-    coroutine function raises `ConfigError` naming it.
+    coroutine function raises `ConfigError` naming it. ``schedules``: `Schedule`s every running
+    gate of this config ticks (`Gate.schedule`); a duplicate name, a type without a queue or
+    submit options a task could not take raise `ConfigError` naming the schedule.
     """
 
     broker: Broker
@@ -257,6 +260,7 @@ class Config:
     on_state_change: StateChangeHook | None = None
     retention: Retention = field(default_factory=Retention)
     middleware: Sequence[Middleware] = ()
+    schedules: Sequence[Schedule] = ()
 
     def __post_init__(self) -> None:
         if self.broker is None:
@@ -283,6 +287,23 @@ class Config:
         if not isinstance(self.retention, Retention):
             raise ConfigError(f"Config.retention must be a Retention, got {self.retention!r}")
         object.__setattr__(self, "middleware", check_middleware(self.middleware))
+        self._check_schedules()
+
+    def _check_schedules(self) -> None:
+        # Imported here: checking a schedule builds a task, and that module needs this one.
+        from taskgate.runtime.submission import check_schedule
+
+        if isinstance(self.schedules, str | bytes) or not isinstance(self.schedules, Sequence):
+            raise ConfigError(f"Config.schedules must be a sequence of Schedule, got {self.schedules!r}")
+        names: set[str] = set()
+        for schedule in self.schedules:
+            if not isinstance(schedule, Schedule):
+                raise ConfigError(f"Config.schedules holds {schedule!r}, not a taskgate.Schedule")
+            if schedule.name in names:
+                raise ConfigError(f"Config.schedules names schedule {schedule.name!r} twice")
+            names.add(schedule.name)
+            check_schedule(self, schedule)
+        object.__setattr__(self, "schedules", tuple(self.schedules))
 
     def _check_routes(self) -> None:
         if not isinstance(self.routes, Mapping):

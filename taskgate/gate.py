@@ -44,6 +44,8 @@ from taskgate.runtime.recovery import WAITING_STATUSES, descendants_to_rerun, re
 from taskgate.runtime.runner import Runtime
 from taskgate.runtime.stats import StatsReader
 from taskgate.runtime.submission import build_tasks, pause_for, route, run_timeout
+from taskgate.runtime.ticker import Ticker
+from taskgate.schedules import Schedule
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "Gate"]
@@ -85,6 +87,7 @@ class Gate:
             policies=self._policies,
         )
         self._stats = StatsReader(config, self._runtime)
+        self._ticker = self._runtime.ticker = Ticker(config, self._runtime, self._submit)
         self._task_group: TaskGroup | None = None
 
     # -- handlers --------------------------------------------------------------------------------
@@ -177,6 +180,33 @@ class Gate:
         naming one that is not a coroutine function, having installed none.
         """
         self._runtime.instrument(check_middleware(middleware, where="Gate.instrument"))
+
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        type: str,
+        payload: Any = None,
+        *,
+        timezone: str = "UTC",
+        catch_up: bool = False,
+        **submit_options: Any,
+    ) -> Schedule:
+        """Submit a ``type`` task with ``payload`` at every tick of ``cron`` while this gate runs
+        (from now, when it runs already); the `Schedule` made.
+
+        The arguments are `Schedule`'s: ``cron`` in 5 fields, or 6 with seconds first, read in
+        ``timezone``; each tick's task has the business key ``schedule:<name>:<tick UTC ISO>``,
+        so one task per tick exists however many gates tick it. After downtime ``catch_up=False``
+        submits the latest missed tick, ``True`` each (`taskgate.runtime.ticker`).
+        ``submit_options`` are `submit`'s but ``business_key``, ``run_at`` and ``delay``.
+        Raises `ConfigError` naming a bad expression, time zone, option, a type without a queue
+        or a name scheduled already, registering nothing.
+        """
+        schedule = Schedule(name, cron, type, payload, timezone=timezone, catch_up=catch_up, **submit_options)
+        self._ticker.add(schedule)
+        self._runtime.start_ticker()
+        return schedule
 
     # -- submitting ------------------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 
 Layout of `Runtime.run` (outer to inner task groups): background (hook consumer, reaper,
 cross-process wake-ups) -> work (one scheduler per queue, each with its ack writer and its
-``workers`` long-lived worker tasks).
-Shutdown stops the schedulers first, lets the work group drain (cancelling and requeueing on
+``workers`` long-lived worker tasks; the schedules' `Ticker`).
+Shutdown stops the schedulers and the ticker first, lets the work group drain (cancelling and requeueing on
 timeout), then stops the background loops and lets the hook consumer deliver what is queued.
 """
 
@@ -39,6 +39,7 @@ from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.retention import prune_pass, retention_plan
 from taskgate.runtime.scheduler import QueueScheduler
 from taskgate.runtime.signals import Signal, TaskWaiters
+from taskgate.runtime.ticker import Ticker
 from taskgate.runtime.tracing import load_tracing
 from taskgate.runtime.wakeups import reap_forever, wait_for_work_forever
 from taskgate.task import Status, Task
@@ -105,6 +106,7 @@ class Runtime:
         self.observers = Observers()
         self.tracing = load_tracing()  # None without opentelemetry installed
         self.instrument(config.middleware)
+        self.ticker: Ticker | None = None  # the gate's schedules (set by `Gate`), ticked by `run`
 
     def instrument(self, middleware: Sequence[Middleware]) -> None:
         """Wrap every later handler run in ``middleware`` too (inside what is there already);
@@ -300,6 +302,7 @@ class Runtime:
             if self._only is None or name in self._only:
                 self._add_scheduler(work, executor, name)
         self._work_group, self._executor_ref = work, executor
+        self.start_ticker()
         status.started()
 
     def _add_scheduler(self, work: anyio.abc.TaskGroup, executor: Executor, name: str) -> None:
@@ -355,6 +358,13 @@ class Runtime:
         else:
             scheduler.handle_types(self.handled_types(name))
 
+    def start_ticker(self) -> None:
+        """Tick the schedules while running (in the work group: a gate with schedules and no
+        handlers runs until shut down); no-op when not running or nothing is scheduled."""
+        work = self._work_group
+        if self.ticker is not None and self._running and work is not None and not self.closing:
+            self.ticker.start(work, self.poll_interval)
+
     async def _background_loops(self, scope: anyio.CancelScope) -> None:
         with scope:
             async with anyio.create_task_group() as tg:
@@ -376,6 +386,8 @@ class Runtime:
             return
         for scheduler in self.schedulers.values():
             scheduler.stop()
+        if self.ticker is not None:
+            self.ticker.stop()
         with anyio.move_on_after(grace):
             await self._work_done.wait()
         self._grace_over = True

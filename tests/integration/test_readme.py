@@ -164,6 +164,23 @@ print("ok")
 """
     ),
     '@gate.handler("charge", on_failure="refund")': Run("{block}", shows="refunded 0"),
+    'gate.schedule("sync", "*/10 * * * * *"': Run(
+        MEMORY
+        + "{block}"
+        + """
+import anyio
+
+async def main():
+    async with gate:  # a new schedule's latest tick is submitted at once
+        while len(await gate.list(type="report")) < 2:
+            await anyio.sleep(0.01)
+    keys = sorted(t.business_key for t in await gate.list(type="report"))
+    assert keys[0].startswith("schedule:nightly-report:20") and keys[1].startswith("schedule:sync:"), keys
+    print("ok")
+
+anyio.run(main)
+"""
+    ),
 }
 # Run by tests/migrations/test_app_alembic.py, which makes these edits to a real env.py.
 ALEMBIC_RECIPE = "include_object=include_object"
