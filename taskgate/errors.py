@@ -90,8 +90,8 @@ class ShutdownError(TaskgateError):
     """Raised by `submit` (and friends) after the gate has begun shutting down."""
 
 
-class NoTaskError(TaskgateError):
-    """Raised by `renew_lease` when called outside a running handler."""
+class NoTaskError(TaskgateError, RuntimeError):
+    """Raised by `renew_lease`, `set_progress` and `step` when called outside a running handler."""
 
 
 class QueueFullError(TaskgateError):

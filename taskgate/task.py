@@ -88,6 +88,13 @@ class Task:
         return None if self.result is None else json.loads(self.result)
 
     @property
+    def first_run(self) -> bool:
+        """True on the task's first claim (``claims == 1``): no earlier run of this execution
+        started, so none stored a durable step (`taskgate.step`). A claim whose task was put
+        back unstarted (a shutdown) counts too: the next run is not the first."""
+        return self.claims == 1
+
+    @property
     def progress(self) -> Any:
         """The value a handler last stored with `taskgate.set_progress` (None: none yet),
         decoded afresh on each access (so changing it changes no snapshot)."""

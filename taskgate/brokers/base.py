@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         Renewal,
         Replay,
         Settle,
+        Step,
         Submit,
         Submitted,
     )
@@ -446,9 +447,22 @@ class Broker(Protocol):
         the child is final too) and a task replayed by an execution still stored (the newest of
         a replay chain goes first; the one it replayed is then the newest). Each deleted task
         goes with its dependency edges (as a child, and as the parent of final children, whose
-        ``depends_on`` still names it) and its index entries; a business key whose last
-        execution goes is free again, one whose newest goes names the execution it replayed.
+        ``depends_on`` still names it), its durable steps (`step`) and its index entries; a
+        business key whose last execution goes is free again, one whose newest goes names the
+        execution it replayed.
         Never blocks on a task another call holds: such a task is left for a later prune.
+        """
+        ...
+
+    def step(self, step: Step) -> bytes | None:
+        """Read the stored result of step ``step.name`` of task ``step.task_id`` (None: none
+        stored), or with ``step.result`` store it unless one is stored already; answer the
+        result stored after the call -- the first writer's, so racing runs agree on one.
+
+        No lease token is asked: a run whose lease was lost may have paid for the step's work
+        already, and what it got is still worth keeping. Steps belong to one execution: a
+        replay starts without any, and `prune` deletes a task's steps with it. An unknown task
+        raises `TaskNotFoundError`, storing nothing.
         """
         ...
 

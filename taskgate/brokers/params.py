@@ -10,7 +10,7 @@ Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` 
 `Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
 `Heartbeat`; `Broker.replay` takes `Replay`; `Broker.queue_state` takes `QueueQuery` (with
 `Unhandled`) and answers `QueueState` (with the figures of a quota's window, `QuotaUsage`);
-`Broker.hold` takes `Hold`; `Broker.prune` takes `Prune`.
+`Broker.hold` takes `Hold`; `Broker.prune` takes `Prune`; `Broker.step` takes `Step`.
 
 A queue's hold (a pause by hand, or a queue-wide throttle: ``Retry.hold_queue``) is one time per
 queue, on the medium's clock, before which no claim leases its tasks (`Claimed.held_until`
@@ -24,8 +24,8 @@ too) and of `Claim` (answered as held); a step of a pipeline is a `Complete` tha
 next task in the same unit; a queue's quota figures are a field of `QueueQuery` (what
 replaced reading a queue's length). What is a new verb (about four in all): holding and
 resuming a queue by hand (`Broker.hold`, done), pruning finished tasks (`Broker.prune`, done:
-the reaper's retention and `Gate.purge` alike), and a submit inside the application's own
-transaction.
+the reaper's retention and `Gate.purge` alike), a handler's durable steps (`Broker.step`,
+done: read or store once), and a submit inside the application's own transaction.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from taskgate.task import FINAL_STATUSES, Status, Task
 __all__ = [
     "HELD_INDEFINITELY",
     "MAX_PROGRESS_BYTES",
+    "MAX_STEP_BYTES",
     "Canceled",
     "Claim",
     "Claimed",
@@ -76,6 +77,7 @@ __all__ = [
     "Retry",
     "Settle",
     "SharedLimits",
+    "Step",
     "Submit",
     "Submitted",
     "Unhandled",
@@ -418,6 +420,41 @@ class Prune:
             check_identifier(self.group, what="Prune.group")
         if _count(self.limit, what="Prune.limit", minimum=1) > MAX_PRUNE:
             raise ValueError(f"Prune.limit must be at most {MAX_PRUNE}, got {self.limit}")
+
+
+# -- step --------------------------------------------------------------------------------
+
+# The largest step result stored, in bytes of its JSON: room for a gateway's answer, and well
+# inside what every backend takes in one value (MySQL's packet, Redis's bulk string).
+MAX_STEP_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Read the stored result of step ``name`` of task ``task_id``, or store one; see
+    `Broker.step`.
+
+    ``result=None`` reads. ``result`` (the step's JSON, at most `MAX_STEP_BYTES`) stores it
+    unless a result of that name is stored already: the first writer wins.
+    """
+
+    task_id: str
+    name: str
+    result: bytes | None = None
+
+    def __post_init__(self) -> None:
+        check_identifier(self.task_id, what="task id")
+        check_identifier(self.name, what="step name")
+        if self.result is not None:
+            if not isinstance(self.result, bytes):
+                raise TypeError(
+                    f"result of step {self.name!r} must be bytes or None, got {type(self.result).__name__}"
+                )
+            if len(self.result) > MAX_STEP_BYTES:
+                raise ValueError(
+                    f"result of step {self.name!r} is {len(self.result)} bytes of JSON; "
+                    f"at most {MAX_STEP_BYTES} allowed"
+                )
 
 
 # -- claim -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from taskgate.models.columns import (
     QueueLimitColumns,
     QuotaWindowColumns,
     SlotColumns,
+    StepColumns,
     TaskColumns,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "QueueLimitColumns",
     "QuotaWindowColumns",
     "SlotColumns",
+    "StepColumns",
     "TaskColumns",
     "build_models",
     "check_prefix",
@@ -55,4 +57,4 @@ __all__ = [
 ]
 
 # The alembic revision these models correspond to; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"

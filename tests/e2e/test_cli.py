@@ -108,7 +108,7 @@ def _migrate(store: Store) -> None:
         [str(CONSOLE_SCRIPT), "migrate", "upgrade"], capture_output=True, text=True, env=env
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.endswith(f"(prefix {store.prefix}): upgraded from nothing to 0006\n"), proc.stdout
+    assert proc.stdout.endswith(f"(prefix {store.prefix}): upgraded from nothing to 0007\n"), proc.stdout
 
 
 async def _seed(store: Store) -> None:
@@ -163,7 +163,7 @@ def test_migrate_current_names_the_head_revision(store: Store) -> None:
             == "taskgate: error: migrations are for SQL stores; redis keeps no schema to migrate\n"
         )
     else:
-        assert store.run("migrate", "current").stdout == "0006\n"
+        assert store.run("migrate", "current").stdout == "0007\n"
 
 
 def test_overview_counts_tasks_by_type_and_status(store: Store) -> None:
@@ -451,10 +451,10 @@ def test_taskgate_migrate_stays_an_alias_that_says_what_it_did(tmp_path: Path) -
         return proc.stdout
 
     assert (
-        run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): upgraded from nothing to 0006\n"
+        run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): upgraded from nothing to 0007\n"
     )
-    assert run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): already at 0006\n"
-    assert run("downgrade", url, "0005", "--prefix", "alias_").endswith("downgraded from 0006 to 0005\n")
+    assert run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): already at 0007\n"
+    assert run("downgrade", url, "0005", "--prefix", "alias_").endswith("downgraded from 0007 to 0005\n")
     assert run("current", url, "--prefix", "alias_") == "0005\n"
 
 

@@ -85,6 +85,7 @@ from starlette.testclient import TestClient
 
 RUNS: dict[str, Run] = {
     "print(await gate.wait(sid))": Run("{block}", shows="score"),
+    'taskgate.step("charge"': Run("{block}", shows="charged 1 time"),
     '@app.post("/answers")': Run(
         QUICK_GATE
         + "{block}"

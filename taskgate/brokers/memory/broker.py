@@ -52,6 +52,7 @@ from taskgate.brokers.params import (
     Retry,
     Settle,
     SharedLimits,
+    Step,
     Submit,
     Submitted,
     check_compensations,
@@ -494,6 +495,23 @@ class MemoryBroker:
         with self._cond:
             self._check_open()
             return prune_records(self._table, prune, self._now())
+
+    def step(self, step: Step) -> bytes | None:
+        """Read step ``step.name`` of ``step.task_id``, or store ``step.result`` unless one is
+        stored (the first writer wins); the result stored after the call, None when none is.
+        Kept on the task's record: it goes with the record."""
+        if not isinstance(step, Step):
+            raise TypeError(f"step takes a Step, got {type(step).__name__}")
+        with self._cond:
+            self._check_open()
+            record = self._table.find(step.task_id)
+            stored = None if record.steps is None else record.steps.get(step.name)
+            if stored is not None or step.result is None:
+                return stored
+            if record.steps is None:
+                record.steps = {}
+            record.steps[step.name] = step.result
+            return step.result
 
     def reap(
         self,

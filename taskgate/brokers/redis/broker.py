@@ -26,6 +26,7 @@ from taskgate.brokers.params import (
     Renewal,
     Replay,
     Settle,
+    Step,
     Submit,
     Submitted,
     check_compensations,
@@ -384,6 +385,18 @@ class RedisBroker:
         args.extend(status.value for status in prune.statuses)
         (deleted,) = self._run("prune", args)
         return int(deleted)
+
+    def step(self, step: Step) -> bytes | None:
+        """Read step ``step.name`` of ``step.task_id``, or store ``step.result`` unless one is
+        stored (the first writer wins) -- the task's ``steps:<id>`` HASH, one script
+        (``step.lua``); the result stored after the call, None when none is."""
+        if not isinstance(step, Step):
+            raise TypeError(f"step takes a Step, got {type(step).__name__}")
+        args: builtins.list[Any] = [step.task_id, step.name]
+        if step.result is not None:
+            args.append(step.result)
+        (stored,) = self._run("step", args)
+        return None if stored is None else bytes(stored)
 
     def reap(
         self,

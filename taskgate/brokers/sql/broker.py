@@ -53,6 +53,7 @@ from taskgate.brokers.params import (
     Renewal,
     Replay,
     Settle,
+    Step,
     Submit,
     Submitted,
     check_compensations,
@@ -69,6 +70,7 @@ from taskgate.brokers.sql import (
     quotas,
     reads,
     slots,
+    steps,
 )
 from taskgate.brokers.sql import prune as pruning
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, traits_for
@@ -579,6 +581,18 @@ class SQLBroker:
         if not isinstance(prune, Prune):
             raise TypeError(f"prune takes a Prune, got {type(prune).__name__}")
         return self._run("prune", lambda tx: pruning.prune(tx, prune), inline=False)
+
+    def step(self, step: Step) -> bytes | None:
+        """Read step ``step.name`` of ``step.task_id``, or store ``step.result`` unless one is
+        stored (the first writer wins) -- one transaction in ``<prefix>steps``
+        (`taskgate.brokers.sql.steps`); the result stored after the call, None when none is.
+        A result larger than the server accepts raises `ValueError` before anything is sent."""
+        if not isinstance(step, Step):
+            raise TypeError(f"step takes a Step, got {type(step).__name__}")
+        if step.result is None:
+            return self._read("step", lambda tx: steps.read_step(tx, step), inline=True)
+        create.check_value_size(step.result, self._ready(), what=f"result of step {step.name!r}")
+        return self._run("step", lambda tx: steps.store_step(tx, step))
 
     def reap(
         self,

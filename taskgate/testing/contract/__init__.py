@@ -55,6 +55,7 @@ from taskgate.testing.contract.replay import ReplayContract, ReplayDescendantsCo
 from taskgate.testing.contract.settle import QuietSettleContract, SettleContract
 from taskgate.testing.contract.settled import SettledContract
 from taskgate.testing.contract.shared_limits import SharedLimitsContract
+from taskgate.testing.contract.steps import StepContract
 from taskgate.testing.contract.submit import SubmitContract
 from taskgate.testing.contract.surface import SurfaceContract
 from taskgate.testing.contract.timeouts import TimeoutContract
@@ -89,6 +90,7 @@ class BrokerContract(
     HoldContract,
     PruneContract,
     ProgressContract,
+    StepContract,
     TraceContextContract,
     SharedLimitsContract,
     ValidationContract,

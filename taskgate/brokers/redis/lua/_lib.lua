@@ -30,6 +30,7 @@
 --   types:<queue>      SET    every type a task of <queue> was stored with (never shrinks)
 --   leases             ZSET   running ids, score lease end (µs): what reap scans
 --   children:<id>      SET    ids of the tasks that depend on <id>
+--   steps:<id>         HASH   a task's durable steps: step name -> JSON result (`step.lua`)
 --   bkey:<key>         LIST   executions of a business key, oldest first
 --   replays            HASH   execution id -> id of the execution that replayed it
 --   stats              HASH   "<status>:<type>" -> count, maintained by every transition

@@ -1,0 +1,71 @@
+"""Scheduling and durable execution (issue 39).
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-05
+
+- ``<prefix>steps``: the durable steps of a handler (``taskgate.step``), one row per task and
+  step name holding the JSON result its first run stored; keyed by (task_id, name), task_id a
+  foreign key to ``<prefix>tasks`` (a task's steps are deleted with it by retention).
+
+A frozen copy: the columns are spelled out here rather than read from the live models. On
+MySQL/MariaDB the string columns get the NO PAD binary collation revision 0003 gave the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import mysql
+
+from taskgate.alembic import table_prefix
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+_MYSQL = ("mysql", "mariadb")
+_TIME = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *_MYSQL)
+_BLOB = sa.LargeBinary().with_variant(mysql.LONGBLOB(), *_MYSQL)
+_OPTIONS: dict[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
+
+
+def upgrade() -> None:
+    """Create the steps table."""
+    _create_steps(table_prefix())
+
+
+def downgrade() -> None:
+    """Drop the steps table."""
+    op.drop_table(f"{table_prefix()}steps")
+
+
+def _create_steps(p: str) -> None:
+    t = f"{p}steps"
+    name = _string(255)
+    op.create_table(
+        t,
+        sa.Column("task_id", name, nullable=False),
+        sa.Column("name", name, nullable=False),
+        sa.Column("result", _BLOB, nullable=False),
+        sa.Column("created_at", _TIME, nullable=False),
+        sa.PrimaryKeyConstraint("task_id", "name", name=f"pk_{t}"),
+        sa.ForeignKeyConstraint(["task_id"], [f"{p}tasks.id"], name=f"fk_{t}_task_id"),
+        **_OPTIONS,
+    )
+
+
+def _string(length: int) -> sa.types.TypeEngine[str]:
+    """``VARCHAR(length)``, with the server's NO PAD binary collation on MySQL/MariaDB."""
+    dialect = op.get_context().dialect
+    if dialect.name in _MYSQL:
+        collation = "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+        return mysql.VARCHAR(length, collation=collation)
+    return sa.String(length)
