@@ -94,7 +94,15 @@ def stats_json(queue: str, stats: QueueStats, *, limits_known: bool) -> dict[str
     no workers."""
     document: dict[str, Any] = {"queue": queue, **dataclasses.asdict(stats)}
     local = ("running", "quota_stalled")
-    configured = ("workers", "rps", "quota_limit", "quota_used", "quota_window_end", "quota_exhausted")
+    configured = (
+        "workers",
+        "rps",
+        "quota_limit",
+        "quota_used",
+        "quota_window_end",
+        "quota_exhausted",
+        "max_pending",
+    )
     for name in local if limits_known else local + configured:
         document.pop(name)
     return document

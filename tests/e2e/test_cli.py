@@ -189,6 +189,7 @@ def test_stats_reads_a_queue_from_the_store_and_the_limits_from_the_app(store: S
         "quota_used": 0,
         "quota_window_end": None,
         "quota_exhausted": False,
+        "max_pending": 0,
     }
     table = store.run("stats", "--app", "cli_app:make_gate").stdout.splitlines()
     header = "queue queue_len paused_until unhandled workers rps quota_used quota_limit quota_window_end"
