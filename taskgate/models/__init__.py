@@ -55,4 +55,4 @@ __all__ = [
 ]
 
 # The alembic revision these models correspond to; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"

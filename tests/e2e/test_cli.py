@@ -36,6 +36,7 @@ from helpers.sql_databases import (
 )
 
 from taskgate import Config, Gate, QueueConfig, Status, TaskFailedError
+from taskgate.models import SCHEMA_REVISION
 
 from . import cli_app
 
@@ -108,7 +109,9 @@ def _migrate(store: Store) -> None:
         [str(CONSOLE_SCRIPT), "migrate", "upgrade"], capture_output=True, text=True, env=env
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.endswith(f"(prefix {store.prefix}): upgraded from nothing to 0006\n"), proc.stdout
+    assert proc.stdout.endswith(f"(prefix {store.prefix}): upgraded from nothing to {SCHEMA_REVISION}\n"), (
+        proc.stdout
+    )
 
 
 async def _seed(store: Store) -> None:
@@ -163,7 +166,7 @@ def test_migrate_current_names_the_head_revision(store: Store) -> None:
             == "taskgate: error: migrations are for SQL stores; redis keeps no schema to migrate\n"
         )
     else:
-        assert store.run("migrate", "current").stdout == "0006\n"
+        assert store.run("migrate", "current").stdout == f"{SCHEMA_REVISION}\n"
 
 
 def test_overview_counts_tasks_by_type_and_status(store: Store) -> None:
@@ -451,10 +454,15 @@ def test_taskgate_migrate_stays_an_alias_that_says_what_it_did(tmp_path: Path) -
         return proc.stdout
 
     assert (
-        run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): upgraded from nothing to 0006\n"
+        run("upgrade", url, "--prefix", "alias_")
+        == f"{url} (prefix alias_): upgraded from nothing to {SCHEMA_REVISION}\n"
     )
-    assert run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): already at 0006\n"
-    assert run("downgrade", url, "0005", "--prefix", "alias_").endswith("downgraded from 0006 to 0005\n")
+    assert (
+        run("upgrade", url, "--prefix", "alias_") == f"{url} (prefix alias_): already at {SCHEMA_REVISION}\n"
+    )
+    assert run("downgrade", url, "0005", "--prefix", "alias_").endswith(
+        f"downgraded from {SCHEMA_REVISION} to 0005\n"
+    )
     assert run("current", url, "--prefix", "alias_") == "0005\n"
 
 

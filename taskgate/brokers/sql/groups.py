@@ -37,6 +37,7 @@ from taskgate.brokers.params import Claim
 from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.leases import (
+    claim_order,
     claim_params,
     due_where,
     lease_running,
@@ -120,7 +121,9 @@ class GroupLimits:
             if after is None:
                 rows = tx.fetch(statements.due_with_room, params)
             else:
-                params.update(p_after_run_at=after["run_at"], p_after_id=after["id"])
+                params.update(
+                    p_after_priority=after["priority"], p_after_run_at=after["run_at"], p_after_id=after["id"]
+                )
                 rows = tx.fetch(statements.due_with_room_after, params)
             for row in rows:
                 after = row
@@ -212,12 +215,15 @@ class _Statements:
                     task.c.group_name.is_(None), task.c.group_name.not_in(bindparam("p_full", expanding=True))
                 ),
             )
-            .order_by(task.c.run_at, task.c.id)
+            .order_by(*claim_order(task))
             .limit(bindparam("p_limit", type_=Integer))
         )
+        # Past the last row seen in `claim_order`: a lower priority, or the same one and later.
+        after_priority = bindparam("p_after_priority", type_=Integer)
         after_run_at = bindparam("p_after_run_at", type_=task.c.run_at.type)
         after_id = bindparam("p_after_id", type_=task.c.id.type)
-        past = or_(task.c.run_at > after_run_at, and_(task.c.run_at == after_run_at, task.c.id > after_id))
+        later = or_(task.c.run_at > after_run_at, and_(task.c.run_at == after_run_at, task.c.id > after_id))
+        past = or_(task.c.priority < after_priority, and_(task.c.priority == after_priority, later))
         self.due_with_room = traits.lock(due, skip_locked=True)
         self.due_with_room_after = traits.lock(due.where(past), skip_locked=True)
         self.write_group: Update = (
