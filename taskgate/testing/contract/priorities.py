@@ -46,7 +46,7 @@ def _claim(broker: Broker, limit: int, path: str, types: tuple[str, ...] | None 
 def _grouped(broker: Broker, limit: int, **limits: Any) -> Claimed:
     if not broker.capabilities.group_limits:
         pytest.skip("broker does not declare capabilities.group_limits")
-    return broker.claim(Claim("q", limit, TTL, shared=SharedLimits(limit, **limits)))
+    return broker.claim(Claim("q", limit, TTL, shared=SharedLimits(100, **limits)))
 
 
 def _enqueue(broker: Broker, clock: ManualClock, *tasks: tuple[str, int]) -> None:
@@ -117,6 +117,17 @@ class PriorityContract:
         assert _ids(first) == ["a-1", "c-mid"]  # a's other two wait for its slot
         assert _ids(_grouped(broker, 10, group_workers=1)) == ["b-low", "none-low"]
         assert broker.get("a-2").status is Status.PENDING
+
+    def test_a_claim_under_group_limits_finds_a_lower_priority_behind_a_deep_full_group(
+        self, broker: Broker
+    ) -> None:
+        # Ids padded to sort in submit order: the claim order of tasks due at the same time.
+        ahead = [new_task(id=f"a-{i:04}", group="a", priority=5) for i in range(300)]
+        behind = [new_task(id="b-0", group="b", priority=-1), new_task(id="c-0", group="c", priority=3)]
+        steps.enqueue(broker, [*ahead, *behind])
+        assert _ids(_grouped(broker, 2, group_workers=1)) == ["a-0000", "c-0"]
+        assert _ids(_grouped(broker, 2, group_workers=1)) == ["b-0"]
+        assert broker.get("a-0299").status is Status.PENDING
 
     def test_a_retried_requeued_or_reaped_task_keeps_its_priority(
         self, broker: Broker, clock: ManualClock
