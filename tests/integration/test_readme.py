@@ -104,6 +104,7 @@ assert config.queues["llm"].retention.failed is None and config.retention.failed
 print("ok")
 """
     ),
+    '"password reset", priority=10': Run("{block}", shows="['password reset', 'newsletter', 'digest']"),
     "await gate.purge()": Run(FAILED_PIPELINE),
     "await gate.replay(failed_id, descendants=True)": Run(FAILED_PIPELINE),
     "async def only_active_tenants": Run(
