@@ -10,7 +10,7 @@ slots change under that one lock and need none of their own:
 1. `GroupLimits.load` reads what the groups hold: their live slots (one grouped count over the
    queue's slot rows) and their rows of ``<prefix>queue_limits`` (``group_name`` = the group:
    the rate's arrival time and the quota window's count), and works out each group's room;
-2. `GroupLimits.lease_up_to` leases the oldest due tasks, passing over those of a group without
+2. `GroupLimits.lease_up_to` leases due tasks in claim order, passing over those of a group without
    room -- a group at its limit never holds up another -- by locking due rows in order
    (``SKIP LOCKED``), keeping those whose group has room and looking again past the last row
    seen, leaving out the groups that filled up meanwhile;
@@ -106,7 +106,7 @@ class GroupLimits:
         )
 
     def lease_up_to(self, limit: int) -> list[Lease]:
-        """Lease up to ``limit`` of the oldest due tasks whose group has room (see the module
+        """Lease up to ``limit`` due tasks, in claim order, whose group has room (see the module
         docstring), counting what each group took."""
         tx, statements = self._tx, _statements(self._tx.models, self._tx.traits, typed_as(self._types))
         picked: list[Mapping[str, Any]] = []
