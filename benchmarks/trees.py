@@ -6,7 +6,10 @@ with that tree's working directory and interpreter (``<other>/.venv/bin/python``
 ``--other-python``), on a fresh store -- and prints the rates and the paired ratios (above 1:
 this tree is faster). ``--what``: ``submit`` (sequential ``gate.submit``, the gate not started)
 or ``w10`` / ``w100`` (``n`` pre-filled no-op tasks drained by a started gate with that many
-workers). Only names both trees have are used (`benchmarks.common`, `benchmarks.stores`).
+workers). ``--cpu``: tasks per second of the measuring process's CPU time (user + system)
+instead of wall time -- on a machine other work keeps busy, wall rates swing by half from run to
+run, while the CPU a task costs in the process barely moves (it leaves out the database
+server's share). Only names both trees have are used (`benchmarks.common`, `benchmarks.stores`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = ["main", "measure"]
 # One run, in the tree whose working directory it is started in: prints tasks per second.
 _RUN = """
 import sys
+import time
 import anyio
 from benchmarks.common import QUEUE, calls_per_second, drain_rate, enqueue_noops, make_gate
 from benchmarks.stores import isolated_store
@@ -42,21 +46,25 @@ async def submits(broker):
 with isolated_store(backend) as store:
     broker = store.open()
     try:
+        if what != "submit":
+            enqueue_noops(broker, n)
+        cpu = time.process_time()
         if what == "submit":
             rate = anyio.run(submits, broker)
         else:
-            enqueue_noops(broker, n)
             rate = anyio.run(drain_rate, broker, n, int(what.removeprefix("w")))
+        cpu = time.process_time() - cpu
     finally:
         broker.close()
-print(rate)
+print(rate, n / cpu)
 """
 
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(python: str, tree: Path, backend: str, what: str, n: int) -> float:
-    """One run of ``what`` by the tree at ``tree`` with ``python``: tasks per second."""
+def measure(python: str, tree: Path, backend: str, what: str, n: int, *, cpu: bool = False) -> float:
+    """One run of ``what`` by the tree at ``tree`` with ``python``: tasks per second (of its
+    CPU time with ``cpu``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(
         [python, "-c", _RUN, backend, what, str(n)],
@@ -66,7 +74,8 @@ def measure(python: str, tree: Path, backend: str, what: str, n: int) -> float:
         text=True,
         check=True,
     )
-    return float(done.stdout.strip().splitlines()[-1])
+    wall, per_cpu = done.stdout.strip().splitlines()[-1].split()
+    return float(per_cpu if cpu else wall)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -78,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--what", choices=["submit", "w10", "w100"], default="w10")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("-n", type=int, default=0, help="calls or tasks per run (default 2,000 / 10,000)")
+    parser.add_argument("--cpu", action="store_true", help="rates per second of the process's CPU time")
     args = parser.parse_args(argv)
     (backend,) = choose(args.backend, list(BACKENDS), "backend")
     other = Path(args.other).resolve()
@@ -86,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sides = {"this": (sys.executable, _ROOT), "other": (other_python, other)}
     alternate(
         list(sides),
-        lambda side: measure(*sides[side], backend, args.what, n),
-        f"{backend} {args.what}",
+        lambda side: measure(*sides[side], backend, args.what, n, cpu=args.cpu),
+        f"{backend} {args.what}{' per CPU s' if args.cpu else ''}",
         args.rounds,
         latency=False,
     )
