@@ -197,12 +197,24 @@ class TaskTable:
     def _ranked(
         self, queue: str, types: tuple[str, ...] | None
     ) -> Iterator[tuple[int, list[list[_ReadyEntry]]]]:
+        """Each priority of ``queue`` with its ready heaps of ``types`` (None: all its types),
+        highest first. A heap found empty is dropped, and its priority with its last heap: a
+        claim walks the priorities that hold tasks, not every one the queue ever had."""
         ready = self._ready
         names = self._types.get(queue, ()) if types is None else types
-        for priority in self._priorities.get(queue, ()):
-            level = [ready[key] for name in names if (key := (queue, name, priority)) in ready]
+        for priority in tuple(self._priorities.get(queue, ())):
+            level = []
+            for name in names:
+                key = (queue, name, priority)
+                heap = ready.get(key)
+                if heap:
+                    level.append(heap)
+                elif heap is not None:
+                    del ready[key]  # drained: the next task of it makes it again (`_enter`)
             if level:
                 yield priority, level
+            elif not any((queue, name, priority) in ready for name in self._types[queue]):
+                self._priorities[queue].remove(priority)
 
     def _due_of(self, heap: list[_ReadyEntry], now: datetime, limit: int) -> list[Record]:
         """Up to ``limit`` live due records taken off one heap, in its order."""
