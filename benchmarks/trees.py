@@ -67,13 +67,10 @@ def measure(python: str, tree: Path, backend: str, what: str, n: int, *, cpu: bo
     CPU time with ``cpu``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(
-        [python, "-c", _RUN, backend, what, str(n)],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
+        [python, "-c", _RUN, backend, what, str(n)], cwd=tree, env=env, capture_output=True, text=True
     )
+    if done.returncode:
+        raise RuntimeError(f"a run in {tree} failed (exit code {done.returncode}):\n{done.stderr}")
     wall, per_cpu = done.stdout.strip().splitlines()[-1].split()
     return float(per_cpu if cpu else wall)
 
