@@ -20,6 +20,7 @@ from taskgate.errors import (
     ConfigError,
     LeaseLostError,
     NoTaskError,
+    QueueFullError,
     ReplayNotFinalError,
     ShutdownError,
     SkipRetry,
@@ -33,7 +34,8 @@ from taskgate.errors import (
 )
 from taskgate.gate import Gate
 from taskgate.retention import Retention
-from taskgate.runtime import renew_lease, set_progress
+from taskgate.runtime import renew_lease, set_progress, step
+from taskgate.schedules import Schedule
 from taskgate.sync import SyncClient
 from taskgate.task import Filter, QueueStats, Status, Task
 
@@ -53,9 +55,11 @@ __all__ = [
     "ManualClock",
     "NoTaskError",
     "QueueConfig",
+    "QueueFullError",
     "QueueStats",
     "ReplayNotFinalError",
     "Retention",
+    "Schedule",
     "ShutdownError",
     "SkipRetry",
     "Status",
@@ -71,6 +75,7 @@ __all__ = [
     "UnknownTypeError",
     "renew_lease",
     "set_progress",
+    "step",
 ]
 
 __version__ = "0.1.0.dev0"

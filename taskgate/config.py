@@ -15,16 +15,18 @@ from taskgate.errors import ConfigError
 from taskgate.ids import MAX_ID_LENGTH
 from taskgate.middleware import Middleware, check_middleware
 from taskgate.retention import Retention
+from taskgate.schedules import Schedule
 
 if TYPE_CHECKING:
     from taskgate.brokers.base import Broker
     from taskgate.task import Task
 
-__all__ = ["Config", "QueueConfig", "Retention", "StateChangeHook"]
+__all__ = ["Config", "QueueConfig", "Retention", "Schedule", "StateChangeHook"]
 
 StateChangeHook = Callable[["Task"], Any]
 
 DEFAULT_LEASE_TTL = timedelta(seconds=60)
+ON_FULL = ("block", "raise")  # what a submit to a queue at its max_pending does
 MIN_QUOTA_PERIOD = timedelta(seconds=1)
 
 
@@ -87,6 +89,11 @@ class QueueConfig:
       handler sets none (None: the default, ``Backoff()``); from a mapping, its keys.
     - ``retention``: how long the queue's final tasks are kept (`Retention`); None: the
       `Config`'s.
+    - ``max_pending``: back-pressure (0: none). A submit that would take the queue's pending
+      + retrying + blocked tasks, counted in the store across processes, past it waits for
+      room (``on_full="block"``, within the caller's cancel scope) or raises `QueueFullError`
+      at once (``on_full="raise"``). A batch larger than ``max_pending`` can never fit: it
+      raises at once either way, as `Gate.enqueue_in` does when the queue is full.
     """
 
     workers: int
@@ -105,6 +112,8 @@ class QueueConfig:
     group_quota_limit: int = 0
     backoff: Backoff | None = None
     retention: Retention | None = None
+    max_pending: int = 0
+    on_full: str = "block"
 
     def __post_init__(self) -> None:
         owner = "QueueConfig"
@@ -128,6 +137,9 @@ class QueueConfig:
             )
         if self.retention is not None and not isinstance(self.retention, Retention):
             raise ConfigError(f"{owner}.retention must be a Retention or None, got {self.retention!r}")
+        _int_field(owner, "max_pending", self.max_pending, minimum=0)
+        if self.on_full not in ON_FULL:
+            raise ConfigError(f"{owner}.on_full must be 'block' or 'raise', got {self.on_full!r}")
 
     def _check_quota(self, owner: str) -> None:
         _int_field(owner, "quota_limit", self.quota_limit, minimum=0)
@@ -244,7 +256,9 @@ class Config:
     unless their queue's `QueueConfig` says otherwise; the reaper of a running gate deletes
     older ones. ``middleware``: coroutines ``async def mw(task, call_next)`` wrapped around
     every handler run, the first outermost (`taskgate.middleware`); one that is not a
-    coroutine function raises `ConfigError` naming it.
+    coroutine function raises `ConfigError` naming it. ``schedules``: `Schedule`s every running
+    gate of this config ticks (`Gate.schedule`); a duplicate name, a type without a queue or
+    submit options a task could not take raise `ConfigError` naming the schedule.
     """
 
     broker: Broker
@@ -257,6 +271,7 @@ class Config:
     on_state_change: StateChangeHook | None = None
     retention: Retention = field(default_factory=Retention)
     middleware: Sequence[Middleware] = ()
+    schedules: Sequence[Schedule] = ()
 
     def __post_init__(self) -> None:
         if self.broker is None:
@@ -283,6 +298,23 @@ class Config:
         if not isinstance(self.retention, Retention):
             raise ConfigError(f"Config.retention must be a Retention, got {self.retention!r}")
         object.__setattr__(self, "middleware", check_middleware(self.middleware))
+        self._check_schedules()
+
+    def _check_schedules(self) -> None:
+        # Imported here: checking a schedule builds a task, and that module needs this one.
+        from taskgate.runtime.submission import check_schedule
+
+        if isinstance(self.schedules, str | bytes) or not isinstance(self.schedules, Sequence):
+            raise ConfigError(f"Config.schedules must be a sequence of Schedule, got {self.schedules!r}")
+        names: set[str] = set()
+        for schedule in self.schedules:
+            if not isinstance(schedule, Schedule):
+                raise ConfigError(f"Config.schedules holds {schedule!r}, not a taskgate.Schedule")
+            if schedule.name in names:
+                raise ConfigError(f"Config.schedules names schedule {schedule.name!r} twice")
+            names.add(schedule.name)
+            check_schedule(self, schedule)
+        object.__setattr__(self, "schedules", tuple(self.schedules))
 
     def _check_routes(self) -> None:
         if not isinstance(self.routes, Mapping):

@@ -37,10 +37,17 @@ def in_transaction_broker(broker: Broker) -> InTransaction:
     )
 
 
-def enqueue_in(broker: InTransaction, session_or_connection: object, task: NewTask) -> str:
-    """Write ``task`` in the transaction of ``session_or_connection``; its id."""
+def enqueue_in(
+    broker: InTransaction,
+    session_or_connection: object,
+    task: NewTask,
+    *,
+    max_pending: tuple[tuple[str, int], ...] = (),
+) -> str:
+    """Write ``task`` in the transaction of ``session_or_connection``; its id. ``max_pending``:
+    `Submit.max_pending` (a full queue raises `QueueFullError`, nothing written)."""
     connection, on_commit = _transaction_of(session_or_connection)
-    submitted = broker.submit_in(connection, Submit((task,), snapshots=False))
+    submitted = broker.submit_in(connection, Submit((task,), snapshots=False, max_pending=max_pending))
     if submitted.statuses[0] in _WAKING:
         queues = [task.queue]
         on_commit(lambda: broker.announce(queues))

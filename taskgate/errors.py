@@ -17,6 +17,7 @@ __all__ = [
     "ConfigError",
     "LeaseLostError",
     "NoTaskError",
+    "QueueFullError",
     "ReplayNotFinalError",
     "ShutdownError",
     "SkipRetry",
@@ -89,8 +90,32 @@ class ShutdownError(TaskgateError):
     """Raised by `submit` (and friends) after the gate has begun shutting down."""
 
 
-class NoTaskError(TaskgateError):
-    """Raised by `renew_lease` when called outside a running handler."""
+class NoTaskError(TaskgateError, RuntimeError):
+    """Raised by `renew_lease`, `set_progress` and `step` when called outside a running handler."""
+
+
+class QueueFullError(TaskgateError):
+    """Raised by a submit that would take a queue with ``QueueConfig.max_pending`` past it.
+
+    ``queue`` is the full queue, ``max_pending`` its limit, ``waiting`` how many of its tasks
+    the store counted waiting -- pending, retrying or blocked (it stops counting at the limit)
+    -- and ``adding`` how many the submit brought to it. Nothing of the submit was stored.
+    Raised at once with ``on_full="raise"``, by a batch larger than the limit, and by
+    `Gate.enqueue_in`; with ``on_full="block"`` a submit waits for room instead.
+    """
+
+    def __init__(self, queue: str, max_pending: int, waiting: int, adding: int) -> None:
+        super().__init__(
+            f"queue {queue!r} is full: {waiting} task(s) waiting, max_pending={max_pending}; "
+            f"{adding} more would exceed it"
+        )
+        self.queue = queue
+        self.max_pending = max_pending
+        self.waiting = waiting
+        self.adding = adding
+
+    def __reduce__(self) -> tuple[type[QueueFullError], tuple[str, int, int, int]]:
+        return type(self), (self.queue, self.max_pending, self.waiting, self.adding)
 
 
 class ReplayNotFinalError(TaskgateError):

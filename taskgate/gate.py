@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from taskgate.backoff import Backoff
 from taskgate.brokers.base import UNSET, Capabilities, NewTask, Unset, check_identifier
-from taskgate.brokers.params import Hold, Replay
+from taskgate.brokers.params import Compensation, Hold, Replay
 from taskgate.brokers.split import SplitCaller
 from taskgate.codec import encode_value
 from taskgate.config import Config, QueueConfig
@@ -37,6 +37,7 @@ from taskgate.errors import (
 )
 from taskgate.ids import new_id
 from taskgate.middleware import Middleware, check_middleware
+from taskgate.runtime.backpressure import limits_of
 from taskgate.runtime.executor import Handler
 from taskgate.runtime.outcome import HandlerPolicy
 from taskgate.runtime.purge import purge, purge_params
@@ -44,6 +45,8 @@ from taskgate.runtime.recovery import WAITING_STATUSES, descendants_to_rerun, re
 from taskgate.runtime.runner import Runtime
 from taskgate.runtime.stats import StatsReader
 from taskgate.runtime.submission import build_tasks, pause_for, route, run_timeout
+from taskgate.runtime.ticker import Ticker
+from taskgate.schedules import Schedule
 from taskgate.task import Filter, QueueStats, Status, Task
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "Gate"]
@@ -85,6 +88,7 @@ class Gate:
             policies=self._policies,
         )
         self._stats = StatsReader(config, self._runtime)
+        self._ticker = self._runtime.ticker = Ticker(config, self._runtime, self._submit)
         self._task_group: TaskGroup | None = None
 
     # -- handlers --------------------------------------------------------------------------------
@@ -97,6 +101,7 @@ class Gate:
         retry_if: Callable[[Exception], object] | None = None,
         backoff: Backoff | None = None,
         timeout: DurationLike | None = None,
+        on_failure: str | None = None,
     ) -> None:
         """Register ``fn`` for ``task_type``: ``async def fn(task)`` awaited, plain ``def`` in a thread.
 
@@ -107,12 +112,18 @@ class Gate:
         and `SkipRetry` never reach it. ``backoff`` replaces its queue's (`QueueConfig.backoff`).
         ``timeout`` (a duration like `submit`'s) limits each run of the type, as its queue's
         `QueueConfig.timeout` would (a task's own ``submit(..., timeout=)`` still wins).
-        Raises `ConfigError` when the type's queue has no limits configured, the type has a
-        handler already, or ``backoff`` is not a `Backoff`; `TypeError` for a ``fn`` or
-        ``retry_if`` that is not callable, `TypeError`/`ValueError` naming a bad ``timeout``.
+        ``on_failure`` names a compensation type: when a task of ``task_type`` becomes
+        ``failed`` (retries used up, `SkipRetry`, or its lease lost ``lease_lost_max`` times),
+        a task of that type is submitted in the same atomic unit as the failure, with payload
+        ``{"failed": <the failed task's id>}``, no parents, and ``Config.max_retry``.
+        Raises `ConfigError` when the type's queue (or ``on_failure``'s) has no limits
+        configured, ``on_failure`` is ``task_type`` itself, the type has a handler already, or
+        ``backoff`` is not a `Backoff`; `TypeError` for a ``fn`` or ``retry_if`` that is not
+        callable, `TypeError`/`ValueError` naming a bad ``timeout`` or ``on_failure``.
         Nothing is registered then.
         """
         route(self.config, task_type)
+        compensation = self._compensation(task_type, on_failure)
         if not callable(fn):
             raise TypeError(f"handler for {task_type!r} must be callable, got {fn!r}")
         if retry_if is not None and not callable(retry_if):
@@ -124,10 +135,23 @@ class Gate:
         limit = run_timeout(timeout)
         if task_type in self._handlers:
             raise ConfigError(f"task type {task_type!r} already has a handler")
-        if retry_if is not None or backoff is not None or limit is not None:
-            self._policies[task_type] = HandlerPolicy(backoff, retry_if, limit)
+        if retry_if is not None or backoff is not None or limit is not None or compensation is not None:
+            self._policies[task_type] = HandlerPolicy(backoff, retry_if, limit, compensation)
         self._handlers[task_type] = fn
         self._runtime.add_queue_for(task_type)
+
+    def _compensation(self, task_type: str, on_failure: str | None) -> Compensation | None:
+        """`handle`'s ``on_failure`` as the `Compensation` brokers submit, checked."""
+        if on_failure is None:
+            return None
+        check_identifier(on_failure, what="on_failure")
+        if on_failure == task_type:
+            raise ConfigError(f"on_failure of {task_type!r} names the type itself; name a compensation type")
+        try:
+            queue = route(self.config, on_failure)
+        except ConfigError as exc:
+            raise ConfigError(f"on_failure of {task_type!r} cannot be routed: {exc}") from None
+        return Compensation(on_failure, queue, max_retry=self.config.max_retry)
 
     def handler(
         self,
@@ -136,11 +160,14 @@ class Gate:
         retry_if: Callable[[Exception], object] | None = None,
         backoff: Backoff | None = None,
         timeout: DurationLike | None = None,
+        on_failure: str | None = None,
     ) -> Callable[[H], H]:
         """Decorator form of `handle`, with the same keywords."""
 
         def register(fn: H) -> H:
-            self.handle(task_type, fn, retry_if=retry_if, backoff=backoff, timeout=timeout)
+            self.handle(
+                task_type, fn, retry_if=retry_if, backoff=backoff, timeout=timeout, on_failure=on_failure
+            )
             return fn
 
         return register
@@ -154,6 +181,33 @@ class Gate:
         naming one that is not a coroutine function, having installed none.
         """
         self._runtime.instrument(check_middleware(middleware, where="Gate.instrument"))
+
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        type: str,
+        payload: Any = None,
+        *,
+        timezone: str = "UTC",
+        catch_up: bool = False,
+        **submit_options: Any,
+    ) -> Schedule:
+        """Submit a ``type`` task with ``payload`` at every tick of ``cron`` while this gate runs
+        (from now, when it runs already); the `Schedule` made.
+
+        The arguments are `Schedule`'s: ``cron`` in 5 fields, or 6 with seconds first, read in
+        ``timezone``; each tick's task has the business key ``schedule:<name>:<tick UTC ISO>``,
+        so one task per tick exists however many gates tick it. After downtime ``catch_up=False``
+        submits the latest missed tick, ``True`` each (`taskgate.runtime.ticker`).
+        ``submit_options`` are `submit`'s but ``business_key``, ``run_at`` and ``delay``.
+        Raises `ConfigError` naming a bad expression, time zone, option, a type without a queue
+        or a name scheduled already, registering nothing.
+        """
+        schedule = Schedule(name, cron, type, payload, timezone=timezone, catch_up=catch_up, **submit_options)
+        self._ticker.add(schedule)
+        self._runtime.start_ticker()
+        return schedule
 
     # -- submitting ------------------------------------------------------------------------------
 
@@ -183,7 +237,10 @@ class Gate:
         the earlier due, then the smaller id -- a steady stream of higher ones can starve lower
         ones. Raises `ShutdownError`,
         `TaskNotFoundError` (unknown parent), `TaskExistsError` (used business key), or
-        `TypeError`/`ValueError` naming a bad argument.
+        `TypeError`/`ValueError` naming a bad argument. When the queue is at its
+        ``QueueConfig.max_pending``, waits for room (``on_full="block"``; bound it with a
+        cancel scope, e.g. ``anyio.fail_after``: nothing is stored then) or raises
+        `QueueFullError` (``on_full="raise"``).
         """
         ids = await self._submit(
             type,
@@ -220,6 +277,9 @@ class Gate:
         Takes `submit`'s options; instead of ``business_key``, ``business_keys`` gives one key
         (or None) per payload. A used key raises `TaskExistsError` and stores none of the batch;
         a key given twice or a key count unlike the payload count raises `ValueError`.
+        Back-pressure as for `submit`, for the whole batch: one larger than the queue's
+        ``max_pending`` can never fit and raises `QueueFullError` at once, even with
+        ``on_full="block"``.
         """
         if isinstance(payloads, str | bytes):
             raise TypeError("payloads must be an iterable of payloads, not a single str/bytes")
@@ -249,11 +309,15 @@ class Gate:
         an ``AsyncSession``: ``await session.run_sync(lambda s: gate.enqueue_in(s, ...))``.
         ``submit_options`` are `submit`'s. Raises `ConfigError` for a broker that is not SQL
         or a session bound to another database, and `submit`'s errors, having written nothing.
+        A queue with ``max_pending`` is counted in the transaction, whose lock on the queue's
+        count is then held until the application commits; when it is full `QueueFullError` is
+        raised whatever its ``on_full`` (it never waits inside the application's transaction).
         """
         self._runtime.check_open()
         broker = in_transaction_broker(self.config.broker)
         (task,) = build_tasks(self.config, type, [payload], **submit_options)
-        return enqueue_in(broker, session_or_connection, task)
+        limits, _ = limits_of(self.config, task.queue)
+        return enqueue_in(broker, session_or_connection, task, max_pending=limits)
 
     async def _submit(self, task_type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:
         self._runtime.check_open()

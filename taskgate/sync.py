@@ -94,7 +94,11 @@ class SyncClient:
     # -- submitting -------------------------------------------------------------------------------
 
     def submit(self, type: str, payload: Any = None, **options: Any) -> str:
-        """`Gate.submit`: queue one task and return its execution id (options as there)."""
+        """`Gate.submit`: queue one task and return its execution id (options as there).
+
+        On a full queue with ``on_full="block"`` it blocks the calling thread until there is
+        room, with no deadline (a thread has no cancel scope): a caller that must not wait
+        configures ``on_full="raise"`` and handles `QueueFullError`."""
         return self._call(self._gate.submit, type, payload, **options)
 
     def submit_many(self, type: str, payloads: Iterable[Any], **options: Any) -> builtins.list[str]:

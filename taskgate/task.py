@@ -91,6 +91,13 @@ class Task:
         return None if self.result is None else json.loads(self.result)
 
     @property
+    def first_run(self) -> bool:
+        """True on the task's first claim (``claims == 1``): no earlier run of this execution
+        started, so none stored a durable step (`taskgate.step`). A claim whose task was put
+        back unstarted (a shutdown) counts too: the next run is not the first."""
+        return self.claims == 1
+
+    @property
     def progress(self) -> Any:
         """The value a handler last stored with `taskgate.set_progress` (None: none yet),
         decoded afresh on each access (so changing it changes no snapshot)."""
@@ -149,6 +156,8 @@ class QueueStats:
       because none registered a handler for their type (processes claim only the types they
       handle). A process with no handler in the queue (a web process) counts every type, so
       there a backlog the workers fall behind on counts as well.
+    - ``max_pending``: as configured (0: no back-pressure); what it bounds is ``queue_len``
+      plus the queue's blocked tasks.
     - ``reachable``: False when the store did not answer this read (or not within the deadline
       of a worker's broker call): ``queue_len``, ``quota_used``, ``quota_window_end``,
       ``quota_exhausted``, ``paused_until`` and ``unhandled`` are then the last this process
@@ -168,6 +177,7 @@ class QueueStats:
     reachable: bool = True
     paused_until: datetime | None = None
     unhandled: int = 0
+    max_pending: int = 0
 
 
 TASK_FIELDS = tuple(f.name for f in fields(Task))

@@ -31,7 +31,7 @@ for it, and a broker without a sink builds none of those snapshots.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum, StrEnum
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from taskgate.brokers.params import (
         Claim,
         Claimed,
+        Compensation,
         Heartbeat,
         Hold,
         ItemAnswer,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
         Renewal,
         Replay,
         Settle,
+        Step,
         Submit,
         Submitted,
     )
@@ -344,6 +346,9 @@ class Broker(Protocol):
         Parents must exist already or come earlier in the same submit. A used business key
         raises `TaskExistsError` with the key's newest execution (exactly one of many racing
         submitters wins); an unknown parent raises `TaskNotFoundError`. No tasks: no change.
+        With ``submit.max_pending``, a batch that would take a limited queue's pending +
+        retrying + blocked tasks past its limit raises `QueueFullError`, counted in the same
+        unit as the insert (of many racing submitters, never more pass than there is room).
         """
         ...
 
@@ -425,15 +430,16 @@ class Broker(Protocol):
 
         `Complete` completes the task and wakes children now ready; `Retry` counts the failure
         by kind and sets ``retrying`` due at ``now + delay``; `Fail` counts it, sets ``failed``
-        and cancels descendants; `Requeue` puts the task back to ``pending`` due now, touching
-        no counter; `Canceled` ends a run stopped by a cancel (with cascade). A `Retry` or
-        `Requeue` of a task whose cancel was requested cancels it instead (with cascade).
-        Items are independent: an unknown id or a stale token answers its own item with
-        `TaskNotFoundError`/`LeaseLostError` and changes nothing for it; a `Retry` with
-        ``hold_queue`` whose token holds the task also holds its queue until ``now + delay``;
-        a lease named twice is settled once (the later item answers `LeaseLostError`). A value
-        the medium cannot store raises for the whole call, before anything is written. Given-back quota units
-        go to the window they came from (never below 0); slots not held are ignored.
+        and cancels descendants (and submits its ``compensation``, if any, in the same unit);
+        `Requeue` puts the task back to ``pending`` due now, touching no counter; `Canceled`
+        ends a run stopped by a cancel (with cascade). A `Retry` or `Requeue` of a task whose
+        cancel was requested cancels it instead (with cascade). Items are independent: an
+        unknown id or a stale token answers its own item with `TaskNotFoundError`/
+        `LeaseLostError` and changes nothing for it; a `Retry` with ``hold_queue`` whose token
+        holds the task also holds its queue until ``now + delay``; a lease named twice is
+        settled once (the later item answers `LeaseLostError`). A value the medium cannot
+        store raises for the whole call, before anything is written. Given-back quota units go
+        to the window they came from (never below 0); slots not held are ignored.
         """
         ...
 
@@ -463,18 +469,38 @@ class Broker(Protocol):
         the child is final too) and a task replayed by an execution still stored (the newest of
         a replay chain goes first; the one it replayed is then the newest). Each deleted task
         goes with its dependency edges (as a child, and as the parent of final children, whose
-        ``depends_on`` still names it) and its index entries; a business key whose last
-        execution goes is free again, one whose newest goes names the execution it replayed.
+        ``depends_on`` still names it), its durable steps (`step`) and its index entries; a
+        business key whose last execution goes is free again, one whose newest goes names the
+        execution it replayed.
         Never blocks on a task another call holds: such a task is left for a later prune.
         """
         ...
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def step(self, step: Step) -> bytes | None:
+        """Read the stored result of step ``step.name`` of task ``step.task_id`` (None: none
+        stored), or with ``step.result`` store it unless one is stored already; answer the
+        result stored after the call -- the first writer's, so racing runs agree on one.
+
+        No lease token is asked: a run whose lease was lost may have paid for the step's work
+        already, and what it got is still worth keeping. Steps belong to one execution: a
+        replay starts without any, and `prune` deletes a task's steps with it. An unknown task
+        raises `TaskNotFoundError`, storing nothing.
+        """
+        ...
+
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended; return their new snapshots.
 
         Each gets ``lease_lost += 1`` and goes back to ``pending``; at ``lease_lost_max`` it
-        fails instead (with cascade); a task marked for cancel is canceled. Two reapers at once
-        count a lease once.
+        fails instead (with cascade) and, when ``compensations`` names its type, that
+        `Compensation` is submitted in the same unit; a task marked for cancel is canceled.
+        Two reapers at once count a lease once.
         """
         ...
 

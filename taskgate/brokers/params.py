@@ -10,7 +10,7 @@ Verbs and objects: `Broker.submit` takes `Submit`; `Broker.claim` takes `Claim` 
 `Retry`, `Fail`, `Requeue` and `Canceled` items, and a `GiveBack`); `Broker.heartbeat` takes
 `Heartbeat`; `Broker.replay` takes `Replay`; `Broker.queue_state` takes `QueueQuery` (with
 `Unhandled`) and answers `QueueState` (with the figures of a quota's window, `QuotaUsage`);
-`Broker.hold` takes `Hold`; `Broker.prune` takes `Prune`.
+`Broker.hold` takes `Hold`; `Broker.prune` takes `Prune`; `Broker.step` takes `Step`.
 
 A queue's hold (a pause by hand, or a queue-wide throttle: ``Retry.hold_queue``) is one time per
 queue, on the medium's clock, before which no claim leases its tasks (`Claimed.held_until`
@@ -24,14 +24,15 @@ too) and of `Claim` (answered as held); a step of a pipeline is a `Complete` tha
 next task in the same unit; a queue's quota figures are a field of `QueueQuery` (what
 replaced reading a queue's length). What is a new verb (about four in all): holding and
 resuming a queue by hand (`Broker.hold`, done), pruning finished tasks (`Broker.prune`, done:
-the reaper's retention and `Gate.purge` alike), and a submit inside the application's own
-transaction.
+the reaper's retention and `Gate.purge` alike), a handler's durable steps (`Broker.step`,
+done: read or store once), and a submit inside the application's own transaction.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -54,9 +55,11 @@ from taskgate.task import FINAL_STATUSES, Status, Task
 __all__ = [
     "HELD_INDEFINITELY",
     "MAX_PROGRESS_BYTES",
+    "MAX_STEP_BYTES",
     "Canceled",
     "Claim",
     "Claimed",
+    "Compensation",
     "Complete",
     "Fail",
     "Finish",
@@ -74,10 +77,13 @@ __all__ = [
     "Retry",
     "Settle",
     "SharedLimits",
+    "Step",
     "Submit",
     "Submitted",
     "Unhandled",
+    "check_compensations",
     "check_progress",
+    "compensation_payload",
 ]
 
 # The hold of a queue paused until resumed: later than any time a clock reads.
@@ -154,15 +160,54 @@ class Submit:
 
     ``snapshots=False``: answer only each task's status on arrival (for callers that look at
     nothing else), so the broker need not build the snapshots.
+
+    ``max_pending``: (queue, limit) pairs, sorted by queue, each limit >= 1 (back-pressure,
+    ``QueueConfig.max_pending``). For each such queue the batch names, the broker counts the
+    queue's pending, retrying and blocked tasks in the same unit as the insert; when they
+    plus the batch's tasks of that queue (every one, whatever its status on arrival) would
+    exceed the limit it raises `QueueFullError` and stores nothing. Empty: no count is made.
     """
 
     tasks: tuple[NewTask, ...]
     snapshots: bool = True
+    max_pending: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.tasks, NewTask):
             raise TypeError("Submit.tasks takes a sequence of NewTask, not a single NewTask")
         object.__setattr__(self, "tasks", _tuple_of(self.tasks, NewTask, what="Submit.tasks"))
+        if self.max_pending:
+            object.__setattr__(self, "max_pending", _limits(self.max_pending))
+
+    def limited(self) -> list[tuple[str, int, int]]:
+        """(queue, limit, tasks of the batch in it) for each queue of ``max_pending`` the batch
+        names, by queue: what a broker checks before it stores the batch."""
+        if not self.max_pending:
+            return []
+        adding: dict[str, int] = {}
+        for task in self.tasks:
+            adding[task.queue] = adding.get(task.queue, 0) + 1
+        return [(queue, limit, adding[queue]) for queue, limit in self.max_pending if queue in adding]
+
+
+def _limits(value: object) -> tuple[tuple[str, int], ...]:
+    """``Submit.max_pending`` checked: (queue, limit >= 1) pairs, sorted, each queue once."""
+    if type(value) is tuple and len(value) == 1:  # the runtime's: one queue, on every submit
+        pair = value[0]
+        if type(pair) is tuple and len(pair) == 2 and is_identifier(pair[0]) and type(pair[1]) is int:
+            if pair[1] >= 1:
+                return value
+    pairs = _tuple_of(value, tuple, what="Submit.max_pending")
+    for n, pair in enumerate(pairs):
+        assert isinstance(pair, tuple)
+        if len(pair) != 2:
+            raise ValueError(f"Submit.max_pending[{n}] must be a (queue, limit) pair, got {pair!r}")
+        check_identifier(pair[0], what=f"Submit.max_pending[{n}] queue")
+        _count(pair[1], what=f"Submit.max_pending[{n}] limit", minimum=1)
+    queues = [pair[0] for pair in pairs]  # type: ignore[index]
+    if queues != sorted(set(queues)):
+        raise ValueError(f"Submit.max_pending must be sorted by queue, each queue once, got {value!r}")
+    return pairs  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +422,41 @@ class Prune:
             raise ValueError(f"Prune.limit must be at most {MAX_PRUNE}, got {self.limit}")
 
 
+# -- step --------------------------------------------------------------------------------
+
+# The largest step result stored, in bytes of its JSON: room for a gateway's answer, and well
+# inside what every backend takes in one value (MySQL's packet, Redis's bulk string).
+MAX_STEP_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Read the stored result of step ``name`` of task ``task_id``, or store one; see
+    `Broker.step`.
+
+    ``result=None`` reads. ``result`` (the step's JSON, at most `MAX_STEP_BYTES`) stores it
+    unless a result of that name is stored already: the first writer wins.
+    """
+
+    task_id: str
+    name: str
+    result: bytes | None = None
+
+    def __post_init__(self) -> None:
+        check_identifier(self.task_id, what="task id")
+        check_identifier(self.name, what="step name")
+        if self.result is not None:
+            if not isinstance(self.result, bytes):
+                raise TypeError(
+                    f"result of step {self.name!r} must be bytes or None, got {type(self.result).__name__}"
+                )
+            if len(self.result) > MAX_STEP_BYTES:
+                raise ValueError(
+                    f"result of step {self.name!r} is {len(self.result)} bytes of JSON; "
+                    f"at most {MAX_STEP_BYTES} allowed"
+                )
+
+
 # -- claim -------------------------------------------------------------------------------
 
 
@@ -555,11 +635,60 @@ class Retry:
         object.__setattr__(self, "traceback", _traceback(self.traceback, "Retry"))
 
 
+def compensation_payload(failed_id: str) -> bytes:
+    """The payload of a compensation task: ``{"failed": <the failed task's id>}`` as compact JSON."""
+    return json.dumps({"failed": failed_id}, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Compensation:
+    """The task a broker submits when a task fails for good, in the same unit as the failure
+    (`Fail.compensation`, and `Broker.reap`'s ``compensations`` for a task failed by lease loss).
+
+    The new task has a fresh id, type ``type``, queue ``queue``, ``max_retry``, the payload
+    `compensation_payload` of the failed task's id, no parents, and is due at once.
+    """
+
+    type: str
+    queue: str
+    max_retry: int = 0
+
+    def __post_init__(self) -> None:
+        check_identifier(self.type, what="Compensation.type")
+        check_identifier(self.queue, what="Compensation.queue")
+        _count(self.max_retry, what="Compensation.max_retry", minimum=0)
+
+    def task(self, failed_id: str, task_id: str) -> NewTask:
+        """The compensation of ``failed_id``, stored under ``task_id``."""
+        return NewTask(
+            task_id, self.type, self.queue, compensation_payload(failed_id), max_retry=self.max_retry
+        )
+
+
+def check_compensations(compensations: object) -> dict[str, Compensation]:
+    """`Broker.reap`'s ``compensations`` (failed task type -> `Compensation`) as a dict, or a
+    `TypeError` naming what is wrong."""
+    if compensations is None:
+        return {}
+    if not isinstance(compensations, Mapping):
+        raise TypeError(
+            f"compensations must be a mapping of task type to Compensation, got {compensations!r}"
+        )
+    for task_type, compensation in compensations.items():
+        check_identifier(task_type, what="compensated task type")
+        if not isinstance(compensation, Compensation):
+            raise TypeError(
+                f"compensations[{task_type!r}] must be a Compensation, got {type(compensation).__name__}"
+            )
+    return dict(compensations)
+
+
 @dataclass(frozen=True, slots=True)
 class Fail:
     """Count a failure by ``kind`` and fail the task for good (its descendants are canceled).
 
-    ``traceback`` becomes the task's ``last_traceback``, as for `Retry`.
+    ``traceback`` becomes the task's ``last_traceback``, as for `Retry`. ``compensation``: also
+    submit that task in the same unit (`Compensation`); a stale token submits nothing.
     """
 
     task_id: str
@@ -567,12 +696,17 @@ class Fail:
     kind: FailureKind
     error: str
     traceback: str | None = None
+    compensation: Compensation | None = None
 
     def __post_init__(self) -> None:
         _lease_ref(self.task_id, self.token, "Fail")
         _failure(self.kind, self.error, "Fail")
         object.__setattr__(self, "error", storable_error(self.error))
         object.__setattr__(self, "traceback", _traceback(self.traceback, "Fail"))
+        if self.compensation is not None and not isinstance(self.compensation, Compensation):
+            raise TypeError(
+                f"Fail.compensation must be a Compensation or None, got {type(self.compensation).__name__}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

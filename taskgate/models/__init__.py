@@ -31,6 +31,7 @@ from taskgate.models.columns import (
     QueueLimitColumns,
     QuotaWindowColumns,
     SlotColumns,
+    StepColumns,
     TaskColumns,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "QueueLimitColumns",
     "QuotaWindowColumns",
     "SlotColumns",
+    "StepColumns",
     "TaskColumns",
     "build_models",
     "check_prefix",

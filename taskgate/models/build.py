@@ -29,6 +29,7 @@ from taskgate.models.columns import (
     QueueLimitColumns,
     QuotaWindowColumns,
     SlotColumns,
+    StepColumns,
     TaskColumns,
 )
 
@@ -50,7 +51,16 @@ DEFAULT_PREFIX = "taskgate_"
 # stays within PostgreSQL's 63 and MySQL's 64 character limits.
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
 
-TABLE_NAMES = ("tasks", "task_deps", "leases", "quota_windows", "business_keys", "queue_limits", "slots")
+TABLE_NAMES = (
+    "tasks",
+    "task_deps",
+    "leases",
+    "quota_windows",
+    "business_keys",
+    "queue_limits",
+    "slots",
+    "steps",
+)
 
 # Every constraint taskgate declares is named explicitly (wrapped in `conv`, so an app's own
 # convention cannot rename it); this convention names anything added later the same way.
@@ -91,6 +101,7 @@ class Models:
     business_key: type[BusinessKeyColumns]
     queue_limit: type[QueueLimitColumns]
     slot: type[SlotColumns]
+    step: type[StepColumns]
 
     @property
     def tables(self) -> list[Table]:
@@ -103,6 +114,7 @@ class Models:
             self.business_key,
             self.queue_limit,
             self.slot,
+            self.step,
         )
         return [cast(Table, cast(Any, cls).__table__) for cls in classes]
 
@@ -128,6 +140,7 @@ def build_models(prefix: str = DEFAULT_PREFIX, metadata: MetaData | None = None)
         business_key=_map(base, BusinessKeyColumns, f"{prefix}business_keys", _key_args(prefix, tasks)),
         queue_limit=_map(base, QueueLimitColumns, f"{prefix}queue_limits", _queue_limit_args(prefix)),
         slot=_map(base, SlotColumns, f"{prefix}slots", _slot_args(prefix)),
+        step=_map(base, StepColumns, f"{prefix}steps", _step_args(prefix, tasks)),
     )
 
 
@@ -250,3 +263,13 @@ def _slot_args(prefix: str) -> tuple[Any, ...]:
     # rows here than its workers (and the expired ones it clears), so no other index pays.
     t = f"{prefix}slots"
     return (PrimaryKeyConstraint("queue", "token", name=conv(f"pk_{t}")), _options())
+
+
+def _step_args(prefix: str, tasks: str) -> tuple[Any, ...]:
+    # Read and deleted by task id: the key's first column serves both.
+    t = f"{prefix}steps"
+    return (
+        PrimaryKeyConstraint("task_id", "name", name=conv(f"pk_{t}")),
+        ForeignKeyConstraint(["task_id"], [f"{tasks}.id"], name=conv(f"fk_{t}_task_id")),
+        _options(),
+    )

@@ -24,6 +24,7 @@ __all__ = [
     "QueueLimitColumns",
     "QuotaWindowColumns",
     "SlotColumns",
+    "StepColumns",
     "TaskColumns",
 ]
 
@@ -145,3 +146,13 @@ class SlotColumns:
     token: Mapped[str] = mapped_column(ExactString(64))
     group_name: Mapped[str | None] = mapped_column(Name)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class StepColumns:
+    """The stored result of one durable step of a task (`taskgate.step`): the JSON its first
+    run got, given back to every later run of the same execution instead of running it again."""
+
+    task_id: Mapped[str] = mapped_column(Name)
+    name: Mapped[str] = mapped_column(Name)
+    result: Mapped[bytes] = mapped_column(Blob)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

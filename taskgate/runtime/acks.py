@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import anyio.lowlevel
 
 from taskgate.brokers.base import Broker
-from taskgate.brokers.params import Claimed, Complete, Fail, ItemAnswer, Settle
+from taskgate.brokers.params import Claimed, Compensation, Complete, Fail, ItemAnswer, Settle
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.outcome import describe, unstorable_result
@@ -73,16 +73,20 @@ class AckWriter:
         on_completed: Completed | None = None,
         on_written: Callable[[], None] = lambda: None,
         max_batch: int = MAX_ACK_BATCH,
+        compensations: Callable[[], Mapping[str, Compensation]] = dict,
     ) -> None:
         """``on_settled`` gets the snapshots of the tasks a write completed. With
         ``on_completed``, acks are written without snapshots (``Settle.snapshots=False``):
-        ``on_completed`` then gets the ids of the tasks completed that way."""
+        ``on_completed`` then gets the ids of the tasks completed that way.
+        ``compensations()``: by task type, what a task failed for an unstorable result submits
+        with its failure (`Gate.handle`'s ``on_failure``)."""
         self._broker, self._calls, self._deadline = broker, calls, deadline
         self._on_settled, self.on_written = on_settled, on_written
         self._on_completed = on_completed
         self._snapshots = on_completed is None
         self.rides_on_claims = not self._snapshots and broker.capabilities.acks_in_claims
         self._max_batch = max_batch
+        self._compensations = compensations
         self._queued: deque[Complete] = deque()
         self._arrived = Signal()
         self._closed = False
@@ -222,9 +226,12 @@ class AckWriter:
             assert isinstance(answer, Exception)  # `_refused` says so
             outcome = unstorable_result(answer)
             log.warning("task %s: %s", task_id, outcome.error)
-            fail = Settle((Fail(task_id, ack.token, outcome.kind, outcome.error),))
             try:
                 with anyio.CancelScope(shield=True):
+                    compensation = await self._compensation_of(task_id)
+                    fail = Settle(
+                        (Fail(task_id, ack.token, outcome.kind, outcome.error, compensation=compensation),)
+                    )
                     (written,) = await self._calls(self._broker.settle, fail, deadline=self._deadline)
                 if isinstance(written, Exception):
                     raise written
@@ -235,6 +242,15 @@ class AckWriter:
             except Exception as exc:
                 log.warning("task %s: its failure was not written either: %s", task_id, describe(exc))
         return failed
+
+    async def _compensation_of(self, task_id: str) -> Compensation | None:
+        """The compensation the failure of ``task_id`` submits: its type's, when any type has
+        one (an ack carries no type, so only then is the task read)."""
+        compensations = self._compensations()
+        if not compensations:
+            return None
+        task: Task = await self._calls(self._broker.get, task_id, deadline=self._deadline)
+        return compensations.get(task.type)
 
     async def _ack_many(self, items: list[Complete]) -> Sequence[Answer]:
         settle = Settle(tuple(items), snapshots=self._snapshots)

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -103,6 +104,9 @@ class RunContext:
     # overlaps that write instead of waiting for it. It never waits: a global slot is only
     # noted, and goes back with the queue's next claim.
     free_slot: Callable[[], None] | None = None
+    # The durable steps this run has called so far (`taskgate.runtime.steps`), by name; None
+    # until its first.
+    steps: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # The lease was granted no earlier than now; counting from now would be late, so the

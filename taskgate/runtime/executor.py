@@ -31,7 +31,7 @@ import anyio
 from taskgate.brokers import params
 from taskgate.brokers.base import Broker, FailureKind
 from taskgate.brokers.checks import storable_error
-from taskgate.brokers.params import Canceled, Complete, Finish, Requeue, Settle
+from taskgate.brokers.params import Canceled, Compensation, Complete, Finish, Requeue, Settle
 from taskgate.codec import encode_value
 from taskgate.errors import AlreadyFinalError, BrokerError, LeaseLostError, TaskNotFoundError
 from taskgate.middleware import Middleware, run_through
@@ -90,13 +90,15 @@ class Executor:
         keeper: LeaseKeeper,
         on_hold: Callable[[str, float], None] = lambda queue, seconds: None,
         policy_for: Callable[[Task], Policy] = lambda task: Policy(),
+        compensation_for: Callable[[str], Compensation | None] = lambda task_type: None,
         middleware: Sequence[Middleware] = (),
         observers: Observers | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         """``on_hold(queue, seconds)`` is told of a queue-wide throttle before its worker is
         free again, so this process starts nothing more of the queue while the hold is written.
-        ``policy_for(task)``: the retry policy of a task whose handler raised. ``middleware``:
+        ``policy_for(task)``: the retry policy of a task whose handler raised;
+        ``compensation_for(task_type)``: what its final failure submits. ``middleware``:
         wrapped around every handler call, read at each run (a list may grow while it runs).
         ``observers``: told of the outcome of each run. ``tracing``: a span per run."""
         self._broker, self._calls, self._handlers = broker, calls, handlers
@@ -104,6 +106,7 @@ class Executor:
         self._observers = observers if observers is not None else Observers()
         self._tracing = tracing
         self._policy_for = policy_for
+        self._compensation_for = compensation_for
         self._on_hold = on_hold
         self._throttled_max = throttled_max
         self._threads = thread_limiter
@@ -304,7 +307,7 @@ class Executor:
 
     async def _write_once(self, ctx: RunContext, outcome: Outcome) -> Task | None:
         """One broker call writing ``outcome``; None for an outcome that writes nothing."""
-        item = _settle_item(ctx.task.id, ctx.lease.token, outcome)
+        item = _settle_item(ctx.task, ctx.lease.token, outcome, self._compensation_for)
         if item is None:
             return None
         (answer,) = await self._calls(self._broker.settle, Settle((item,)), deadline=ctx.deadline)
@@ -313,16 +316,20 @@ class Executor:
         return answer
 
 
-def _settle_item(task_id: str, token: str, outcome: Outcome) -> Finish | None:
+def _settle_item(
+    task: Task, token: str, outcome: Outcome, compensation_for: Callable[[str], Compensation | None]
+) -> Finish | None:
     """The `Settle` item writing ``outcome``; None for an outcome that writes nothing. Builds
-    a value the item refuses (a delay out of range) raise as the broker would have."""
+    a value the item refuses (a delay out of range) raise as the broker would have. A failure
+    carries the compensation of ``task``'s type."""
+    task_id = task.id
     match outcome:
         case Ack(result):
             return Complete(task_id, token, result)
         case Retry(kind, error, delay, hold_queue, traceback):
             return params.Retry(task_id, token, kind, error, timedelta(seconds=delay), hold_queue, traceback)
         case Fail(kind, error, traceback):
-            return params.Fail(task_id, token, kind, error, traceback)
+            return params.Fail(task_id, token, kind, error, traceback, compensation_for(task.type))
         case Stop(StopReason.CANCELED):
             return Canceled(task_id, token)
         case Stop(StopReason.SHUTDOWN):

@@ -16,6 +16,7 @@ from enum import Enum
 from taskgate.backoff import Backoff
 from taskgate.brokers.base import FailureKind
 from taskgate.brokers.checks import storable_error
+from taskgate.brokers.params import Compensation
 from taskgate.errors import SkipRetry, Throttled, UnknownTypeError, check_retry_after, check_scope
 from taskgate.task import Task
 
@@ -66,6 +67,7 @@ class HandlerPolicy:
     backoff: Backoff | None = None
     retry_if: RetryIf | None = None
     timeout: timedelta | None = None
+    compensation: Compensation | None = None
 
 
 class StopReason(Enum):

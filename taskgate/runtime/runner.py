@@ -2,8 +2,8 @@
 
 Layout of `Runtime.run` (outer to inner task groups): background (hook consumer, reaper,
 cross-process wake-ups) -> work (one scheduler per queue, each with its ack writer and its
-``workers`` long-lived worker tasks).
-Shutdown stops the schedulers first, lets the work group drain (cancelling and requeueing on
+``workers`` long-lived worker tasks; the schedules' `Ticker`).
+Shutdown stops the schedulers and the ticker first, lets the work group drain (cancelling and requeueing on
 timeout), then stops the background loops and lets the hook consumer deliver what is queued.
 """
 
@@ -21,12 +21,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from taskgate.brokers.base import Lease, NewTask, QuotaGrant
-from taskgate.brokers.params import Submit
+from taskgate.brokers.params import Compensation, Submit, Submitted
 from taskgate.brokers.split import SplitCaller
 from taskgate.config import Config, QueueConfig
 from taskgate.errors import BrokerError, ShutdownError
 from taskgate.middleware import Middleware
 from taskgate.runtime.acks import AckWriter
+from taskgate.runtime.backpressure import PendingLimits, Room, limits_of, store_when_room
 from taskgate.runtime.calls import BrokerCalls
 from taskgate.runtime.context import Lane, RunContext
 from taskgate.runtime.executor import Executor, Handler
@@ -39,6 +40,7 @@ from taskgate.runtime.quota import QuotaGate
 from taskgate.runtime.retention import prune_pass, retention_plan
 from taskgate.runtime.scheduler import QueueScheduler
 from taskgate.runtime.signals import Signal, TaskWaiters
+from taskgate.runtime.ticker import Ticker
 from taskgate.runtime.tracing import load_tracing
 from taskgate.runtime.wakeups import reap_forever, wait_for_work_forever
 from taskgate.task import Status, Task
@@ -104,7 +106,11 @@ class Runtime:
         self.middleware: list[Middleware] = []
         self.observers = Observers()
         self.tracing = load_tracing()  # None without opentelemetry installed
+        # Back-pressure: each queue's `Submit.max_pending`, and the room blocked submits wait for.
+        self._max_pending: dict[str, tuple[PendingLimits, bool]] = {}
+        self.room = Room()
         self.instrument(config.middleware)
+        self.ticker: Ticker | None = None  # the gate's schedules (set by `Gate`), ticked by `run`
 
     def instrument(self, middleware: Sequence[Middleware]) -> None:
         """Wrap every later handler run in ``middleware`` too (inside what is there already);
@@ -160,18 +166,33 @@ class Runtime:
         for the poll (`wake_queue`). Without a hook the broker answers statuses instead of
         snapshots (`arrived_unseen`).
         """
-        submit = Submit(tuple(tasks), snapshots=self._submit_snapshots)
-        if self.observers:
-            began = time.perf_counter()
-            submitted = await self.calls(self.broker.submit, submit)
-            self.observers.submitted(tasks, time.perf_counter() - began)
-        else:
+        queue = tasks[0].queue  # a gate's submit is of one type: one queue
+        known = self._max_pending.get(queue)
+        if known is None:
+            known = self._max_pending[queue] = limits_of(self.config, queue)
+        limits, block = known
+        submit = Submit(tuple(tasks), snapshots=self._submit_snapshots, max_pending=limits)
+        if limits:
+            submitted = await store_when_room(
+                self._store, submit, block=block, room=self.room, check_open=self.check_open
+            )
+        elif self.observers:
+            submitted = await self._store(submit)
+        else:  # the hot path: no limit, nobody timing it
             submitted = await self.calls(self.broker.submit, submit)
         if submit.snapshots:
             await self.observe(submitted.tasks)
         else:
             self.arrived_unseen(tasks, submitted.statuses)
         return [task.id for task in tasks]
+
+    async def _store(self, submit: Submit) -> Submitted:
+        if not self.observers:
+            return await self.calls(self.broker.submit, submit)
+        began = time.perf_counter()
+        submitted = await self.calls(self.broker.submit, submit)
+        self.observers.submitted(submit.tasks, time.perf_counter() - began)
+        return submitted
 
     # -- observing transitions ------------------------------------------------------------------
 
@@ -185,6 +206,7 @@ class Runtime:
         for task in tasks:
             if task.status.is_final:
                 self.waiters.notify(task.id)
+                self.room.freed(task.queue)  # a waiting task canceled makes room
                 cascade = cascade or task.status is not Status.COMPLETED
             elif task.status in (Status.PENDING, Status.RETRYING):
                 self.wake_queue(task.queue)
@@ -300,6 +322,7 @@ class Runtime:
             if self._only is None or name in self._only:
                 self._add_scheduler(work, executor, name)
         self._work_group, self._executor_ref = work, executor
+        self.start_ticker()
         status.started()
 
     def _add_scheduler(self, work: anyio.abc.TaskGroup, executor: Executor, name: str) -> None:
@@ -312,6 +335,7 @@ class Runtime:
             on_settled=self.observe,
             # Without a hook nothing reads a completed task's snapshot: the broker may skip it.
             on_completed=self.completed_unseen if self.hooks.hook is None else None,
+            compensations=self.compensations,
         )
         scheduler = QueueScheduler(
             name,
@@ -328,6 +352,7 @@ class Runtime:
         )
         acks.on_written = lambda: scheduler.wake(new_work=False)  # a backlog may have held claims
         scheduler.on_idle = self.queue_idle.fire
+        scheduler.on_claimed = functools.partial(self.room.freed, name)  # room for blocked submits
         self.schedulers[name] = scheduler
         self.queue_idle.fire()
 
@@ -354,6 +379,13 @@ class Runtime:
         else:
             scheduler.handle_types(self.handled_types(name))
 
+    def start_ticker(self) -> None:
+        """Tick the schedules while running (in the work group: a gate with schedules and no
+        handlers runs until shut down); no-op when not running or nothing is scheduled."""
+        work = self._work_group
+        if self.ticker is not None and self._running and work is not None and not self.closing:
+            self.ticker.start(work, self.poll_interval)
+
     async def _background_loops(self, scope: anyio.CancelScope) -> None:
         with scope:
             async with anyio.create_task_group() as tg:
@@ -375,6 +407,8 @@ class Runtime:
             return
         for scheduler in self.schedulers.values():
             scheduler.stop()
+        if self.ticker is not None:
+            self.ticker.stop()
         with anyio.move_on_after(grace):
             await self._work_done.wait()
         self._grace_over = True
@@ -395,6 +429,7 @@ class Runtime:
             keeper=self.keeper,
             on_hold=self.hold_here,
             policy_for=self.policy_for,
+            compensation_for=self.compensation_for,
             middleware=self.middleware,
             observers=self.observers,
             tracing=self.tracing,
@@ -409,6 +444,16 @@ class Runtime:
         if own is not None and own.timeout is not None:
             return own.timeout
         return conf.run_limit
+
+    def compensation_for(self, task_type: str) -> Compensation | None:
+        """What the final failure of a task of ``task_type`` submits (`Gate.handle`'s
+        ``on_failure``); None: nothing."""
+        own = self.policies.get(task_type)
+        return own.compensation if own is not None else None
+
+    def compensations(self) -> dict[str, Compensation]:
+        """Every registered type's compensation, for the reaper's failures."""
+        return {t: p.compensation for t, p in self.policies.items() if p.compensation is not None}
 
     def policy_for(self, task: Task) -> Policy:
         """The retry policy of ``task``: its handler's ``retry_if``, and its handler's backoff,
@@ -518,9 +563,15 @@ class Runtime:
         """One reaper pass: take back expired leases and react to the result."""
         deadline = min((worker_deadline(c) for c in self._all_queue_configs()), default=15.0)
         try:
-            reaped = await self.calls(
-                self.broker.reap, lease_lost_max=self.config.lease_lost_max, deadline=deadline
+            # Passed only when there are some, so a broker written before compensations existed
+            # still reaps for gates that use none.
+            compensations = self.compensations()
+            reap = (
+                functools.partial(self.broker.reap, compensations=compensations)
+                if compensations
+                else self.broker.reap
             )
+            reaped = await self.calls(reap, lease_lost_max=self.config.lease_lost_max, deadline=deadline)
         except BrokerError as exc:
             log.warning("reaper: %s", exc)
             return []

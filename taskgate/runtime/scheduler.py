@@ -122,6 +122,7 @@ class QueueScheduler:
         self._idle = True
         self._metered = conf.rps > 0 or conf.has_quota
         self.on_idle: Callable[[], None] = lambda: None  # called when a claim comes back short
+        self.on_claimed: Callable[[], None] = lambda: None  # called when a claim leased tasks
 
     @property
     def idle(self) -> bool:
@@ -240,6 +241,8 @@ class QueueScheduler:
         if claimed is None:
             return
         leases, slots, grant = claimed
+        if leases:
+            self.on_claimed()
         # Leases that come back after `stop` still run: graceful shutdown finishes the work
         # already claimed (the runtime puts them back once the shutdown grace is over).
         for lease, slot in zip(leases, slots, strict=False):

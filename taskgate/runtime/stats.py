@@ -65,6 +65,7 @@ class StatsReader:
             reachable=reachable,
             paused_until=state.held_until,
             unhandled=state.unhandled,
+            max_pending=conf.max_pending,
         )
 
     def _quota_spec(self, queue: str, conf: QueueConfig) -> QuotaSpec | None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from taskgate.brokers.base import MAX_DELAY, NewTask, check_identifier, check_priority
@@ -13,8 +14,9 @@ from taskgate.config import Config
 from taskgate.durations import DurationLike, parse_duration
 from taskgate.errors import ConfigError
 from taskgate.ids import new_ids
+from taskgate.schedules import Schedule
 
-__all__ = ["build_tasks", "pause_for", "route", "run_timeout"]
+__all__ = ["build_tasks", "check_schedule", "pause_for", "route", "run_timeout"]
 
 
 def route(config: Config, task_type: str) -> str:
@@ -210,3 +212,36 @@ def _like(template: NewTask) -> Callable[[str, bytes | None, str | None], NewTas
         return task
 
     return make
+
+
+def check_schedule(config: Config, schedule: Schedule) -> None:
+    """`ConfigError` naming ``schedule`` when its type has no queue under ``config`` or its
+    payload or submit options would not make a task (built once, as a tick would, and dropped)."""
+    try:
+        route(config, schedule.type)
+    except ConfigError as exc:
+        raise ConfigError(f"schedule {schedule.name!r}: {exc}") from None
+    unknown = sorted(set(schedule.submit_options) - _schedule_options())
+    if unknown:
+        raise ConfigError(
+            f"schedule {schedule.name!r}: unknown submit option(s) {', '.join(unknown)}; known: "
+            f"{sorted(_schedule_options())}"
+        )
+    tick = datetime(2000, 1, 1, tzinfo=UTC)
+    try:
+        build_tasks(
+            config,
+            schedule.type,
+            [schedule.payload],
+            business_key=schedule.key(tick),
+            run_at=tick,
+            **schedule.submit_options,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"schedule {schedule.name!r}: {exc}") from None
+
+
+def _schedule_options() -> set[str]:
+    """The keywords of `build_tasks` a schedule passes on as they are (the rest it sets)."""
+    own = {"config", "task_type", "payloads", "business_key", "business_keys", "run_at", "delay"}
+    return set(inspect.signature(build_tasks).parameters) - own - {"trace_context"}

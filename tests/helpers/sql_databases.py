@@ -128,7 +128,15 @@ def empty_tables(url: str, prefix: str = "taskgate_") -> None:
     engine = create_engine(normalize_url(url))
     try:
         with engine.begin() as conn:
-            for model in (m.lease, m.dependency, m.business_key, m.quota_window, m.queue_limit, m.slot):
+            for model in (
+                m.lease,
+                m.dependency,
+                m.business_key,
+                m.quota_window,
+                m.queue_limit,
+                m.slot,
+                m.step,
+            ):
                 conn.execute(delete(model))
             # Replays point at other rows of the same table: unlink them before deleting.
             conn.execute(update(m.task).where(m.task.replay_of.is_not(None)).values(replay_of=None))

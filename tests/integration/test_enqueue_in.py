@@ -19,7 +19,7 @@ from sqlalchemy import Engine, Integer, String, create_engine, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from taskgate import Config, ConfigError, Gate, QueueConfig, Status, SyncClient, Task
+from taskgate import Config, ConfigError, Gate, QueueConfig, QueueFullError, Status, SyncClient, Task
 from taskgate.brokers.memory import MemoryBroker
 from taskgate.brokers.sql import SQLBroker
 from taskgate.models import models_for
@@ -213,6 +213,27 @@ def test_a_sync_client_enqueues_in_the_transaction_too(broker: SQLBroker, app_en
         (task,) = client.list()
         assert (task.id, task.status, task.json()) == (task_id, Status.PENDING, {"item": "pen"})
         assert task.priority == 3
+
+
+def test_a_full_queue_raises_queue_full_in_the_transaction_even_when_its_queue_blocks(
+    broker: SQLBroker, app_engine: Engine
+) -> None:
+    config = Config(
+        broker=broker,
+        queues={"shipping": QueueConfig(workers=1, max_pending=1, on_full="block")},
+        routes={"ship": "shipping"},
+    )
+    gate = Gate(config)
+    with Session(app_engine) as session, session.begin():
+        kept = gate.enqueue_in(session, "ship", {"item": "pen"})
+    with Session(app_engine) as session, session.begin():
+        session.add(Order(item="ink"))
+        with pytest.raises(QueueFullError) as raised:
+            gate.enqueue_in(session, "ship", {"item": "ink"})  # never waits in the app's transaction
+        assert (raised.value.queue, raised.value.max_pending, raised.value.waiting) == ("shipping", 1, 1)
+    # The application's transaction went on and committed its own row; no task was added.
+    assert _orders(app_engine) == 1
+    assert [t.id for t in _stored(broker)] == [kept]
 
 
 def test_a_session_on_another_database_is_refused_and_nothing_is_written(

@@ -85,6 +85,7 @@ from starlette.testclient import TestClient
 
 RUNS: dict[str, Run] = {
     "print(await gate.wait(sid))": Run("{block}", shows="score"),
+    'taskgate.step("charge"': Run("{block}", shows="charged 1 time"),
     '@app.post("/answers")': Run(
         QUICK_GATE
         + "{block}"
@@ -105,6 +106,28 @@ print("ok")
 """
     ),
     '"password reset", priority=10': Run("{block}", shows="['password reset', 'newsletter', 'digest']"),
+    "async def accept_hook(gate, payload)": Run(
+        """
+import anyio
+from taskgate import Config, Gate, QueueConfig
+from taskgate.brokers.memory import MemoryBroker
+"""
+        + "{block}"
+        + """
+gate = Gate(Config(broker=MemoryBroker(), queues=queues))
+
+async def main():
+    hooks = [await accept_hook(gate, n) for n in range(51)]
+    assert all(hooks[:50]) and hooks[50] is None, hooks[48:]
+    for n in range(1000):
+        assert await ask_llm(gate, n)
+    assert await ask_llm(gate, "one too many") is None  # gave up after its 2 s
+    assert len(await gate.list(queue="llm")) == 1000
+    print("ok")
+
+anyio.run(main)
+"""
+    ),
     "await gate.purge()": Run(FAILED_PIPELINE),
     "await gate.replay(failed_id, descendants=True)": Run(FAILED_PIPELINE),
     "async def only_active_tenants": Run(
@@ -161,6 +184,24 @@ with TestClient(app) as client:
     page = client.get("/tasks/", headers={"x-ops-token": os.environ["OPS_TOKEN"]})
     assert page.status_code == 200 and ">cpu<" in page.text, page.text[:500]
 print("ok")
+"""
+    ),
+    '@gate.handler("charge", on_failure="refund")': Run("{block}", shows="refunded 0"),
+    'gate.schedule("sync", "*/10 * * * * *"': Run(
+        MEMORY
+        + "{block}"
+        + """
+import anyio
+
+async def main():
+    async with gate:  # a new schedule's latest tick is submitted at once
+        while len(await gate.list(type="report")) < 2:
+            await anyio.sleep(0.01)
+    keys = sorted(t.business_key for t in await gate.list(type="report"))
+    assert keys[0].startswith("schedule:nightly-report:20") and keys[1].startswith("schedule:sync:"), keys
+    print("ok")
+
+anyio.run(main)
 """
     ),
 }

@@ -135,8 +135,9 @@ def string_collations(url: str) -> dict[str, str]:
     return {f"{table}.{column}": collation for table, column, collation in rows}
 
 
-# taskgate's VARCHAR columns: ids, types, queues, keys, groups, statuses and lease tokens.
-STRING_COLUMNS = 19
+# taskgate's VARCHAR columns: ids, types, queues, keys, groups, statuses, lease tokens and step
+# names (21: the steps table's task_id and name, issue 39).
+STRING_COLUMNS = 21
 
 
 def test_mysql_string_columns_compare_exactly_whether_migrated_or_made_by_the_broker(mysql_url: str) -> None:
@@ -191,7 +192,7 @@ def test_mysql_0002_to_0003_keeps_the_rows_and_tells_trailing_spaces_apart(mysql
     assert set(string_collations(mysql_url).values()) == {"utf8mb4_bin"}
 
     shown = normalize_url(mysql_url).render_as_string(hide_password=True)
-    command = re.escape(f"is at 0002, need {SCHEMA_REVISION}: run `taskgate-migrate upgrade {shown}`") + r"$"
+    command = re.escape(f"is at 0002, need 0007: run `taskgate-migrate upgrade {shown}`") + r"$"
     for create_tables in (False, True):  # tables there already: nothing to create, the check refuses
         with pytest.raises(SchemaError, match=command):
             first_call(SQLBroker(mysql_url, create_tables=create_tables))
@@ -251,9 +252,7 @@ def test_a_broker_on_an_unmigrated_database_says_how_to_migrate(tmp_path: Path) 
 
     broker = SQLBroker(url, create_tables=False)  # connects at its first call, not here
 
-    with pytest.raises(
-        SchemaError, match=rf"at nothing, need {SCHEMA_REVISION}: run `taskgate-migrate upgrade sqlite:///"
-    ):
+    with pytest.raises(SchemaError, match=r"at nothing, need 0007: run `taskgate-migrate upgrade sqlite:///"):
         first_call(broker)
 
 
@@ -265,9 +264,7 @@ def test_a_broker_on_a_database_at_another_revision_names_both(tmp_path: Path) -
         conn.exec_driver_sql("UPDATE taskgate_alembic_version SET version_num = '0000'")
     engine.dispose()
 
-    with pytest.raises(
-        SchemaError, match=rf"is at 0000, need {SCHEMA_REVISION}: run `taskgate-migrate upgrade"
-    ):
+    with pytest.raises(SchemaError, match=r"is at 0000, need 0007: run `taskgate-migrate upgrade"):
         first_call(SQLBroker(url, create_tables=False))
 
 

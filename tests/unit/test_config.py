@@ -24,6 +24,13 @@ def test_queue_config_defaults_match_the_spec() -> None:
     assert QueueConfig(workers=1, rps=3, burst=7).effective_burst == 7
 
 
+def test_back_pressure_is_off_by_default_and_blocks_when_set() -> None:
+    assert (QueueConfig(workers=1).max_pending, QueueConfig(workers=1).on_full) == (0, "block")
+    assert QueueConfig(workers=1, max_pending=5, on_full="raise").on_full == "raise"
+    built = QueueConfig.from_mapping({"workers": 1, "max_pending": 3, "on_full": "raise"})
+    assert (built.max_pending, built.on_full) == (3, "raise")
+
+
 def test_durations_accept_strings_seconds_and_timedeltas() -> None:
     q = QueueConfig(workers=1, lease_ttl="1h30m", quota_limit=10, quota_period="24h")
     assert q.lease == timedelta(hours=1, minutes=30)
@@ -63,6 +70,13 @@ def test_durations_accept_strings_seconds_and_timedeltas() -> None:
         ({"workers": 1, "group_burst": 1.5}, r"QueueConfig\.group_burst must be an integer"),
         ({"workers": 1, "group_quota_limit": 3}, r"group_quota_limit=3 needs a quota_period"),
         ({"workers": 1, "group_workers": 1, "shared_limits": False}, r"group limits .* shared_limits=True"),
+        ({"workers": 1, "max_pending": -1}, r"QueueConfig\.max_pending must be >= 0, got -1"),
+        ({"workers": 1, "max_pending": 2.5}, r"QueueConfig\.max_pending must be an integer, got 2\.5"),
+        ({"workers": 1, "max_pending": True}, r"QueueConfig\.max_pending must be an integer, got True"),
+        ({"workers": 1, "max_pending": "10"}, r"QueueConfig\.max_pending must be an integer, got '10'"),
+        ({"workers": 1, "on_full": "drop"}, r"QueueConfig\.on_full must be 'block' or 'raise', got 'drop'"),
+        ({"workers": 1, "on_full": None}, r"QueueConfig\.on_full must be 'block' or 'raise', got None"),
+        ({"workers": 1, "on_full": ["raise"]}, r"QueueConfig\.on_full must be 'block' or 'raise'"),
     ],
 )
 def test_bad_queue_config_names_field_and_value(kwargs: dict[str, Any], match: str) -> None:

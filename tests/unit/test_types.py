@@ -40,6 +40,12 @@ def test_task_decodes_payload_and_result_as_json() -> None:
     assert empty.result_json() is None
 
 
+@pytest.mark.parametrize(("claims", "first"), [(0, False), (1, True), (2, False), (7, False)])
+def test_a_task_is_on_its_first_run_on_its_first_claim_only(claims: int, first: bool) -> None:
+    task = Task(id="a", type="t", queue="q", payload=None, status=Status.RUNNING, created_at=NOW, run_at=NOW)
+    assert dataclasses.replace(task, claims=claims).first_run is first
+
+
 def test_a_task_from_fields_is_the_task_its_constructor_makes() -> None:
     values = {
         "id": "a",

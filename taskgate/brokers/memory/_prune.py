@@ -2,8 +2,9 @@
 
 A record goes when it is final in one of the asked statuses, finished at or before the cutoff,
 matches the filter, has no child that is not final and was not replayed by a record still
-stored (`Broker.prune`). Records are looked at in the order they were stored (creation order),
-so the oldest go first; the caller holds the broker's lock for the whole call.
+stored (`Broker.prune`); its durable steps live on it and go with it. Records are looked at in
+the order they were stored (creation order), so the oldest go first; the caller holds the
+broker's lock for the whole call.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class Record:
     about 200 bytes a task less than a dict of its own (`memory.rss` in benchmarks/README.md).
     """
 
-    __slots__ = ("__dict__", "lease_expires_at", "ready_seq", "token")
+    __slots__ = ("__dict__", "lease_expires_at", "ready_seq", "steps", "token")
 
     id: str
     type: str
@@ -54,6 +54,9 @@ class Record:
     lease_expires_at: datetime | None
     # Bumped each time the task enters a ready heap; older heap entries are then stale.
     ready_seq: int
+    # The results of its durable steps (`Broker.step`), name -> JSON; None until the first.
+    # Kept on the record, so whatever deletes the task deletes its steps.
+    steps: dict[str, bytes] | None
 
     def __init__(
         self,
@@ -107,6 +110,7 @@ class Record:
         self.token = None
         self.lease_expires_at = None
         self.ready_seq = 0
+        self.steps = None
 
     def __repr__(self) -> str:
         return f"Record({self.id!r}, {self.status.value}, token={self.token!r})"

@@ -44,6 +44,7 @@ class TaskTable:
         self._priorities: defaultdict[str, list[int]] = defaultdict(list)
         self._counts: defaultdict[str, defaultdict[Status, int]] = defaultdict(lambda: defaultdict(int))
         self._queue_len: defaultdict[str, int] = defaultdict(int)
+        self._blocked: defaultdict[str, int] = defaultdict(int)  # blocked tasks by queue
 
     # -- records ---------------------------------------------------------------------------
 
@@ -101,6 +102,10 @@ class TaskTable:
         was_ready, is_ready = old in READY_STATUSES, status in READY_STATUSES
         if was_ready is not is_ready:
             self._queue_len[record.queue] += 1 if is_ready else -1
+        if old is Status.BLOCKED:
+            self._blocked[record.queue] -= 1
+        elif status is Status.BLOCKED:
+            self._blocked[record.queue] += 1
         if old is Status.RUNNING:
             del self.running[record.id]
             record.token = None
@@ -112,6 +117,8 @@ class TaskTable:
         self._counts[record.type][record.status] += delta
         if record.status in READY_STATUSES:
             self._queue_len[record.queue] += delta
+        elif record.status is Status.BLOCKED:
+            self._blocked[record.queue] += delta
 
     def _enter(self, record: Record) -> None:
         if record.status is Status.RUNNING:
@@ -295,6 +302,10 @@ class TaskTable:
     def queue_length(self, queue: str) -> int:
         """Pending plus retrying tasks of ``queue``."""
         return self._queue_len.get(queue, 0)
+
+    def waiting(self, queue: str) -> int:
+        """Pending, retrying and blocked tasks of ``queue``: what back-pressure counts."""
+        return self._queue_len.get(queue, 0) + self._blocked.get(queue, 0)
 
     def select(self, flt: Filter) -> list[Task]:
         """Snapshots matching ``flt``, sorted by ``(created_at, id)``, then offset and limit.

@@ -9,7 +9,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 
@@ -35,6 +35,7 @@ from taskgate.brokers.params import (
     Canceled,
     Claim,
     Claimed,
+    Compensation,
     Complete,
     Fail,
     Finish,
@@ -51,8 +52,10 @@ from taskgate.brokers.params import (
     Retry,
     Settle,
     SharedLimits,
+    Step,
     Submit,
     Submitted,
+    check_compensations,
 )
 from taskgate.clock import Clock, SystemClock, utc
 from taskgate.errors import (
@@ -61,11 +64,12 @@ from taskgate.errors import (
     BrokerError,
     CompletedNotAllowedError,
     LeaseLostError,
+    QueueFullError,
     ReplayNotFinalError,
     TaskExistsError,
     TaskNotFoundError,
 )
-from taskgate.ids import new_tokens
+from taskgate.ids import new_id, new_tokens
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["MemoryBroker"]
@@ -118,11 +122,20 @@ class MemoryBroker:
         one id or one business key, raise `ValueError`.
         """
         with self._cond:
+            if submit.max_pending:
+                self._check_room(submit)
             records = self._store_new(submit.tasks)
             statuses = [r.status for r in records]
             if not submit.snapshots:
                 return Submitted(statuses)  # no snapshot built: a third of a batch's cost
             return Submitted(statuses, [r.snapshot() for r in records])
+
+    def _check_room(self, submit: Submit) -> None:
+        """Raise `QueueFullError` when the batch would take a queue past its ``max_pending``."""
+        for queue, limit, adding in submit.limited():
+            waiting = self._table.waiting(queue)
+            if waiting + adding > limit:
+                raise QueueFullError(queue, limit, min(waiting, limit), adding)  # as SQL counts
 
     def _store_new(self, items: Sequence[NewTask]) -> builtins.list[Record]:
         """`submit`'s writes of ``items``; the caller holds the lock and reads the records in it."""
@@ -422,6 +435,8 @@ class MemoryBroker:
         elif isinstance(item, Fail):
             _count_failure(record, item.kind, item.error, item.traceback)
             self._finish(record, Status.FAILED, now)
+            if item.compensation is not None:
+                self._compensate(record, item.compensation)
         elif isinstance(item, Requeue):
             self._back_to_pending_or_cancel(record, now)
         else:
@@ -429,6 +444,10 @@ class MemoryBroker:
             record.last_error = _CANCELED_ERROR
             self._finish(record, Status.CANCELED, now)
         return record
+
+    def _compensate(self, failed: Record, compensation: Compensation) -> None:
+        """Submit ``compensation`` for the task ``failed`` just failed, in the same lock hold."""
+        self._store_new([compensation.task(failed.id, new_id())])
 
     def _give_back(self, give_back: GiveBack) -> None:
         """Return each grant's units to the window it came from (never below 0) and the slots
@@ -478,30 +497,60 @@ class MemoryBroker:
             self._check_open()
             return prune_records(self._table, prune, self._now())
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def step(self, step: Step) -> bytes | None:
+        """Read step ``step.name`` of ``step.task_id``, or store ``step.result`` unless one is
+        stored (the first writer wins); the result stored after the call, None when none is.
+        Kept on the task's record: it goes with the record."""
+        if not isinstance(step, Step):
+            raise TypeError(f"step takes a Step, got {type(step).__name__}")
+        with self._cond:
+            self._check_open()
+            record = self._table.find(step.task_id)
+            stored = None if record.steps is None else record.steps.get(step.name)
+            if stored is not None or step.result is None:
+                return stored
+            if record.steps is None:
+                record.steps = {}
+            record.steps[step.name] = step.result
+            return step.result
+
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
 
         Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
-        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        canceled, a task at ``lease_lost_max`` fails (submitting its type's entry of
+        ``compensations``, if any), any other goes back to ``pending`` due now.
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
+        compensate = check_compensations(compensations)
         with self._transition:
             now = self._now()
             expired = [
                 r for r in self._running() if r.lease_expires_at is not None and r.lease_expires_at <= now
             ]
             expired.sort(key=lambda r: (r.lease_expires_at, r.id))
-            return [self._reap_one(r, now, lease_lost_max) for r in expired[:limit]]
+            return [self._reap_one(r, now, lease_lost_max, compensate) for r in expired[:limit]]
 
     def _running(self) -> Iterable[Record]:
         return (self._table.records[i] for i in self._table.running)
 
-    def _reap_one(self, record: Record, now: datetime, lease_lost_max: int) -> Task:
+    def _reap_one(
+        self, record: Record, now: datetime, lease_lost_max: int, compensations: Mapping[str, Compensation]
+    ) -> Task:
         record.lease_lost += 1
         if record.lease_lost >= lease_lost_max and not record.cancel_requested:
             record.last_error = f"lease lost {record.lease_lost} times (lease_lost_max={lease_lost_max})"
             self._finish(record, Status.FAILED, now)
+            compensation = compensations.get(record.type)
+            if compensation is not None:
+                self._compensate(record, compensation)
         else:
             self._back_to_pending_or_cancel(record, now)
         return record.snapshot()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import functools
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -15,6 +15,7 @@ from taskgate.brokers.checks import check_count, check_queues, check_timeout
 from taskgate.brokers.params import (
     Claim,
     Claimed,
+    Compensation,
     Heartbeat,
     Hold,
     ItemAnswer,
@@ -25,8 +26,10 @@ from taskgate.brokers.params import (
     Renewal,
     Replay,
     Settle,
+    Step,
     Submit,
     Submitted,
+    check_compensations,
 )
 from taskgate.brokers.redis.claims import claim_call
 from taskgate.brokers.redis.codec import (
@@ -52,6 +55,7 @@ from taskgate.brokers.redis.waiter import SignalWaiter
 from taskgate.brokers.split import SplitCall
 from taskgate.clock import Clock
 from taskgate.errors import BrokerError, TaskNotFoundError
+from taskgate.ids import new_id
 from taskgate.task import Filter, Status, Task
 
 __all__ = ["RedisBroker"]
@@ -201,14 +205,15 @@ class RedisBroker:
         items = submit.tasks
         if not items:
             return self._request(None, [], lambda reply: Submitted(statuses=[]))
+        args = enqueue_args(items, submit.max_pending)
         if not submit.snapshots:
-            return self._request("enqueue", enqueue_args(items), _arrival_statuses)
+            return self._request("enqueue", args, _arrival_statuses)
 
         def answer(reply: builtins.list[Any]) -> Submitted:
             tasks = arrived_tasks(items, *enqueued(unwrap(reply)))
             return Submitted(statuses=[task.status for task in tasks], tasks=tasks)
 
-        return self._request("enqueue", enqueue_args(items), answer)
+        return self._request("enqueue", args, answer)
 
     def replay(self, replay: Replay) -> Task:
         """Create execution ``new_id`` re-running ``execution_id``, atomically with the checks.
@@ -381,15 +386,39 @@ class RedisBroker:
         (deleted,) = self._run("prune", args)
         return int(deleted)
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def step(self, step: Step) -> bytes | None:
+        """Read step ``step.name`` of ``step.task_id``, or store ``step.result`` unless one is
+        stored (the first writer wins) -- the task's ``steps:<id>`` HASH, one script
+        (``step.lua``); the result stored after the call, None when none is."""
+        if not isinstance(step, Step):
+            raise TypeError(f"step takes a Step, got {type(step).__name__}")
+        args: builtins.list[Any] = [step.task_id, step.name]
+        if step.result is not None:
+            args.append(step.result)
+        (stored,) = self._run("step", args)
+        return None if stored is None else bytes(stored)
+
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
 
         Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
-        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        canceled, a task at ``lease_lost_max`` fails (submitting its type's entry of
+        ``compensations`` in the same script), any other goes back to ``pending`` due now.
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
-        return [task_from_values(snapshot) for snapshot in self._run("reap", [lease_lost_max, limit])]
+        args: builtins.list[Any] = [lease_lost_max, limit, new_id()]
+        compensate = check_compensations(compensations)
+        args.append(len(compensate))
+        for task_type, comp in compensate.items():
+            args.extend((task_type, comp.type, comp.queue, comp.max_retry))
+        return [task_from_values(snapshot) for snapshot in self._run("reap", args)]
 
     # -- what transitions settle on their own -----------------------------------------------
 

@@ -196,8 +196,11 @@ def lease_from_values(values: Sequence[Any]) -> Lease:
     return Lease(task=task_from_values(values), token=values[-2].decode(), expires_at=from_us(values[-1]))
 
 
-def enqueue_args(tasks: Sequence[NewTask]) -> list[str | bytes | int]:
-    """enqueue.lua's ARGV after "now": the count, the shape, then the tasks.
+def enqueue_args(
+    tasks: Sequence[NewTask], max_pending: Sequence[tuple[str, int]] = ()
+) -> list[str | bytes | int]:
+    """enqueue.lua's ARGV after "now": the count, the shape, the tasks, then ``max_pending``'s
+    count and pairs when there are any (`Submit.max_pending`).
 
     ``rows``: `NEW_TASK_FIELDS` values per task. ``shared``, when every task has the same
     fields but its id and payload (what `Gate.submit_many` sends) and no business key: those
@@ -210,10 +213,14 @@ def enqueue_args(tasks: Sequence[NewTask]) -> list[str | bytes | int]:
         args: list[str | bytes | int] = [len(tasks), "shared", *new_task_args(first)]
         for task in tasks:
             args += [task.id, 0, b""] if task.payload is None else [task.id, 1, task.payload]
-        return args
-    args = [len(tasks), "rows"]
-    for task in tasks:
-        args.extend(new_task_args(task))
+    else:
+        args = [len(tasks), "rows"]
+        for task in tasks:
+            args.extend(new_task_args(task))
+    if max_pending:
+        args.append(len(max_pending))
+        for queue, limit in max_pending:
+            args += [queue, limit]
     return args
 
 

@@ -14,6 +14,7 @@ from taskgate.errors import (
     BrokerError,
     CompletedNotAllowedError,
     LeaseLostError,
+    QueueFullError,
     ReplayNotFinalError,
     TaskExistsError,
     TaskNotFoundError,
@@ -38,6 +39,11 @@ def _lease_lost(args: Sequence[str]) -> Exception:
     return LeaseLostError(f"task {task_id} is {status}; the lease is gone")
 
 
+def _full(args: Sequence[str]) -> Exception:
+    queue, limit, waiting, adding = args
+    return QueueFullError(queue, int(limit), int(waiting), int(adding))
+
+
 def _exists(args: Sequence[str]) -> Exception:
     key, newest, status = args
     return TaskExistsError(key, newest, Status(status))
@@ -47,6 +53,7 @@ _ERRORS: dict[str, Callable[[Sequence[str]], Exception]] = {
     "notfound": _not_found,
     "leaselost": _lease_lost,
     "exists": _exists,
+    "full": _full,
     "duplicate": lambda a: ValueError(f"task id {a[0]!r} is already in use"),
     "dupkey": lambda a: ValueError(f"business_key {a[0]!r} appears twice in one enqueue batch"),
     "final": lambda a: AlreadyFinalError(f"task {a[0]} is already {a[1]}"),

@@ -56,6 +56,7 @@ SCRIPT_NAMES = (
     "reap",
     "replay",
     "settle",
+    "step",
 )
 
 # Scripts that only read: registered 'no-writes', so Redis runs them when its memory is full.

@@ -15,6 +15,7 @@ from taskgate.brokers.params import Complete, Fail, Finish, GiveBack, ItemAnswer
 from taskgate.brokers.redis.acks import ack_args, quiet_answer, snapshot_answer
 from taskgate.brokers.redis.codec import to_us, ttl_us
 from taskgate.brokers.redis.replies import unwrap
+from taskgate.ids import new_id
 
 __all__ = ["settle_call"]
 
@@ -50,7 +51,15 @@ def _item_args(item: Finish) -> tuple[Any, ...]:
         delay = ttl_us(item.delay)
         return ("retry", item.task_id, item.token, item.kind.value, item.error, delay, hold, *_tb(item))
     if isinstance(item, Fail):
-        return ("fail", item.task_id, item.token, item.kind.value, item.error, *_tb(item))
+        return (
+            "fail",
+            item.task_id,
+            item.token,
+            item.kind.value,
+            item.error,
+            *_tb(item),
+            *_compensation(item),
+        )
     if isinstance(item, Requeue):
         return ("requeue", item.task_id, item.token)
     return ("canceled", item.task_id, item.token)  # Canceled
@@ -59,6 +68,13 @@ def _item_args(item: Finish) -> tuple[Any, ...]:
 def _tb(item: Retry | Fail) -> tuple[int, str]:
     """An item's traceback as ``settle.lua`` reads it: whether it has one, and its text."""
     return (0, "") if item.traceback is None else (1, item.traceback)
+
+
+def _compensation(item: Fail) -> tuple[str, str, str, int]:
+    """A fail item's compensation as ``settle.lua`` reads it: a fresh id ("" for none), type,
+    queue, max_retry."""
+    comp = item.compensation
+    return ("", "", "", 0) if comp is None else (new_id(), comp.type, comp.queue, comp.max_retry)
 
 
 def _giving_back(give_back: GiveBack | None) -> GiveBack | None:

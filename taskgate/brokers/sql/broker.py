@@ -41,6 +41,7 @@ from taskgate.brokers.drivers import missing_driver
 from taskgate.brokers.params import (
     Claim,
     Claimed,
+    Compensation,
     Complete,
     Finish,
     Heartbeat,
@@ -52,8 +53,10 @@ from taskgate.brokers.params import (
     Renewal,
     Replay,
     Settle,
+    Step,
     Submit,
     Submitted,
+    check_compensations,
 )
 from taskgate.brokers.split import SplitCall
 from taskgate.brokers.sql import (
@@ -67,6 +70,7 @@ from taskgate.brokers.sql import (
     quotas,
     reads,
     slots,
+    steps,
 )
 from taskgate.brokers.sql import prune as pruning
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, traits_for
@@ -241,14 +245,16 @@ class SQLBroker:
         Besides the protocol's errors: an id already in use, two tasks of the batch with one
         id or one business key, or a payload larger than the server accepts raise `ValueError`.
         """
-        return _submitted(self._store_new(submit.tasks), submit.snapshots)
+        return _submitted(self._store_new(submit), submit.snapshots)
 
-    def _store_new(self, items: tuple[NewTask, ...]) -> builtins.list[dict[str, Any]]:
+    def _store_new(self, submit: Submit) -> builtins.list[dict[str, Any]]:
         """`submit`'s writes: the rows stored, in order."""
+        items = submit.tasks
         self._check_payloads(items)
         if not items:
             return []
-        if len(items) == 1:
+        room = submit if submit.max_pending else None
+        if len(items) == 1 and room is None:  # a limited queue is counted in a transaction
             stored = self._store_alone(items[0])
             if stored is not None:
                 return [stored]
@@ -258,7 +264,7 @@ class SQLBroker:
             # The first attempt leaves taken ids to the primary key; a re-run checks them.
             nonlocal attempts
             attempts += 1
-            return create.store_new(tx, items, check_ids=attempts > 1)
+            return create.store_new(tx, items, check_ids=attempts > 1, room=room)
 
         return self._run("submit", step, inline=len(items) <= INLINE_MAX_ROWS)
 
@@ -279,7 +285,7 @@ class SQLBroker:
         traits = traits_for(dialect.name, dialect.driver) if dialect.driver != self._driver else self._traits
         tx = Tx(connection, self._models, traits, self._now)
         with translated("enqueue_in"):
-            rows = outbox.store_in(tx, submit.tasks, self._channel)
+            rows = outbox.store_in(tx, submit, self._channel)
         return _submitted(rows, submit.snapshots)
 
     def announce(self, queues: Collection[str]) -> None:
@@ -576,15 +582,35 @@ class SQLBroker:
             raise TypeError(f"prune takes a Prune, got {type(prune).__name__}")
         return self._run("prune", lambda tx: pruning.prune(tx, prune), inline=False)
 
-    def reap(self, *, lease_lost_max: int, limit: int = 1000) -> builtins.list[Task]:
+    def step(self, step: Step) -> bytes | None:
+        """Read step ``step.name`` of ``step.task_id``, or store ``step.result`` unless one is
+        stored (the first writer wins) -- one transaction in ``<prefix>steps``
+        (`taskgate.brokers.sql.steps`); the result stored after the call, None when none is.
+        A result larger than the server accepts raises `ValueError` before anything is sent."""
+        if not isinstance(step, Step):
+            raise TypeError(f"step takes a Step, got {type(step).__name__}")
+        if step.result is None:
+            return self._read("step", lambda tx: steps.read_step(tx, step), inline=True)
+        create.check_value_size(step.result, self._ready(), what=f"result of step {step.name!r}")
+        return self._run("step", lambda tx: steps.store_step(tx, step))
+
+    def reap(
+        self,
+        *,
+        lease_lost_max: int,
+        limit: int = 1000,
+        compensations: Mapping[str, Compensation] | None = None,
+    ) -> builtins.list[Task]:
         """Take back up to ``limit`` running tasks whose lease ended (``expires_at <= now``).
 
         Earliest expiry first. Each gets ``lease_lost += 1``; then a cancel-marked task is
-        canceled, a task at ``lease_lost_max`` fails, any other goes back to ``pending`` due now.
+        canceled, a task at ``lease_lost_max`` fails (submitting its type's entry of
+        ``compensations`` in the same transaction), any other goes back to ``pending`` due now.
         """
         check_count(lease_lost_max, what="lease_lost_max", minimum=1)
         check_count(limit, what="reap limit", minimum=1)
-        return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit), inline=False)
+        compensate = check_compensations(compensations)
+        return self._run("reap", lambda tx: leases.reap(tx, lease_lost_max, limit, compensate), inline=False)
 
     # -- what transitions settle on their own -----------------------------------------------
 
@@ -704,7 +730,7 @@ class SQLBroker:
 
     def _plan_submit(self, tx: Tx, submit: Submit) -> OneStatement[Submitted] | None:
         """The one-statement insert of a single task (a batch: None)."""
-        if len(submit.tasks) != 1:
+        if len(submit.tasks) != 1 or submit.max_pending:
             return None
         self._check_payloads(submit.tasks)
         snapshots = submit.snapshots

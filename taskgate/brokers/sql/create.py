@@ -34,7 +34,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from taskgate.brokers.base import UNSET, NewTask, Unset
-from taskgate.brokers.params import Replay
+from taskgate.brokers.params import Replay, Submit
+from taskgate.brokers.sql import backpressure
 from taskgate.brokers.sql.dialects import Traits, ValueLimit, row_insert, row_params
 from taskgate.brokers.sql.graph import arrival_status
 from taskgate.brokers.sql.retry import Conflict
@@ -74,17 +75,23 @@ def check_value_size(value: bytes | None, limit: ValueLimit | None, *, what: str
         )
 
 
-def store_new(tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True) -> list[dict[str, Any]]:
+def store_new(
+    tx: Tx, items: Sequence[NewTask], *, check_ids: bool = True, room: Submit | None = None
+) -> list[dict[str, Any]]:
     """Insert ``items`` (already validated in themselves) after checking them against the store;
     the rows inserted, in order.
 
     ``check_ids=False`` skips the look-up of ids in use: fresh ULIDs almost never are, and the
     primary key still refuses one that is (`Conflict`); the caller then runs the transaction
-    again WITH the check, which names the id in a `ValueError`.
+    again WITH the check, which names the id in a `ValueError`. ``room``: the submit whose
+    ``max_pending`` to check (`backpressure.check_room`), after the parents are locked -- the
+    order a claim's acks take the same locks in -- and before anything is written.
     """
     _check_batch(items)
     _check_free(tx, items, check_ids=check_ids)
     parents = _parent_statuses(tx, items)
+    if room is not None and room.max_pending:
+        backpressure.check_room(tx, room)
     rows = []
     alike: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # the last parentless row
     for item in items:

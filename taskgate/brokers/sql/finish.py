@@ -1,5 +1,5 @@
-"""A worker's writes that end a run: ack, retry, fail, requeue, finish_canceled (one
-`Settle` item each, `settle_each` for several); and `cancel`.
+"""A worker's writes that end a run: ack, retry, fail (with its `compensate`), requeue,
+finish_canceled (one `Settle` item each, `settle_each` for several); and `cancel`.
 
 Each write first locks the task row together with its lease and checks the token
 (`_release`), then deletes the lease and moves the task, settling its children in the same
@@ -18,18 +18,39 @@ from typing import Any
 from sqlalchemy import Delete, Select, Update, bindparam, delete, select, update
 
 from taskgate.brokers.base import FailureKind
-from taskgate.brokers.params import Canceled, Complete, Fail, Finish, ItemAnswer, Requeue, Retry
+from taskgate.brokers.params import (
+    Canceled,
+    Compensation,
+    Complete,
+    Fail,
+    Finish,
+    ItemAnswer,
+    Requeue,
+    Retry,
+)
 from taskgate.brokers.sql import holds
+from taskgate.brokers.sql.create import store_new
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.leases import CANCELED_ERROR, lease_lost_error
 from taskgate.brokers.sql.rows import snapshot, status_values, write_task
 from taskgate.brokers.sql.tx import Tx, table_of
 from taskgate.errors import AlreadyFinalError, LeaseLostError, TaskNotFoundError
+from taskgate.ids import new_id
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
-__all__ = ["ack", "cancel", "fail", "finish_canceled", "requeue", "retry", "settle_each", "settle_one"]
+__all__ = [
+    "ack",
+    "cancel",
+    "compensate",
+    "fail",
+    "finish_canceled",
+    "requeue",
+    "retry",
+    "settle_each",
+    "settle_one",
+]
 
 
 def settle_each(tx: Tx, items: Sequence[Finish], *, snapshots: bool) -> list[ItemAnswer]:
@@ -64,7 +85,10 @@ def settle_one(tx: Tx, item: Finish) -> Task:
             holds.extend(tx, task.queue, tx.now + item.delay)
         return task
     if isinstance(item, Fail):
-        return fail(tx, item.task_id, item.token, item.kind, item.error, item.traceback)
+        task = fail(tx, item.task_id, item.token, item.kind, item.error, item.traceback)
+        if item.compensation is not None:  # in the transaction that failed the task
+            compensate(tx, task.id, item.compensation)
+        return task
     if isinstance(item, Requeue):
         return requeue(tx, item.task_id, item.token)
     if isinstance(item, Canceled):
@@ -101,6 +125,11 @@ def fail(
     """Count the failure, set ``failed``, cancel descendants."""
     row = _release(tx, task_id, token)
     return _finish(tx, row, Status.FAILED, _count_failure(row, kind, error, traceback))
+
+
+def compensate(tx: Tx, failed_id: str, compensation: Compensation) -> None:
+    """Submit ``compensation`` for the task ``failed_id`` just failed, in this transaction."""
+    store_new(tx, [compensation.task(failed_id, new_id())], check_ids=False)
 
 
 def requeue(tx: Tx, task_id: str, token: str) -> Task:

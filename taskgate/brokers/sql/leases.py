@@ -31,14 +31,15 @@ from sqlalchemy import (
 )
 
 from taskgate.brokers.base import Lease
-from taskgate.brokers.params import Claimed, Renewal
+from taskgate.brokers.params import Claimed, Compensation, Renewal
 from taskgate.brokers.sql import holds
+from taskgate.brokers.sql.create import store_new
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.graph import settle_children
 from taskgate.brokers.sql.rows import snapshot, status_values
 from taskgate.brokers.sql.tx import OneStatement, Tx, table_of
 from taskgate.errors import LeaseLostError, TaskNotFoundError
-from taskgate.ids import new_tokens
+from taskgate.ids import new_id, new_tokens
 from taskgate.models import Models
 from taskgate.task import Status, Task
 
@@ -357,7 +358,9 @@ def lease_lost_error(tx: Tx, task_id: str) -> LeaseLostError | TaskNotFoundError
     return LeaseLostError(f"task {task_id} is held under another lease")
 
 
-def reap(tx: Tx, lease_lost_max: int, limit: int) -> list[Task]:
+def reap(
+    tx: Tx, lease_lost_max: int, limit: int, compensations: Mapping[str, Compensation] | None = None
+) -> list[Task]:
     """Take back up to ``limit`` tasks whose lease ended, earliest expiry first."""
     task, lease = tx.models.task, tx.models.lease
     expired = (
@@ -370,10 +373,10 @@ def reap(tx: Tx, lease_lost_max: int, limit: int) -> list[Task]:
     # Locks the task rows (and, on PostgreSQL/MySQL, the lease rows too); a task another
     # reaper or its worker holds right now is skipped, so a lease is counted once.
     rows = tx.conn.execute(tx.traits.lock(expired, skip_locked=True)).all()
-    return [_reap_one(tx, row, lease_lost_max) for row in rows]
+    return [_reap_one(tx, row, lease_lost_max, compensations or {}) for row in rows]
 
 
-def _reap_one(tx: Tx, row: Row[Any], lease_lost_max: int) -> Task:
+def _reap_one(tx: Tx, row: Row[Any], lease_lost_max: int, compensations: Mapping[str, Compensation]) -> Task:
     task, lease = tx.models.task, tx.models.lease
     tx.conn.execute(delete(lease).where(lease.task_id == row.id))
     count = row.lease_lost + 1
@@ -390,4 +393,7 @@ def _reap_one(tx: Tx, row: Row[Any], lease_lost_max: int) -> Task:
     status = Status(values["status"])
     if status.is_final:
         settle_children(tx, [(row.id, status)])
+    compensation = compensations.get(row.type) if status is Status.FAILED else None
+    if compensation is not None:  # in the transaction that failed the task
+        store_new(tx, [compensation.task(row.id, new_id())], check_ids=False)
     return snapshot(row, {**values, "cancel_requested": False})

@@ -8,12 +8,11 @@ wake-up (``pg_notify`` on PostgreSQL, delivered only if that transaction commits
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import URL, Engine
 
-from taskgate.brokers.base import NewTask
+from taskgate.brokers.params import Submit
 from taskgate.brokers.sql import create
 from taskgate.brokers.sql.tx import Tx
 from taskgate.errors import ConfigError
@@ -48,10 +47,11 @@ def check_same_database(ours: Engine, theirs: Engine) -> None:
     )
 
 
-def store_in(tx: Tx, items: Sequence[NewTask], channel: str) -> list[dict[str, Any]]:
-    """Insert ``items`` in ``tx``'s (the application's) transaction; the rows stored."""
+def store_in(tx: Tx, submit: Submit, channel: str) -> list[dict[str, Any]]:
+    """Insert ``submit.tasks`` in ``tx``'s (the application's) transaction, after checking
+    its ``max_pending`` (`QueueFullError`: nothing written); the rows stored."""
     # Ids checked first: a taken one must be named, not fail the application's transaction.
-    rows = create.store_new(tx, items, check_ids=True)
+    rows = create.store_new(tx, submit.tasks, check_ids=True, room=submit)
     if tx.woken:
         tx.traits.notify(tx.conn, channel, sorted(tx.woken))
     return rows

@@ -15,7 +15,8 @@ Three steps, each a statement or a few (chunked id lists):
    A submit or replay that comes after our lock waits for it, then finds the parent gone
    (`TaskNotFoundError`). SQLite writes one transaction at a time: nothing can come between.
 3. Delete: business keys (freed with their last execution; pointed back at the replayed
-   execution when the newest goes), edges naming the tasks either way, then the rows.
+   execution when the newest goes), edges naming the tasks either way, their durable steps,
+   then the rows.
 """
 
 from __future__ import annotations
@@ -154,9 +155,10 @@ def _free_keys(tx: Tx, keyed: Sequence[tuple[str, str, str | None]]) -> None:
 
 
 def _delete(tx: Tx, ids: Sequence[str]) -> None:
-    edge, task = table_of(tx.models.dependency), table_of(tx.models.task)
+    edge, task, step = table_of(tx.models.dependency), table_of(tx.models.task), table_of(tx.models.step)
     for part in chunks(ids):
         listed = list(part)
         tx.conn.execute(delete(edge).where(or_(edge.c.child_id.in_(listed), edge.c.parent_id.in_(listed))))
+        tx.conn.execute(delete(step).where(step.c.task_id.in_(listed)))
     for part in chunks(ids):
         tx.conn.execute(delete(task).where(task.c.id.in_(list(part))))

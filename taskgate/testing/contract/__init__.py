@@ -33,10 +33,12 @@ from __future__ import annotations
 
 from taskgate.testing.contract._fixtures import BrokerFactory, ContractFixtures
 from taskgate.testing.contract._support import RACE_ROUNDS
+from taskgate.testing.contract.backpressure import BackPressureContract
 from taskgate.testing.contract.cancel import CancelContract
 from taskgate.testing.contract.claim_acks import ClaimAcksContract
 from taskgate.testing.contract.claim_types import ClaimTypesContract
 from taskgate.testing.contract.claims import ClaimContract, WaitContract
+from taskgate.testing.contract.compensation import CompensationContract
 from taskgate.testing.contract.dependencies import DependencyContract
 from taskgate.testing.contract.groups import GroupContract
 from taskgate.testing.contract.holds import HoldContract
@@ -54,6 +56,7 @@ from taskgate.testing.contract.replay import ReplayContract, ReplayDescendantsCo
 from taskgate.testing.contract.settle import QuietSettleContract, SettleContract
 from taskgate.testing.contract.settled import SettledContract
 from taskgate.testing.contract.shared_limits import SharedLimitsContract
+from taskgate.testing.contract.steps import StepContract
 from taskgate.testing.contract.submit import SubmitContract
 from taskgate.testing.contract.surface import SurfaceContract
 from taskgate.testing.contract.timeouts import TimeoutContract
@@ -68,6 +71,7 @@ class BrokerContract(
     SurfaceContract,
     LifecycleContract,
     SubmitContract,
+    BackPressureContract,
     LargeBatchContract,
     ClaimContract,
     ClaimAcksContract,
@@ -88,6 +92,7 @@ class BrokerContract(
     HoldContract,
     PruneContract,
     ProgressContract,
+    StepContract,
     TraceContextContract,
     SharedLimitsContract,
     ValidationContract,
@@ -95,5 +100,6 @@ class BrokerContract(
     SettleContract,
     QuietSettleContract,
     SettledContract,
+    CompensationContract,
 ):
     """Every broker contract test; subclass it as ``Test<Backend>`` and define ``broker_factory``."""

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from taskgate.brokers.base import MAX_PRIORITY, MIN_PRIORITY, Broker, FailureKind, QuotaSpec
-from taskgate.brokers.params import Claim, Claimed, QueueQuery, Replay, SharedLimits
+from taskgate.brokers.params import Claim, Claimed, QueueQuery, Replay, SharedLimits, Submit
 from taskgate.clock import ManualClock
+from taskgate.errors import QueueFullError
 from taskgate.ids import new_id
 from taskgate.task import Filter, Status
 from taskgate.testing import steps
@@ -195,6 +196,14 @@ class PriorityContract:
         assert broker.queue_state(QueueQuery("q")).queue_len == 3
         assert [lease.task.id for lease in steps.claim(broker, "q", 10, TTL)] == ["low", "neg"]
         assert broker.queue_state(QueueQuery("q")).queue_len == 1
+
+    def test_back_pressure_counts_the_waiting_tasks_of_every_priority(self, broker: Broker) -> None:
+        steps.enqueue(broker, [new_task(id="high", priority=5), new_task(id="low", priority=-5)])
+        limited = Submit((new_task(id="third"),), max_pending=(("q", 3),))
+        assert broker.submit(limited).statuses == [Status.PENDING]
+        with pytest.raises(QueueFullError):
+            broker.submit(Submit((new_task(id="fourth", priority=9),), max_pending=(("q", 3),)))
+        assert [lease.task.id for lease in steps.claim(broker, "q", 10, TTL)] == ["high", "third", "low"]
 
     @pytest.mark.parametrize(
         ("priority", "error"),

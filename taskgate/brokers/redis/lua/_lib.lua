@@ -36,6 +36,7 @@
 --   types:<queue>      SET    every type a task of <queue> was stored with (never shrinks)
 --   leases             ZSET   running ids, score lease end (µs): what reap scans
 --   children:<id>      SET    ids of the tasks that depend on <id>
+--   steps:<id>         HASH   a task's durable steps: step name -> JSON result (`step.lua`)
 --   bkey:<key>         LIST   executions of a business key, oldest first
 --   replays            HASH   execution id -> id of the execution that replayed it
 --   stats              HASH   "<status>:<type>" -> count, maintained by every transition
@@ -45,6 +46,9 @@
 --   idx:group:<group>  ZSET   ids of one group (of any queue), score created_at
 --   idx:status:<st>    ZSET   ids in one status but running (`leases` holds those), score
 --                             created_at
+--   blocked:<queue>    ZSET   a queue's blocked ids, score created_at: with queue:<queue>,
+--                             what back-pressure counts (enqueue.lua). Tasks blocked by a
+--                             build without it are not in it: they count once they are ready
 --   slots:<queue>      ZSET   shared slot token (= lease token) -> expiry (µs)
 --   slot_waiters:<queue> ZSET claimer id -> expiry (µs): claimers owed a free slot
 --   rate:<queue>       STRING the queue's GCRA arrival time (µs); expires once past
@@ -323,9 +327,15 @@ local function move_status(id, task_type, created_at, from, to)
   index_status(to, id, created_at)
 end
 
--- `move_status` of `t` (id, type, created_at, status); the caller also sets `t.status`.
+-- `move_status` of `t` (id, type, created_at, status; queue too when it enters or leaves
+-- blocked: `blocked:<queue>`, which back-pressure counts); the caller also sets `t.status`.
 local function recount(t, to)
   move_status(t.id, t.type, t.created_at, t.status, to)
+  if to == 'blocked' then
+    zset_later(B .. 'blocked:' .. t.queue, t.id, t.created_at)
+  elseif t.status == 'blocked' then
+    zset_later(B .. 'blocked:' .. t.queue, t.id, false)
+  end
 end
 
 -- The only place a status changes: counters and the status index move with it.
@@ -682,9 +692,53 @@ local function retry_held(id, token, kind, text, delay, hold, tb)
   end
 end
 
+-- The ULID after `id` (26 Crockford base-32 digits): the same millisecond, the random part one
+-- higher -- how a script makes more ids from the one fresh id its caller sent.
+local CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ'
+local function next_ulid(id)
+  local digits = {}
+  for i = 1, #id do
+    digits[i] = string.find(CROCKFORD, string.sub(id, i, i), 1, true) - 1
+  end
+  for i = #id, 1, -1 do
+    if digits[i] < 31 then
+      digits[i] = digits[i] + 1
+      break
+    end
+    digits[i] = 0
+  end
+  local out = {}
+  for i = 1, #digits do
+    out[i] = string.sub(CROCKFORD, digits[i] + 1, digits[i] + 1)
+  end
+  return table.concat(out)
+end
+
+-- Submit the compensation of the task `failed_id`, just failed by this script: a new task of
+-- `comp_type` in `queue`, payload {"failed": failed_id}, no parents, pending and due now, under
+-- `id` or (taken already) the next free ULID after it. Returns the id used.
+local function store_compensation(id, comp_type, queue, max_retry, failed_id)
+  while redis.call('EXISTS', task_key(id)) == 1 do
+    id = next_ulid(id)
+  end
+  redis.call('HSET', task_key(id), 'id', id, 'type', comp_type, 'queue', queue, 'created_at', NOW_S,
+    'run_at', NOW_S, 'attempts', '0', 'max_retry', max_retry, 'throttled', '0', 'lease_lost', '0',
+    'claims', '0', 'depends_on', '[]', 'ignore_parent_failure', '0', 'cancel_requested', '0',
+    'status', 'pending', 'payload', cjson.encode({ failed = failed_id }))
+  redis.call('SADD', B .. 'types:' .. queue, comp_type)
+  zset_later(B .. 'idx:all', id, NOW_S)
+  zset_later(B .. 'idx:type:' .. comp_type, id, NOW_S)
+  zset_later(B .. 'idx:queue:' .. queue, id, NOW_S)
+  move_status(id, comp_type, NOW_S, nil, 'pending')
+  redis.call('ZADD', ready_key(queue, '0'), NOW_S, id)  -- of priority 0, as a new task by default
+  redis.call('ZADD', due_key(queue, comp_type, '0'), NOW_S, id)
+  signal(queue)
+  return id
+end
+
 -- Count the failure by `kind`, store `text` as its error (and `tb` as its traceback), and
 -- fail the task for good (its descendants canceled).
-local function fail_held(id, token, kind, text, tb)
+local function fail_held(id, token, kind, text, tb, comp)
   local t, err = load_leased(id, token)
   if not t then
     return err
@@ -692,6 +746,9 @@ local function fail_held(id, token, kind, text, tb)
   count_failure(t, kind)
   set_traceback(id, tb)
   finish(t, 'failed', { 'last_error', text })
+  if comp then  -- {id, type, queue, max_retry}: the compensation, in this same script
+    store_compensation(comp[1], comp[2], comp[3], comp[4], id)
+  end
 end
 
 -- Put the task back to `pending`, due now, touching no counter (graceful shutdown) -- or,

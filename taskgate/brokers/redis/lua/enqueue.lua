@@ -9,7 +9,9 @@
 --          business_key, depends_on (JSON array of ids), timeout (ms or "" for none),
 --          group ("" for none), trace_context ("" for none), priority (an integer);
 --          "shared": then one group of 16 whose every value but id and payload is every
---          task's (has_business_key 0), then N groups of 3: id, has_payload (0/1), payload
+--          task's (has_business_key 0), then N groups of 3: id, has_payload (0/1), payload;
+--          after the tasks, optionally (back-pressure, `Submit.max_pending`): M, then M pairs
+--          queue, limit
 -- Returns  {"ok", created_at (µs), arrival...} with one {status, run_at (µs), last_error or ""}
 --          per task, in batch order (every other field is what the caller sent), or
 --          {"ok", created_at, "alike", N, arrival} when all N tasks arrived alike; or
@@ -17,12 +19,14 @@
 --          {"exists", key, newest_id, status} a business key is used already
 --          {"dupkey", key}                    a business key appears twice in the batch
 --          {"notfound", parent_id}            a parent neither exists nor comes earlier
+--          {"full", queue, limit, waiting, adding}  the batch would take a limited queue past
+--                                             its limit
 --
 -- Touches: task:<id> HASH (write), task:<parent> HASH (read), children:<parent> SET,
 --          bkey:<key> LIST, stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
 --          idx:status:<s> / idx:group:<g> ZSET, queue:<q> ZSET, due:<n>:<q>:<type> ZSET,
 --          pqueue:<p>:<q> ZSET, pdue:<p>:<n>:<q>:<type> ZSET, prios:<q> ZSET, types:<q> SET,
---          signal:<q> channel (PUBLISH).
+--          blocked:<q> ZSET, signal:<q> channel (PUBLISH).
 
 local FIELDS = 16
 
@@ -56,6 +60,35 @@ local function read_shared(count)
     }
   end
   return batch
+end
+
+-- Where the tasks' values end in ARGV: the limits, if any, come next.
+local function tasks_end(count)
+  if ARGV[3] == 'shared' then
+    return 4 + FIELDS + count * 3
+  end
+  return 4 + count * FIELDS
+end
+
+-- Back-pressure: each limited queue the batch adds to (`adding`: queue -> tasks) may hold at
+-- most its limit of waiting tasks -- pending and retrying (`ready_count`), blocked (blocked:<q>)
+-- -- counting the batch's own. The limits are at ARGV[at..]; a call without any pays one look.
+local function check_room(adding, at)
+  local m = ARGV[at]
+  if not m then
+    return nil
+  end
+  for i = 1, tonumber(m) do
+    local queue, limit = ARGV[at + 2 * i - 1], tonumber(ARGV[at + 2 * i])
+    local n = adding[queue]
+    if n then
+      local waiting = ready_count(queue) + redis.call('ZCARD', B .. 'blocked:' .. queue)
+      if waiting + n > limit then
+        return { 'full', queue, limit, math.min(waiting, limit), n }  -- counted up to the limit, as SQL
+      end
+    end
+  end
+  return nil
 end
 
 local function read_batch()
@@ -155,7 +188,7 @@ local function store(n)
   zset_later(B .. 'idx:all', n.id, NOW_S)
   zset_later(B .. 'idx:type:' .. n.type, n.id, NOW_S)
   zset_later(B .. 'idx:queue:' .. n.queue, n.id, NOW_S)
-  recount({ id = n.id, type = n.type, created_at = NOW_S }, status)  -- the hash has its status
+  recount({ id = n.id, type = n.type, queue = n.queue, created_at = NOW_S }, status)  -- the hash has its status
   if status == 'pending' then
     if n.priority ~= '0' then
       note_priority(n.queue, n.priority)
@@ -187,6 +220,10 @@ local function store_plain(count, first, stride, flag, payload)
       return { 'duplicate', id }
     end
     seen[id] = true
+  end
+  local full = check_room({ [queue] = count }, tasks_end(count))
+  if full then
+    return full
   end
   local function write(id, ...)  -- ...: 'payload', <bytes>; or nothing for a task without one
     redis.call('HSET', task_key(id), 'id', id, 'type', task_type, 'queue', queue,
@@ -262,6 +299,16 @@ local batch = read_batch()
 local problem = check(batch)
 if problem then
   return problem
+end
+if ARGV[tasks_end(#batch)] then  -- limits given
+  local adding = {}
+  for _, n in ipairs(batch) do
+    adding[n.queue] = (adding[n.queue] or 0) + 1
+  end
+  problem = check_room(adding, tasks_end(#batch))
+  if problem then
+    return problem
+  end
 end
 -- A compact answer: sending back 1000 full hashes costs more than storing them.
 local reply = { 'ok', NOW_S }

@@ -1,8 +1,8 @@
 -- prune.lua: delete final tasks (`Broker.prune`): those of the given statuses that finished at
 -- or before now - older_than and match the filter, oldest created first, at most `limit` --
 -- never one with a child that is not final, nor one replayed by an execution still stored.
--- Each goes with every key entry naming it: its hash, its children set, its entry in each
--- parent's children set, its index entries, its business key's list (a list left empty is
+-- Each goes with every key entry naming it: its hash, its durable steps, its children set, its
+-- entry in each parent's children set, its index entries, its business key's list (a list left empty is
 -- gone: the key is free again) and its replay link.
 --
 -- Candidates come from each status's `idx:status:<s>` in created_at order, up to the cutoff
@@ -22,7 +22,8 @@
 -- then     the statuses to delete (each final)
 -- Returns  {"ok", deleted}
 --
--- Touches: task:<id> HASH (read, DEL), children:<id> SET (read, DEL, SREM), replays HASH,
+-- Touches: task:<id> HASH (read, DEL), steps:<id> HASH (DEL), children:<id> SET (read, DEL,
+--          SREM), replays HASH,
 --          bkey:<key> LIST (LREM), stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
 --          idx:status:<s> / idx:group:<g> ZSET.
 
@@ -76,7 +77,7 @@ local function may_go(t)
 end
 
 local function remove(t, created_score_key)
-  redis.call('DEL', task_key(t.id), B .. 'children:' .. t.id)  -- its children are final
+  redis.call('DEL', task_key(t.id), B .. 'steps:' .. t.id, B .. 'children:' .. t.id)  -- its children are final
   for _, parent in ipairs(cjson.decode(t.depends_on)) do
     redis.call('SREM', B .. 'children:' .. parent, t.id)
   end

@@ -16,7 +16,8 @@
 -- then     the number N of items, and the N items in order, each its kind and its values:
 --            "complete" id token has_result(0/1) result   (result ignored when has_result is 0)
 --            "retry"    id token failure_kind error delay_us hold_queue(0/1) has_tb(0/1) traceback
---            "fail"     id token failure_kind error has_tb(0/1) traceback
+--            "fail"     id token failure_kind error has_tb(0/1) traceback comp_id comp_type
+--                       comp_queue comp_max_retry   (comp_id "": no compensation to submit)
 --          (traceback: the task's new last_traceback, ignored when has_tb is 0: the field is
 --          then deleted)
 --            "requeue"  id token
@@ -27,7 +28,8 @@
 --
 -- Touches: quota:<key> HASH {start, used}, slots:<queue> ZSET, hold:<queue> STRING, task:<id> and descendants'
 --          task:<id> HASH, leases ZSET, queue:<q> ZSET, signal:<q> channel (PUBLISH),
---          children:<id> SET, stats HASH, idx:status:<s> ZSET.
+--          children:<id> SET, stats HASH, idx:status:<s> ZSET; for a compensation also
+--          due:<n>:<q>:<type> ZSET, types:<q> SET, idx:all / idx:type:<t> / idx:queue:<q> ZSET.
 
 local quiet = ARGV[2] == 'quiet'
 local at = 3
@@ -69,8 +71,9 @@ local ENDS = {
     return retry_held(id, token, kind, text, delay, hold, has_tb == '1' and tb or nil), id
   end,
   fail = function()
-    local id, token, kind, text, has_tb, tb = take(6)
-    return fail_held(id, token, kind, text, has_tb == '1' and tb or nil), id
+    local id, token, kind, text, has_tb, tb, comp_id, comp_type, comp_queue, comp_retry = take(10)
+    local comp = comp_id ~= '' and { comp_id, comp_type, comp_queue, comp_retry } or nil
+    return fail_held(id, token, kind, text, has_tb == '1' and tb or nil, comp), id
   end,
   requeue = function()
     local id, token = take(2)
