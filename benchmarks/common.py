@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,12 +40,22 @@ def make_gate(broker: Broker, *, workers: int = 10, **queue_options: Any) -> Gat
     return Gate(Config(broker=broker, queues={QUEUE: QueueConfig(workers=workers, **queue_options)}))
 
 
-def enqueue_noops(broker: Broker, n: int, *, depends_on: Sequence[str] = ()) -> None:
-    """Store ``n`` pending no-op tasks directly through the broker (set-up, not measured)."""
+def enqueue_noops(
+    broker: Broker, n: int, *, depends_on: Sequence[str] = (), priorities: random.Random | None = None
+) -> None:
+    """Store ``n`` pending no-op tasks directly through the broker (set-up, not measured); with
+    ``priorities``, each of a priority from 0 to 9 drawn from it."""
     for start in range(0, n, ENQUEUE_CHUNK):
         count = min(ENQUEUE_CHUNK, n - start)
         tasks = tuple(
-            NewTask(id=new_id(), type=QUEUE, queue=QUEUE, depends_on=tuple(depends_on)) for _ in range(count)
+            NewTask(
+                id=new_id(),
+                type=QUEUE,
+                queue=QUEUE,
+                depends_on=tuple(depends_on),
+                priority=0 if priorities is None else priorities.randrange(10),
+            )
+            for _ in range(count)
         )
         broker.submit(Submit(tasks, snapshots=False))
 

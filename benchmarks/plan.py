@@ -39,7 +39,7 @@ _SPECS: dict[str, FigureSpec] = {
     "limits.none": FigureSpec("tasks/s", "work10"),
     "memory.rss": FigureSpec("MB"),
 }
-for _variant in ("local", "rps", "quota", "deps"):
+for _variant in ("local", "rps", "quota", "deps", "priorities"):
     _SPECS[f"limits.{_variant}"] = FigureSpec("tasks/s", "work10", baseline="limits.none")
 for _floor in ("insert1", "insert_batch", "claim1", "claim100", "work10"):
     _SPECS[f"floor.{_floor}"] = FigureSpec("jobs/s")

@@ -8,6 +8,7 @@ gate(s) until the broker's counters show all ``n`` completed -- or, on a slow ba
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -21,25 +22,30 @@ from benchmarks.stores import Store, isolated_store
 
 __all__ = ["LIMIT_VARIANTS", "process_in_process", "process_two_procs"]
 
-# Limits set high enough never to bind: (queue options, depends_on a completed parent).
-# "none" is the default queue (its workers counted in the store where the broker can);
-# "local" counts them in the process (``shared_limits=False``): what sharing them costs.
-LIMIT_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
-    "none": ({}, False),
-    "local": ({"shared_limits": False}, False),
-    "rps": ({"rps": 1_000_000}, False),
-    "quota": ({"quota_limit": 1_000_000_000, "quota_period": "24h"}, False),
-    "deps": ({}, True),
+# Limits set high enough never to bind: (queue options, depends_on a completed parent, tasks
+# of mixed priorities). "none" is the default queue (its workers counted in the store where the
+# broker can); "local" counts them in the process (``shared_limits=False``): what sharing them
+# costs; "priorities" gives each task a priority from 0 to 9 at random (seeded): what claiming
+# across priorities costs against the same tasks all at priority 0.
+LIMIT_VARIANTS: dict[str, tuple[dict[str, Any], bool, bool]] = {
+    "none": ({}, False, False),
+    "local": ({"shared_limits": False}, False, False),
+    "rps": ({"rps": 1_000_000}, False, False),
+    "quota": ({"quota_limit": 1_000_000_000, "quota_period": "24h"}, False, False),
+    "deps": ({}, True, False),
+    "priorities": ({}, False, True),
 }
+PRIORITY_SEED = 39
 
 
 def process_in_process(backend: str, s: Settings, *, workers: int = 10, variant: str = "none") -> float:
     """Tasks per second processed by one gate in this process (one run)."""
-    options, deps = LIMIT_VARIANTS[variant]
+    options, deps, prioritized = LIMIT_VARIANTS[variant]
     with isolated_store(backend) as store:
         broker = store.open()
         parents = [completed_parent(broker)] if deps else []
-        enqueue_noops(broker, s.n, depends_on=parents)
+        priorities = random.Random(PRIORITY_SEED) if prioritized else None
+        enqueue_noops(broker, s.n, depends_on=parents, priorities=priorities)
         gate = make_gate(broker, workers=workers, **options)
         countdown = Countdown(s.n)
         gate.handle("noop", countdown)

@@ -224,6 +224,7 @@ class Gate:
         ignore_parent_failure: bool = False,
         timeout: DurationLike | None = None,  # noqa: ASYNC109 (SPEC name: the task's run-time limit)
         group: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue one task and return its execution id (a ULID).
 
@@ -231,7 +232,10 @@ class Gate:
         ``Config.max_retry``. ``timeout`` (> 0, a duration like ``delay``) limits each run of
         the task, instead of its queue's ``QueueConfig.timeout``: a run past it is cancelled
         and counts as a business failure (``TimeoutError``). ``group`` puts the task in a group
-        of its queue (a tenant, a user) limited by the queue's ``group_*`` limits. Raises `ShutdownError`,
+        of its queue (a tenant, a user) limited by the queue's ``group_*`` limits. ``priority``
+        (an int within 32 bits): among the queue's due tasks a higher one is claimed first, then
+        the earlier due, then the smaller id -- a steady stream of higher ones can starve lower
+        ones. Raises `ShutdownError`,
         `TaskNotFoundError` (unknown parent), `TaskExistsError` (used business key), or
         `TypeError`/`ValueError` naming a bad argument. When the queue is at its
         ``QueueConfig.max_pending``, waits for room (``on_full="block"``; bound it with a
@@ -249,6 +253,7 @@ class Gate:
             ignore_parent_failure=ignore_parent_failure,
             timeout=timeout,
             group=group,
+            priority=priority,
         )
         return ids[0]
 
@@ -265,6 +270,7 @@ class Gate:
         ignore_parent_failure: bool = False,
         timeout: DurationLike | None = None,  # noqa: ASYNC109 (SPEC name: the task's run-time limit)
         group: str | None = None,
+        priority: int = 0,
     ) -> builtins.list[str]:
         """Queue one task per payload in one all-or-nothing batch (one broker call); ids in payload order.
 
@@ -288,6 +294,7 @@ class Gate:
             ignore_parent_failure=ignore_parent_failure,
             timeout=timeout,
             group=group,
+            priority=priority,
         )
 
     def enqueue_in(

@@ -49,7 +49,9 @@ class Task:
     the JSON text a handler last stored with `taskgate.set_progress` (None: none); `progress`
     decodes it. ``trace_context`` is the submitter's OpenTelemetry context (a JSON object of
     propagation headers, e.g. ``traceparent``; None: none was active or OpenTelemetry is not
-    installed), the parent of the span of each run.
+    installed), the parent of the span of each run. ``priority``: as submitted (0 unless
+    given); among the due tasks of a queue a higher one is claimed first, then the earlier
+    ``run_at``, then the smaller id.
     """
 
     id: str
@@ -77,6 +79,7 @@ class Task:
     last_traceback: str | None = None
     progress_json: str | None = None
     trace_context: str | None = None
+    priority: int = 0
     cancel_requested: bool = field(default=False, compare=False)
 
     def json(self) -> Any:

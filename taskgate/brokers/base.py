@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_DELAY",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "UNSET",
     "Broker",
     "Capabilities",
@@ -72,6 +74,7 @@ __all__ = [
     "SettledSink",
     "Unset",
     "check_identifier",
+    "check_priority",
 ]
 
 
@@ -137,7 +140,8 @@ class NewTask:
     so every backend gives back the same value. ``group`` puts the task in a group of its
     queue (a tenant, a user), whose own limits a claim may apply (`SharedLimits`).
     ``trace_context``: the submitter's tracing context (text, at most `MAX_TRACE_CONTEXT`
-    characters), stored as it is and given back as ``Task.trace_context``.
+    characters), stored as it is and given back as ``Task.trace_context``. ``priority``
+    (-2**31 to 2**31-1): among the due tasks of its queue, a higher one is claimed first.
     """
 
     id: str
@@ -153,6 +157,7 @@ class NewTask:
     timeout: timedelta | None = None
     group: str | None = None
     trace_context: str | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         check_identifier(self.id, what="task id")
@@ -185,9 +190,24 @@ class NewTask:
             object.__setattr__(self, "timeout", _checked_timeout(self.timeout))
         if self.trace_context is not None:
             _check_trace_context(self.trace_context)
+        check_priority(self.priority)
 
 
 _MILLISECOND = timedelta(milliseconds=1)
+
+# A priority fits a 32-bit signed integer: an INTEGER column on every database.
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+
+
+def check_priority(value: object) -> int:
+    """Return ``value`` if it is a usable priority (an int, not a bool, within 32 bits), else
+    raise `TypeError`/`ValueError` naming ``priority``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an int, got {type(value).__name__}: {value!r}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"priority must be from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value}")
+    return value
+
 
 MAX_TRACE_CONTEXT = 4096  # characters: a traceparent is 55, a tracestate at most 512 more
 
@@ -388,11 +408,13 @@ class Broker(Protocol):
         """Write ``claim.acks`` (as `settle` would, quietly), then lease up to ``claim.limit``
         due tasks of ``claim.queue`` (pending/retrying, ``run_at <= now``) -- one call.
 
-        With ``types``, only tasks of those types are leased, oldest due first among them
-        however many due tasks of other types are older (they stay as they are); None leases
-        any type. Oldest due first (``run_at``, then id). Each becomes ``running`` with ``claims += 1``,
-        ``started_at = now`` and a fresh token valid until ``now + lease_ttl``. A task is
-        returned to at most one claimer while its lease is valid; never more than ``limit``.
+        With ``types``, only tasks of those types are leased, in claim order among them
+        however many due tasks of other types come before (they stay as they are); None leases
+        any type. Claim order: highest ``priority`` first, then oldest due (``run_at``), then
+        id -- a not-yet-due task waits however high its priority. Each becomes ``running``
+        with ``claims += 1``, ``started_at = now`` and a fresh token valid until
+        ``now + lease_ttl``. A task is returned to at most one claimer while its lease is valid;
+        never more than ``limit``.
         With ``quota``, each task claimed takes one unit of the window (fewer tasks when fewer
         units are left, none and ``exhausted`` when none are); with ``shared``, one shared slot
         (under the lease's token, expiring with the lease) and one start of the rate. Units,

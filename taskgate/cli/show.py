@@ -127,6 +127,7 @@ def print_detail(detail: TaskDetail, out: TextIO, *, as_json: bool) -> None:
             ("type", task.type),
             ("queue", task.queue),
             ("group", task.group),
+            ("priority", task.priority),
             ("status", task.status),
             ("business key", task.business_key),
             ("attempts", f"{task.attempts} (max_retry {task.max_retry})"),

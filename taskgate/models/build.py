@@ -14,6 +14,8 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     UniqueConstraint,
+    column,
+    desc,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, registry
@@ -190,10 +192,13 @@ def _task_args(t: str) -> tuple[Any, ...]:
         # many rows without a business key out of that index. (MySQL and SQLite have no
         # such cost -- they only touch indexes whose columns change -- and MySQL has no
         # partial indexes.)
+        # The claim's order: highest priority first (a DESC column, so one forward scan reads
+        # it), then oldest due, then id.
         Index(
             conv(f"ix_{t}_claim"),
             "queue",
             "ready",
+            desc(column("priority")),
             "run_at",
             "id",
             postgresql_where=text("ready"),

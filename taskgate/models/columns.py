@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, Integer
+from sqlalchemy import BigInteger, Boolean, Integer, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from taskgate.ids import MAX_ID_LENGTH
@@ -39,10 +39,13 @@ class TaskColumns:
     type: Mapped[str] = mapped_column(Name)
     queue: Mapped[str] = mapped_column(Name)
     status: Mapped[str] = mapped_column(ExactString(16))
-    # True exactly while status is pending or retrying: lets ONE index (queue, ready, run_at,
-    # id) serve the claim in run_at order and stop after k rows, which an index on
-    # (queue, status, ...) cannot do for two statuses at once.
+    # True exactly while status is pending or retrying: lets ONE index (queue, ready,
+    # priority DESC, run_at, id) serve the claim in its order and stop after k rows, which an
+    # index on (queue, status, ...) cannot do for two statuses at once.
     ready: Mapped[bool] = mapped_column(Boolean)
+    # Claimed before the due tasks of lower priority. The server default gives rows written
+    # before the column existed (or by an older version during a rolling deploy) priority 0.
+    priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     run_at: Mapped[datetime] = mapped_column(UTCDateTime())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

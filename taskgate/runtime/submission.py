@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from taskgate.brokers.base import MAX_DELAY, NewTask, check_identifier
+from taskgate.brokers.base import MAX_DELAY, NewTask, check_identifier, check_priority
 from taskgate.clock import utc
 from taskgate.codec import encode_value
 from taskgate.config import Config
@@ -132,11 +132,13 @@ def build_tasks(
     timeout: DurationLike | None = None,
     group: str | None = None,
     trace_context: str | None = None,
+    priority: int = 0,
 ) -> list[NewTask]:
     """One `NewTask` per payload; raises `TypeError`/`ValueError`/`ConfigError` naming the argument.
 
     ``run_at`` wins over ``delay``; ``timeout`` (None: the queue's) is each task's own;
-    ``group`` and ``trace_context`` (the submit's span, `taskgate.runtime.tracing`) are every task's.
+    ``group``, ``priority`` and ``trace_context`` (the submit's span, `taskgate.runtime.tracing`)
+    are every task's.
     ``business_key`` names the one task of a single submit; ``business_keys`` gives one key
     (or None) per payload. Nothing is stored here, so bad input changes nothing.
     """
@@ -145,6 +147,7 @@ def build_tasks(
         check_identifier(business_key, what="business_key")
     if group is not None:
         check_identifier(group, what="group")
+    check_priority(priority)
     items = list(payloads)
     keys = _keys(business_keys, len(items)) if business_key is None else [business_key] * len(items)
     if not isinstance(ignore_parent_failure, bool):
@@ -177,6 +180,7 @@ def build_tasks(
         timeout=limit,
         group=group,
         trace_context=trace_context,
+        priority=priority,
     )
     if len(items) == 1:
         return [first]

@@ -39,7 +39,8 @@ def test_the_benchmark_harness_prints_every_memory_figure_and_a_table() -> None:
     expected = {
         "submit.single", "submit.batch", "process.w10", "process.w100", "latency.same.p50",
         "latency.same.p99", "claims.small_finished", "claims.big_finished", "claims.pruning",
-        "limits.none", "limits.local", "limits.rps", "limits.quota", "limits.deps", "memory.rss",
+        "limits.none", "limits.local", "limits.rps", "limits.quota", "limits.deps", "limits.priorities",
+        "memory.rss",
     }  # fmt: skip
     assert set(figures) == expected
     assert all(f["value"] > 0 and f["backend"] == "memory" for f in figures.values())

@@ -209,9 +209,10 @@ async def test_from_an_async_session_through_run_sync_commit_runs_it_and_rollbac
 def test_a_sync_client_enqueues_in_the_transaction_too(broker: SQLBroker, app_engine: Engine) -> None:
     with SyncClient(_config_of(broker)) as client:
         with Session(app_engine) as session, session.begin():
-            task_id = client.enqueue_in(session, "ship", {"item": "pen"}, delay="1h")
+            task_id = client.enqueue_in(session, "ship", {"item": "pen"}, delay="1h", priority=3)
         (task,) = client.list()
         assert (task.id, task.status, task.json()) == (task_id, Status.PENDING, {"item": "pen"})
+        assert task.priority == 3
 
 
 def test_a_full_queue_raises_queue_full_in_the_transaction_even_when_its_queue_blocks(
@@ -260,6 +261,8 @@ def test_bad_targets_and_options_are_refused_naming_them(broker: SQLBroker, app_
             gate.enqueue_in(session, "ship", dely="1h")
         with pytest.raises(ValueError, match="max_retry"):
             gate.enqueue_in(session, "ship", max_retry=-1)
+        with pytest.raises(TypeError, match="priority"):
+            gate.enqueue_in(session, "ship", priority="high")
         session.commit()
     assert _stored(broker) == []
 

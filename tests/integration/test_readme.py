@@ -105,6 +105,7 @@ assert config.queues["llm"].retention.failed is None and config.retention.failed
 print("ok")
 """
     ),
+    '"password reset", priority=10': Run("{block}", shows="['password reset', 'newsletter', 'digest']"),
     "async def accept_hook(gate, payload)": Run(
         """
 import anyio

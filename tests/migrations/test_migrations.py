@@ -310,3 +310,25 @@ def _script_config() -> Config:
     config = Config()
     config.set_main_option("script_location", SCRIPT_LOCATION)
     return config
+
+
+def test_0007_gives_tasks_stored_before_it_priority_0_and_claims_by_priority(database_url: str) -> None:
+    """Tasks stored at 0006 (the column dropped by the downgrade) come back at priority 0 and are
+    claimed after a task of a higher priority, through the rebuilt claim index."""
+    upgrade(database_url)
+    broker = SQLBroker(database_url, create_tables=False)
+    try:
+        steps.enqueue(broker, [NewTask(id="old", type="t", queue="q", priority=5)])
+    finally:
+        broker.close()
+    downgrade(database_url, "0006")
+    upgrade(database_url)
+    assert drift(database_url, models_for("taskgate_")) == []
+    broker = SQLBroker(database_url, create_tables=False)
+    try:
+        assert broker.get("old").priority == 0
+        steps.enqueue(broker, [NewTask(id="new", type="t", queue="q", priority=1)])
+        leases = steps.claim(broker, "q", 2, timedelta(seconds=30))
+        assert [(lease.task.id, lease.task.priority) for lease in leases] == [("new", 1), ("old", 0)]
+    finally:
+        broker.close()

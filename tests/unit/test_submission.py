@@ -21,6 +21,7 @@ CONFIG = Config(broker=MemoryBroker(), queues={"t": QueueConfig(workers=1)})
         {"run_at": datetime(2030, 1, 1, tzinfo=UTC), "delay": timedelta(seconds=3)},
         {"timeout": "1m30s"},
         {"group": "user-42"},
+        {"priority": 7},
     ],
 )
 def test_every_task_of_a_batch_equals_one_built_and_checked_on_its_own(options: dict[str, object]) -> None:
@@ -39,6 +40,7 @@ def test_every_task_of_a_batch_equals_one_built_and_checked_on_its_own(options: 
             business_key=t.business_key,
             timeout=t.timeout,
             group=t.group,
+            priority=t.priority,
         )
         for t in tasks
     ]
@@ -88,3 +90,20 @@ def test_every_task_of_a_batch_is_in_the_group_given() -> None:
 def test_a_bad_group_is_refused_naming_it(group: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="group"):
         build_tasks(CONFIG, "t", [1], group=group)  # type: ignore[arg-type]
+
+
+def test_every_task_of_a_batch_has_the_priority_given() -> None:
+    assert [t.priority for t in build_tasks(CONFIG, "t", [1, 2], priority=-4)] == [-4, -4]
+    assert [t.priority for t in build_tasks(CONFIG, "t", [1])] == [0]
+
+
+@pytest.mark.parametrize(
+    ("priority", "error"),
+    [(True, TypeError), (None, TypeError), (2.0, TypeError), (2**31, ValueError), (-(2**31) - 1, ValueError)],
+)
+def test_a_bad_priority_is_refused_naming_it_even_for_no_payloads(
+    priority: object, error: type[Exception]
+) -> None:
+    for payloads in ([1], []):
+        with pytest.raises(error, match="priority"):
+            build_tasks(CONFIG, "t", payloads, priority=priority)  # type: ignore[arg-type]

@@ -73,6 +73,7 @@ def test_a_task_from_fields_is_the_task_its_constructor_makes() -> None:
         "last_traceback": "Traceback (most recent call last): ...",
         "progress_json": '{"done":1}',
         "trace_context": '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}',
+        "priority": -3,
         "cancel_requested": True,
     }
     assert tuple(values) == TASK_FIELDS

@@ -7,6 +7,11 @@ Create Date: 2026-12-05
 - ``<prefix>steps``: the durable steps of a handler (``taskgate.step``), one row per task and
   step name holding the JSON result its first run stored; keyed by (task_id, name), task_id a
   foreign key to ``<prefix>tasks`` (a task's steps are deleted with it by retention).
+- Priorities: ``<prefix>tasks`` gains ``priority`` INTEGER NOT NULL, server default 0 (existing
+  rows, and rows an older version writes during a rolling deploy, get 0). The claim index
+  ``ix_<prefix>tasks_claim`` is rebuilt as (queue, ready, priority DESC, run_at, id) -- partial
+  ``WHERE ready`` on PostgreSQL, as 0002 made it -- so a claim reads its tasks in claim order
+  (highest priority, then oldest due, then id) and stops after k rows, without a sort.
 
 A frozen copy: the columns are spelled out here rather than read from the live models. On
 MySQL/MariaDB the string columns get the NO PAD binary collation revision 0003 gave the others.
@@ -38,12 +43,14 @@ _OPTIONS: dict[str, Any] = {
 
 
 def upgrade() -> None:
-    """Create the steps table."""
+    """Create the steps table; add ``priority`` and rebuild the claim index with it."""
     _create_steps(table_prefix())
+    _add_priority(table_prefix())
 
 
 def downgrade() -> None:
-    """Drop the steps table."""
+    """Drop ``priority`` (the claim index rebuilt without it) and the steps table."""
+    _drop_priority(table_prefix())
     op.drop_table(f"{table_prefix()}steps")
 
 
@@ -69,3 +76,24 @@ def _string(length: int) -> sa.types.TypeEngine[str]:
         collation = "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
         return mysql.VARCHAR(length, collation=collation)
     return sa.String(length)
+
+
+def _add_priority(p: str) -> None:
+    t = f"{p}tasks"
+    with op.batch_alter_table(t) as tasks:
+        tasks.add_column(sa.Column("priority", sa.Integer(), nullable=False, server_default=sa.text("0")))
+    _rebuild_claim_index(t, ["queue", "ready", sa.desc(sa.column("priority")), "run_at", "id"])
+
+
+def _drop_priority(p: str) -> None:
+    t = f"{p}tasks"
+    _rebuild_claim_index(t, ["queue", "ready", "run_at", "id"])
+    with op.batch_alter_table(t) as tasks:
+        tasks.drop_column("priority")
+
+
+def _rebuild_claim_index(table: str, columns: list[sa.ColumnElement[object] | str]) -> None:
+    name = f"ix_{table}_claim"
+    partial = sa.text("ready") if op.get_context().dialect.name == "postgresql" else None
+    op.drop_index(name, table_name=table)
+    op.create_index(name, table, columns, postgresql_where=partial)

@@ -47,6 +47,7 @@ class Record:
     last_traceback: str | None
     progress_json: str | None
     trace_context: str | None
+    priority: int
     cancel_requested: bool
     # The lease's token and end while running; None otherwise.
     token: str | None
@@ -77,6 +78,7 @@ class Record:
         last_error: str | None = None,
         finished_at: datetime | None = None,
         trace_context: str | None = None,
+        priority: int = 0,
     ) -> None:
         self.id = id
         self.type = type
@@ -103,6 +105,7 @@ class Record:
         self.last_traceback = None
         self.progress_json = None
         self.trace_context = trace_context
+        self.priority = priority
         self.cancel_requested = False
         self.token = None
         self.lease_expires_at = None

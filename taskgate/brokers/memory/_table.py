@@ -20,11 +20,13 @@ __all__ = ["READY_STATUSES", "TaskTable"]
 
 READY_STATUSES = frozenset({Status.PENDING, Status.RETRYING})
 
-# (run_at, id, ready_seq): heap order is the claim order; the seq detects stale entries.
+# (run_at, id, ready_seq): heap order is the claim order within one priority; the seq detects
+# stale entries.
 _ReadyEntry = tuple[datetime, str, int]
-# One ready heap per (queue, type): a claim for some types finds its tasks without passing
-# the due tasks of the others.
-_HeapKey = tuple[str, str]
+# One ready heap per (queue, type, priority): a claim for some types finds its tasks without
+# passing the due tasks of the others, and takes a priority's due tasks before a lower one's
+# (a not-yet-due task of a higher priority waits in its heap without holding up the others).
+_HeapKey = tuple[str, str, int]
 
 
 class TaskTable:
@@ -38,6 +40,8 @@ class TaskTable:
         self.running: dict[str, None] = {}
         self._ready: defaultdict[_HeapKey, list[_ReadyEntry]] = defaultdict(list)
         self._types: defaultdict[str, dict[str, None]] = defaultdict(dict)  # a queue's types, ever
+        # A queue's priorities, ever, highest first: the order its claims walk them in.
+        self._priorities: defaultdict[str, list[int]] = defaultdict(list)
         self._counts: defaultdict[str, defaultdict[Status, int]] = defaultdict(lambda: defaultdict(int))
         self._queue_len: defaultdict[str, int] = defaultdict(int)
         self._blocked: defaultdict[str, int] = defaultdict(int)  # blocked tasks by queue
@@ -121,26 +125,37 @@ class TaskTable:
             self.running[record.id] = None
         elif record.status in READY_STATUSES:
             record.ready_seq += 1
-            key = (record.queue, record.type)
+            key = (record.queue, record.type, record.priority)
             if key not in self._ready:
-                self._types[record.queue][record.type] = None
+                self._new_heap(key)
             heapq.heappush(self._ready[key], (record.run_at, record.id, record.ready_seq))
+
+    def _new_heap(self, key: _HeapKey) -> None:
+        queue, task_type, priority = key
+        self._types[queue][task_type] = None
+        priorities = self._priorities[queue]
+        if priority not in priorities:
+            priorities.append(priority)
+            priorities.sort(reverse=True)
 
     # -- ready heaps -----------------------------------------------------------------------
 
     def start_due(
         self, queue: str, now: datetime, limit: int, types: tuple[str, ...] | None = None
     ) -> list[Record]:
-        """Up to ``limit`` due ready records of ``queue`` (of ``types``; None: any), oldest due
-        first, moved to running.
+        """Up to ``limit`` due ready records of ``queue`` (of ``types``; None: any), in claim
+        order (highest priority, then oldest due), moved to running.
 
         `set_status` to running written out for a batch (a claim's hot path): no call per record.
         """
-        heaps = self._heaps(queue, types)
-        if len(heaps) == 1:
-            due = self._due_of(heaps[0], now, limit)
-        else:
-            due = self._due_merged(heaps, now, limit)
+        due: list[Record] = []
+        for heaps in self._levels(queue, types):
+            if len(heaps) == 1:
+                due += self._due_of(heaps[0], now, limit - len(due))
+            else:
+                due += self._due_merged(heaps, now, limit - len(due))
+            if len(due) == limit:
+                break
         self.start(queue, due)
         return due
 
@@ -155,33 +170,58 @@ class TaskTable:
         self._queue_len[queue] -= len(records)
 
     def due_in_order(self, queue: str, now: datetime, types: tuple[str, ...] | None) -> Iterator[Record]:
-        """The due ready records of ``queue`` (of ``types``; None: any), oldest due first,
-        without taking any: a walk that may pass over records (a claim under group limits).
+        """The due ready records of ``queue`` (of ``types``; None: any), in claim order, without
+        taking any: a walk that may pass over records (a claim under group limits).
 
-        The heaps are read, not popped: a frontier of heap positions, smallest entry first,
-        whose children join it as it is taken -- k records cost O(k log k), whatever lies
-        behind them. Do not change the table while the walk is under way.
+        The heaps are read, not popped: a frontier of heap positions, highest priority and
+        smallest entry first, whose children join it as it is taken -- k records cost
+        O(k log k), whatever lies behind them. Do not change the table while the walk is under way.
         """
-        heaps = self._heaps(queue, types)
-        frontier = [(heap[0], n, 0) for n, heap in enumerate(heaps) if heap]
+        heaps = [(-priority, heap) for priority, level in self._ranked(queue, types) for heap in level]
+        frontier = [(rank, heap[0], n, 0) for n, (rank, heap) in enumerate(heaps) if heap]
         heapq.heapify(frontier)
         while frontier:
-            entry, n, position = heapq.heappop(frontier)
+            rank, entry, n, position = heapq.heappop(frontier)
             if entry[0] > now:
-                return  # the smallest entry left: nothing behind it is due either
+                continue  # nothing below it in its heap is due either
             record = self._live(*entry)
             if record is not None:
                 yield record
-            heap = heaps[n]
+            heap = heaps[n][1]
             for child in (2 * position + 1, 2 * position + 2):
                 if child < len(heap):
-                    heapq.heappush(frontier, (heap[child], n, child))
+                    heapq.heappush(frontier, (rank, heap[child], n, child))
 
     def _heaps(self, queue: str, types: tuple[str, ...] | None) -> list[list[_ReadyEntry]]:
-        """The ready heaps of ``queue``'s ``types`` (None: all its types) that exist."""
+        """The ready heaps of ``queue``'s ``types`` (None: all its types) that exist, of every priority."""
+        return [heap for _, level in self._ranked(queue, types) for heap in level]
+
+    def _levels(self, queue: str, types: tuple[str, ...] | None) -> Iterator[list[list[_ReadyEntry]]]:
+        """The ready heaps of ``queue``'s ``types`` (None: all its types), one list per
+        priority, highest first."""
+        return (level for _, level in self._ranked(queue, types))
+
+    def _ranked(
+        self, queue: str, types: tuple[str, ...] | None
+    ) -> Iterator[tuple[int, list[list[_ReadyEntry]]]]:
+        """Each priority of ``queue`` with its ready heaps of ``types`` (None: all its types),
+        highest first. A heap found empty is dropped, and its priority with its last heap: a
+        claim walks the priorities that hold tasks, not every one the queue ever had."""
         ready = self._ready
         names = self._types.get(queue, ()) if types is None else types
-        return [ready[(queue, name)] for name in names if (queue, name) in ready]
+        for priority in tuple(self._priorities.get(queue, ())):
+            level = []
+            for name in names:
+                key = (queue, name, priority)
+                heap = ready.get(key)
+                if heap:
+                    level.append(heap)
+                elif heap is not None:
+                    del ready[key]  # drained: the next task of it makes it again (`_enter`)
+            if level:
+                yield priority, level
+            elif not any((queue, name, priority) in ready for name in self._types[queue]):
+                self._priorities[queue].remove(priority)
 
     def _due_of(self, heap: list[_ReadyEntry], now: datetime, limit: int) -> list[Record]:
         """Up to ``limit`` live due records taken off one heap, in its order."""
@@ -222,10 +262,9 @@ class TaskTable:
     def overdue(self, queue: str, cutoff: datetime, handled: tuple[str, ...]) -> int:
         """Ready records of ``queue`` due at or before ``cutoff``, of a type not in ``handled``."""
         count = 0
-        for name in self._types.get(queue, ()):
-            if name not in handled:
-                heap = self._ready[(queue, name)]
-                count += sum(1 for entry in heap if entry[0] <= cutoff and self._live(*entry) is not None)
+        unhandled = tuple(name for name in self._types.get(queue, ()) if name not in handled)
+        for heap in self._heaps(queue, unhandled):
+            count += sum(1 for entry in heap if entry[0] <= cutoff and self._live(*entry) is not None)
         return count
 
     def _live_head(self, heap: list[_ReadyEntry]) -> Record | None:

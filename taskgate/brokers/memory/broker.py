@@ -82,11 +82,12 @@ class MemoryBroker:
 
     Every method holds one `threading.Condition` for its whole transition, so each is atomic
     with respect to every other thread. Claims pop per-queue heaps ordered by
-    ``(run_at, id)``; counts and queue lengths are maintained counters. Times come from
-    ``clock`` (default: the system clock). All users live in one process, so quota counts,
-    slots, rates and group limits are shared by every gate of the broker by construction
-    (``shared_quota``, ``shared_limits``, ``group_limits``). Methods only hold the lock for
-    in-memory work, so the runtime calls them on its event loop (``nonblocking=True``).
+    ``(run_at, id)``, one per priority, highest first; counts and queue lengths are
+    maintained counters. Times come from ``clock`` (default: the system clock). All users
+    live in one process, so quota counts, slots, rates and group limits are shared by every
+    gate of the broker by construction (``shared_quota``, ``shared_limits``,
+    ``group_limits``). Methods only hold the lock for in-memory work, so the runtime calls
+    them on its event loop (``nonblocking=True``).
     """
 
     capabilities = Capabilities(shared_quota=True, shared_limits=True, group_limits=True, nonblocking=True)
@@ -284,7 +285,7 @@ class MemoryBroker:
 
     def claim(self, claim: Claim) -> Claimed:
         """Complete ``claim.acks`` (answered quietly), then lease up to ``claim.limit`` due
-        tasks of ``claim.queue``, oldest due first (``run_at``, then id) -- one lock hold.
+        tasks of ``claim.queue`` in claim order (priority, ``run_at``, id) -- one lock hold.
 
         With ``claim.quota``, each task leased takes one unit of the window, and the units no
         task took go back before the lock is released. With ``claim.shared``, each also takes
@@ -345,7 +346,7 @@ class MemoryBroker:
     def _lease_due(
         self, claim: Claim, limit: int, now: datetime, admit: Admit | None = None
     ) -> builtins.list[Lease]:
-        """Lease up to ``limit`` due tasks of ``claim``'s queue and types, oldest due first,
+        """Lease up to ``limit`` due tasks of ``claim``'s queue and types, in claim order,
         passing over those ``admit`` refuses: a token each."""
         if admit is None:
             records = self._table.start_due(claim.queue, now, limit, claim.types)
@@ -706,6 +707,7 @@ def _new_record(item: NewTask, now: datetime, status: Status, error: str | None)
         last_error=error,
         finished_at=now if status.is_final else None,
         trace_context=item.trace_context,
+        priority=item.priority,
     )
 
 
@@ -735,6 +737,7 @@ def _replay_record(
         group=old.group,
         last_error=error,
         finished_at=now if status.is_final else None,
+        priority=old.priority,
     )
 
 

@@ -312,7 +312,7 @@ class RedisBroker:
     # -- tasks: the worker's transitions ---------------------------------------------------
 
     def claim(self, claim: Claim) -> Claimed:
-        """Lease up to ``claim.limit`` due tasks, oldest due first (``run_at``, then id), with
+        """Lease up to ``claim.limit`` due tasks in claim order (priority, ``run_at``, id), with
         what the claim carries -- acks, a quota, shared limits -- in ONE script (see `claims`).
 
         Shared limits: each lease holds one of the queue's ``workers`` slots under its token,

@@ -37,7 +37,7 @@ _MICROSECOND = timedelta(microseconds=1)
 _MILLISECOND = timedelta(milliseconds=1)
 
 # enqueue.lua reads this many ARGV values per task; keep the two in step.
-NEW_TASK_FIELDS = 15
+NEW_TASK_FIELDS = 16
 
 
 def to_us(when: datetime) -> int:
@@ -98,6 +98,7 @@ SNAPSHOT_FIELDS = (
     "last_traceback",
     "progress",
     "trace_context",
+    "priority",
     "cancel_requested",
     "token",
     "lease_until",
@@ -145,6 +146,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
         last_traceback,
         progress,
         trace_context,
+        priority,
         cancel_requested,
         _token,
         _lease_until,
@@ -178,6 +180,7 @@ def task_from_values(values: Sequence[Any]) -> Task:
             "last_traceback": _text(last_traceback),
             "progress_json": _text(progress),
             "trace_context": _text(trace_context),
+            "priority": 0 if priority is None else int(priority),
             "cancel_requested": cancel_requested == b"1",
         }
     )
@@ -234,6 +237,7 @@ def _shared_fields(task: NewTask) -> tuple[object, ...]:
         task.timeout,
         task.group,
         task.trace_context,
+        task.priority,
     )
 
 
@@ -255,6 +259,7 @@ def new_task_args(task: NewTask) -> list[str | bytes | int]:
         "" if task.timeout is None else task.timeout // _MILLISECOND,
         task.group or "",
         task.trace_context or "",
+        task.priority,
     ]
 
 
@@ -334,6 +339,7 @@ def _arrived_task(item: NewTask, created_at: datetime, arrival: _Arrival) -> Tas
             "last_traceback": None,
             "progress_json": None,
             "trace_context": item.trace_context,
+            "priority": item.priority,
             "cancel_requested": False,
         }
     )

@@ -380,7 +380,7 @@ class SQLBroker:
 
     def claim(self, claim: Claim) -> Claimed:
         """Write ``claim.acks`` quietly, then lease up to ``claim.limit`` due tasks of
-        ``claim.queue``, oldest due first (``run_at``, then id), within ``claim.quota`` if given.
+        ``claim.queue`` in claim order (priority, ``run_at``, id), within ``claim.quota`` if given.
 
         Acks and claim are ONE transaction on every dialect (``Claimed.failed`` is never set):
         a failure of either rolls back both and raises. With ``claim.shared`` the queue's

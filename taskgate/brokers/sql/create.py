@@ -114,6 +114,7 @@ def store_new(
             item.timeout,
             item.group,
             item.trace_context,
+            item.priority,
         )
         if alike is None or alike[0] != shape:
             alike = shape, new_row(item, tx.now, Status.PENDING, None)
@@ -364,6 +365,7 @@ def new_row(item: NewTask, now: datetime, status: Status, error: str | None) -> 
         status=status,
         error=error,
         trace_context=item.trace_context,
+        priority=item.priority,
     )
 
 
@@ -392,6 +394,7 @@ def _replay_row(
         run_at=now,
         status=status,
         error=error,
+        priority=old.priority,
     )
 
 

@@ -10,7 +10,7 @@ slots change under that one lock and need none of their own:
 1. `GroupLimits.load` reads what the groups hold: their live slots (one grouped count over the
    queue's slot rows) and their rows of ``<prefix>queue_limits`` (``group_name`` = the group:
    the rate's arrival time and the quota window's count), and works out each group's room;
-2. `GroupLimits.lease_up_to` leases the oldest due tasks, passing over those of a group without
+2. `GroupLimits.lease_up_to` leases due tasks in claim order, passing over those of a group without
    room -- a group at its limit never holds up another -- by locking due rows in order
    (``SKIP LOCKED``), keeping those whose group has room and looking again past the last row
    seen, leaving out the groups that filled up meanwhile;
@@ -37,6 +37,7 @@ from taskgate.brokers.params import Claim
 from taskgate.brokers.sql import holds
 from taskgate.brokers.sql.dialects import Traits
 from taskgate.brokers.sql.leases import (
+    claim_order,
     claim_params,
     due_where,
     lease_running,
@@ -105,7 +106,7 @@ class GroupLimits:
         )
 
     def lease_up_to(self, limit: int) -> list[Lease]:
-        """Lease up to ``limit`` of the oldest due tasks whose group has room (see the module
+        """Lease up to ``limit`` due tasks, in claim order, whose group has room (see the module
         docstring), counting what each group took."""
         tx, statements = self._tx, _statements(self._tx.models, self._tx.traits, typed_as(self._types))
         picked: list[Mapping[str, Any]] = []
@@ -120,7 +121,9 @@ class GroupLimits:
             if after is None:
                 rows = tx.fetch(statements.due_with_room, params)
             else:
-                params.update(p_after_run_at=after["run_at"], p_after_id=after["id"])
+                params.update(
+                    p_after_priority=after["priority"], p_after_run_at=after["run_at"], p_after_id=after["id"]
+                )
                 rows = tx.fetch(statements.due_with_room_after, params)
             for row in rows:
                 after = row
@@ -212,12 +215,15 @@ class _Statements:
                     task.c.group_name.is_(None), task.c.group_name.not_in(bindparam("p_full", expanding=True))
                 ),
             )
-            .order_by(task.c.run_at, task.c.id)
+            .order_by(*claim_order(task))
             .limit(bindparam("p_limit", type_=Integer))
         )
+        # Past the last row seen in `claim_order`: a lower priority, or the same one and later.
+        after_priority = bindparam("p_after_priority", type_=Integer)
         after_run_at = bindparam("p_after_run_at", type_=task.c.run_at.type)
         after_id = bindparam("p_after_id", type_=task.c.id.type)
-        past = or_(task.c.run_at > after_run_at, and_(task.c.run_at == after_run_at, task.c.id > after_id))
+        later = or_(task.c.run_at > after_run_at, and_(task.c.run_at == after_run_at, task.c.id > after_id))
+        past = or_(task.c.priority < after_priority, and_(task.c.priority == after_priority, later))
         self.due_with_room = traits.lock(due, skip_locked=True)
         self.due_with_room_after = traits.lock(due.where(past), skip_locked=True)
         self.write_group: Update = (

@@ -47,6 +47,7 @@ __all__ = [
     "CANCELED_ERROR",
     "claim",
     "claim_in_one_statement",
+    "claim_order",
     "claim_params",
     "claim_plan",
     "due_order",
@@ -74,7 +75,7 @@ def claim(
     types: tuple[str, ...] | None = None,
 ) -> list[Lease]:
     """Lease up to ``limit`` due tasks of ``queue`` (of ``types``; None: any, see `due_where`),
-    oldest due first, inside the caller's transaction.
+    in `claim_order`, inside the caller's transaction.
 
     With data-modifying CTEs (PostgreSQL) it is the one-statement claim, so lease
     rows have one INSERT shape there (the server draws the tokens). ``durable`` (the default):
@@ -151,7 +152,7 @@ def _lock_then_mark(models: Models, traits: Traits, typed: int) -> tuple[Select[
         select(*locked_due_columns(models))
         .where(*due_where(task, traits, now, typed=typed))
         .where(holds.not_held(models, now))
-        .order_by(task.c.run_at, task.c.id)
+        .order_by(*claim_order(task))
         .limit(bindparam("p_limit", type_=Integer))
     )
     mark = update(task).where(traits.listed(task.c.id, "p_ids")).values(values)
@@ -234,8 +235,9 @@ def due_where(
 
     A claim asks for the types its process handles, usually one per queue: that one is a
     plain parameter, which every driver binds as cheaply as the queue's name. The claim index
-    (queue, ready, run_at, id) serves the order; the type is checked on the rows it passes,
-    so due tasks of other types ahead cost a row visit each (the index has no type column).
+    (queue, ready, priority DESC, run_at, id) serves the order (`claim_order`); the type is
+    checked on the rows it passes, so due tasks of other types ahead cost a row visit each
+    (the index has no type column).
     """
     where = [task.c.queue == bindparam("p_queue"), task.c.ready == true(), task.c.run_at <= now]
     if typed == 1:
@@ -258,7 +260,7 @@ def _mark_running_up_to(models: Models, traits: Traits, limit: ColumnElement[int
         select(task.c.id)
         .where(*due_where(task, traits, now, typed=typed))
         .where(holds.not_held(models, now))
-        .order_by(task.c.run_at, task.c.id)
+        .order_by(*claim_order(task))
         .limit(limit)
     )
     locked = traits.lock(due, skip_locked=True).scalar_subquery()
@@ -317,8 +319,15 @@ def one_statement_claim_parts(
     return claimed, new_leases
 
 
-def due_order(row: Mapping[str, Any]) -> tuple[Any, str]:
-    return (row["run_at"], row["id"])
+def claim_order(task: Table) -> tuple[ColumnElement[Any], ...]:
+    """The order due tasks are claimed in: highest priority first, then oldest due, then id --
+    the order of the claim index (queue, ready, priority DESC, run_at, id)."""
+    return (task.c.priority.desc(), task.c.run_at, task.c.id)
+
+
+def due_order(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """`claim_order` as a sort key of claimed rows (a statement returns them in no order)."""
+    return (-row["priority"], row["run_at"], row["id"])
 
 
 def heartbeat(tx: Tx, task_id: str, token: str, lease_ttl: timedelta, progress: str | None = None) -> Renewal:

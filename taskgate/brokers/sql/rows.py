@@ -150,6 +150,7 @@ def snapshot(row: Row[Any] | Mapping[str, Any], changes: Mapping[str, Any] | Non
             "last_traceback": values["last_traceback"],
             "progress_json": values["progress"],
             "trace_context": values["trace_context"],
+            "priority": values["priority"],
             "cancel_requested": bool(values.get("cancel_requested")),
         }
     )

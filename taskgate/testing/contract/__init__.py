@@ -45,6 +45,7 @@ from taskgate.testing.contract.holds import HoldContract
 from taskgate.testing.contract.large_batch import LargeBatchContract
 from taskgate.testing.contract.leases import LeaseContract
 from taskgate.testing.contract.lifecycle import LifecycleContract
+from taskgate.testing.contract.priorities import PriorityContract
 from taskgate.testing.contract.progress import ProgressContract
 from taskgate.testing.contract.prune import PruneContract
 from taskgate.testing.contract.queue_state import QueueStateContract
@@ -75,6 +76,7 @@ class BrokerContract(
     ClaimContract,
     ClaimAcksContract,
     ClaimTypesContract,
+    PriorityContract,
     WaitContract,
     DependencyContract,
     CancelContract,

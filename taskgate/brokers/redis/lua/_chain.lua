@@ -50,7 +50,7 @@ local function main()
   end
   flush_status()
   for queue in pairs(held) do
-    if redis.call('ZCARD', B .. 'queue:' .. queue) > 0 then
+    if ready_count(queue) > 0 then
       SIGNALED[queue] = true
     end
   end

@@ -21,12 +21,18 @@
 --                             claims depends_on(JSON array) ignore_parent_failure(0/1)
 --                             [business_key] [replay_of] [started_at] [finished_at]
 --                             [timeout_ms] [group] [last_traceback] [progress] [trace_context]
---                             cancel_requested(0/1)
+--                             [priority] (absent: 0) cancel_requested(0/1)
 --                             [token] [lease_until]; times in µs, timeout_ms in ms
---   queue:<queue>      ZSET   pending+retrying ids, score run_at (µs): the claim order
+--   queue:<queue>      ZSET   pending+retrying ids of priority 0, score run_at (µs): the
+--                             claim order within that priority
 --   due:<n>:<queue>:<type>  ZSET  the same entries of one type (<n> is the queue name's
 --                             length, so the key is unambiguous): a claim of some types
 --                             (`due_ids`) reads only theirs, however many others are due
+--   pqueue:<p>:<queue> ZSET   as queue:<queue>, for the tasks of priority <p> (not 0)
+--   pdue:<p>:<n>:<queue>:<type>  ZSET  as due:<n>:<queue>:<type>, for priority <p> (not 0)
+--   prios:<queue>      ZSET   the priorities other than 0 that may have ready tasks in
+--                             <queue>, member and score the priority; a claim drops one
+--                             whose pqueue is empty (`due_ids`)
 --   types:<queue>      SET    every type a task of <queue> was stored with (never shrinks)
 --   leases             ZSET   running ids, score lease end (µs): what reap scans
 --   children:<id>      SET    ids of the tasks that depend on <id>
@@ -142,16 +148,71 @@ local function publish_signals()
   SIGNALED = {}
 end
 
--- The due set of one type of a queue (see the key patterns above).
-local function due_key(queue, task_type)
-  return B .. 'due:' .. #queue .. ':' .. queue .. ':' .. task_type
+-- A task's priority as the keys name it: its `priority` field, absent for 0 (tasks stored
+-- before priorities existed have none either).
+local function priority_of(stored)
+  return stored or '0'
+end
+
+-- The ready set of priority `p` (a string, see `priority_of`) of a queue: queue:<queue> for
+-- 0 -- the key every task had before priorities -- and pqueue:<p>:<queue> for another.
+local function ready_key(queue, p)
+  if p == '0' then
+    return B .. 'queue:' .. queue
+  end
+  return B .. 'pqueue:' .. p .. ':' .. queue
+end
+
+-- The due set of one type and priority of a queue (see the key patterns above).
+local function due_key(queue, task_type, p)
+  if p == '0' then
+    return B .. 'due:' .. #queue .. ':' .. queue .. ':' .. task_type
+  end
+  return B .. 'pdue:' .. p .. ':' .. #queue .. ':' .. queue .. ':' .. task_type
+end
+
+-- Note that `queue` may have ready tasks of priority `p` (not 0), as they are added.
+local function note_priority(queue, p)
+  redis.call('ZADD', B .. 'prios:' .. queue, p, p)
+end
+
+local ZERO_ONLY = { '0' }
+
+-- The priorities of `queue` whose ready sets a claim walks, highest first, '0' among them:
+-- a queue that only ever had priority 0 costs one read of an empty key.
+local function priority_levels(queue)
+  local others = redis.call('ZRANGE', B .. 'prios:' .. queue, 0, -1, 'REV')
+  if #others == 0 then
+    return ZERO_ONLY
+  end
+  local levels, placed = {}, false
+  for _, p in ipairs(others) do
+    if not placed and tonumber(p) < 0 then
+      levels[#levels + 1], placed = '0', true
+    end
+    levels[#levels + 1] = p
+  end
+  if not placed then
+    levels[#levels + 1] = '0'
+  end
+  return levels
+end
+
+-- How many tasks of `queue` are ready (pending or retrying), due or not, of every priority.
+local function ready_count(queue)
+  local count = 0
+  for _, p in ipairs(priority_levels(queue)) do
+    count = count + redis.call('ZCARD', ready_key(queue, p))
+  end
+  return count
 end
 
 -- Take the task out of the structure its current status keeps it in.
 local function leave(t)
   if READY[t.status] then
-    redis.call('ZREM', B .. 'queue:' .. t.queue, t.id)
-    redis.call('ZREM', due_key(t.queue, t.type), t.id)
+    local p = priority_of(t.priority)
+    redis.call('ZREM', ready_key(t.queue, p), t.id)
+    redis.call('ZREM', due_key(t.queue, t.type, p), t.id)
   elseif t.status == 'running' then
     redis.call('ZREM', B .. 'leases', t.id)
     redis.call('HDEL', task_key(t.id), 'token', 'lease_until')
@@ -300,8 +361,9 @@ local function lease_task(id, token, lease_until)
   local key = task_key(id)
   local v = redis.call('HMGET', key, unpack(SNAPSHOT_FIELDS, 1, AT.token - 1))
   local claims = tostring(tonumber(v[AT.claims]) + 1)
-  zset_later(B .. 'queue:' .. v[AT.queue], id, false)
-  zset_later(due_key(v[AT.queue], v[AT.type]), id, false)
+  local p = priority_of(v[AT.priority])
+  zset_later(ready_key(v[AT.queue], p), id, false)
+  zset_later(due_key(v[AT.queue], v[AT.type], p), id, false)
   move_status(id, v[AT.type], v[AT.created_at], v[AT.status], 'running')
   redis.call('HSET', key, 'status', 'running', 'token', token, 'lease_until', lease_until,
     'started_at', NOW_S, 'claims', claims)
@@ -315,20 +377,25 @@ local function make_ready(t, to, run_at)
   set_status(t, to)
   redis.call('HSET', task_key(t.id), 'run_at', run_at)
   t.run_at = run_at
-  redis.call('ZADD', B .. 'queue:' .. t.queue, run_at, t.id)
-  redis.call('ZADD', due_key(t.queue, t.type), run_at, t.id)
+  local p = priority_of(t.priority)
+  if p ~= '0' then
+    note_priority(t.queue, p)
+  end
+  redis.call('ZADD', ready_key(t.queue, p), run_at, t.id)
+  redis.call('ZADD', due_key(t.queue, t.type, p), run_at, t.id)
   signal(t.queue)
 end
 
--- Up to `limit` ids of `queue`'s tasks of one type due now, in claim order, and their run_at
--- (µs) in a second list: read from the type's due set and checked against `queue:<queue>`,
--- which holds the truth, in one ZMSCORE. A build without the due sets (a rolling deploy from
+-- Up to `limit` ids of `queue`'s tasks of one type and priority `p` due now, in claim order,
+-- and their run_at (µs) in a second list: read from the type's due set and checked against
+-- the priority's ready set (`ready_key`: `queue:<queue>` for 0), which holds the truth, in
+-- one ZMSCORE. A build without the due sets (a rolling deploy from
 -- one) claims and re-queues tasks through `queue:<queue>` alone: an entry no longer there is
 -- dropped here (its task is leased or final), and one whose run_at moved is moved too, so no
 -- task is leased twice or early. `skip`: pass over that many first (a walk in chunks that read
 -- them already, which dropped or moved the entries no longer due: the ones left are theirs).
-local function due_of_type(queue, task_type, limit, skip)
-  local key, queue_key = due_key(queue, task_type), B .. 'queue:' .. queue
+local function due_of_type(queue, task_type, limit, skip, p)
+  local key, queue_key = due_key(queue, task_type, p), ready_key(queue, p)
   local ids, run_ats, offset = {}, {}, skip or 0
   while #ids < limit do
     local found = redis.call('ZRANGEBYSCORE', key, '-inf', NOW_S, 'LIMIT', offset, limit - #ids)
@@ -351,9 +418,10 @@ local function due_of_type(queue, task_type, limit, skip)
   return ids, run_ats
 end
 
--- Whether `queue`'s due sets hold exactly the entries of `queue:<queue>` -- by count, which is
--- all a build keeping both can have made -- and, when not, make them so: a build without the
--- due sets (a rolling deploy from one) stored or re-queued tasks into `queue:<queue>` alone.
+-- Whether `queue`'s due sets of priority 0 hold exactly the entries of `queue:<queue>` -- by
+-- count, which is all a build keeping both can have made -- and, when not, make them so: a
+-- build without the due sets (a rolling deploy from one) stored or re-queued tasks into
+-- `queue:<queue>` alone (and knew of no other priority).
 -- O(1) per type of the queue when they agree; a walk of the queue when they do not. Returns
 -- whether they did not.
 local function repair_due_sets(queue)
@@ -361,13 +429,13 @@ local function repair_due_sets(queue)
   local names = redis.call('SMEMBERS', types_key)
   local held = 0
   for _, name in ipairs(names) do
-    held = held + redis.call('ZCARD', due_key(queue, name))
+    held = held + redis.call('ZCARD', due_key(queue, name, '0'))
   end
   if held == redis.call('ZCARD', queue_key) then
     return false
   end
   for _, name in ipairs(names) do
-    local key = due_key(queue, name)
+    local key = due_key(queue, name, '0')
     for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
       if not redis.call('ZSCORE', queue_key, id) then
         redis.call('ZREM', key, id)
@@ -380,40 +448,62 @@ local function repair_due_sets(queue)
     local task_type = redis.call('HGET', task_key(id), 'type')
     if task_type then
       redis.call('SADD', types_key, task_type)
-      redis.call('ZADD', due_key(queue, task_type), run_at, id)
+      redis.call('ZADD', due_key(queue, task_type, '0'), run_at, id)
     end
   end
   return true
 end
 
--- Up to `limit` ids of `queue` due now, oldest due first (run_at, then id): of the types in
--- `types` (NUL-separated; "" for any type). Each type's due set is read from its head, so due
--- tasks of other types never stand in the way. A claim that finds fewer than it may take
--- first checks the due sets against the queue (`repair_due_sets`) and then looks again.
-local function due_ids(queue, types, limit, checked)
+-- Up to `limit` ids of `queue`'s tasks of priority `p` due now, oldest due first (run_at,
+-- then id), of the types in `types` (as `due_ids`).
+local function due_of_priority(queue, types, limit, p)
   if types == '' then
-    return redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', 0, limit)
+    return redis.call('ZRANGEBYSCORE', ready_key(queue, p), '-inf', NOW_S, 'LIMIT', 0, limit)
   end
-  local ids
   if not string.find(types, '%z') then
-    ids = due_of_type(queue, types, limit)  -- one type: its own order is the claim order
-  else
-    local due = {}
-    for name in string.gmatch(types, '[^%z]+') do
-      local found, run_ats = due_of_type(queue, name, limit)
-      for i, id in ipairs(found) do
-        due[#due + 1] = { run_ats[i], id }
+    return (due_of_type(queue, types, limit, 0, p))  -- one type: its own order is the claim order
+  end
+  local due = {}
+  for name in string.gmatch(types, '[^%z]+') do
+    local found, run_ats = due_of_type(queue, name, limit, 0, p)
+    for i, id in ipairs(found) do
+      due[#due + 1] = { run_ats[i], id }
+    end
+  end
+  table.sort(due, function(a, b)
+    return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
+  end)
+  local ids = {}
+  for i = 1, math.min(limit, #due) do
+    ids[i] = due[i][2]
+  end
+  return ids
+end
+
+-- Up to `limit` ids of `queue` due now, in claim order -- highest priority first, then oldest
+-- due (run_at), then id -- of the types in `types` (NUL-separated; "" for any type). Each
+-- priority's sets are read in turn (`priority_levels`); a priority whose ready set is empty is
+-- dropped from prios:<queue>. Each type's due set is read from its head, so due tasks of other
+-- types never stand in the way. A claim that finds fewer than it may take first checks the
+-- due sets against the queue (`repair_due_sets`) and then looks again.
+local function due_ids(queue, types, limit, checked)
+  local ids
+  for _, p in ipairs(priority_levels(queue)) do
+    if p ~= '0' and redis.call('EXISTS', ready_key(queue, p)) == 0 then
+      redis.call('ZREM', B .. 'prios:' .. queue, p)
+    elseif not ids then
+      ids = due_of_priority(queue, types, limit, p)
+    else
+      for _, id in ipairs(due_of_priority(queue, types, limit - #ids, p)) do
+        ids[#ids + 1] = id
       end
     end
-    table.sort(due, function(a, b)
-      return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
-    end)
-    ids = {}
-    for i = 1, math.min(limit, #due) do
-      ids[i] = due[i][2]
+    if ids and #ids >= limit then
+      break
     end
   end
-  if #ids < limit and not checked and repair_due_sets(queue) then
+  ids = ids or {}
+  if #ids < limit and not checked and types ~= '' and repair_due_sets(queue) then
     return due_ids(queue, types, limit, true)
   end
   return ids
@@ -640,8 +730,8 @@ local function store_compensation(id, comp_type, queue, max_retry, failed_id)
   zset_later(B .. 'idx:type:' .. comp_type, id, NOW_S)
   zset_later(B .. 'idx:queue:' .. queue, id, NOW_S)
   move_status(id, comp_type, NOW_S, nil, 'pending')
-  redis.call('ZADD', B .. 'queue:' .. queue, NOW_S, id)
-  redis.call('ZADD', due_key(queue, comp_type), NOW_S, id)
+  redis.call('ZADD', ready_key(queue, '0'), NOW_S, id)  -- of priority 0, as a new task by default
+  redis.call('ZADD', due_key(queue, comp_type, '0'), NOW_S, id)
   signal(queue)
   return id
 end
@@ -826,13 +916,17 @@ end
 -- `upto`th, in claim order: a list holding them from its `from`th entry on, and how many
 -- candidates there are up to the last one read (fewer than `upto`: no more are due).
 local function due_chunk(queue, types, seen, upto)
+  if redis.call('EXISTS', B .. 'prios:' .. queue) == 1 then  -- several priorities: from the head
+    local found = due_ids(queue, types, upto)
+    return found, seen + 1, #found
+  end
   if types == '' then  -- the next chunk alone
     local found = redis.call('ZRANGEBYSCORE', B .. 'queue:' .. queue, '-inf', NOW_S, 'LIMIT', seen,
       upto - seen)
     return found, 1, seen + #found
   end
   if seen > 0 and not string.find(types, '%z') then  -- one type's next chunk alone
-    local found = due_of_type(queue, types, upto - seen, seen)
+    local found = due_of_type(queue, types, upto - seen, seen, '0')
     return found, 1, seen + #found
   end
   -- From the head: the first chunk (`due_ids` checks the due sets), or several types' sets

@@ -3,12 +3,12 @@
 -- KEYS[1]  base (hash-tagged prefix, e.g. "tg:{tg}:")
 -- ARGV[1]  now in µs, or "" for the server's TIME
 -- ARGV[2]  number of tasks N
--- ARGV[3]  shape: "rows": then N groups of 15 values, one per task, in batch order:
+-- ARGV[3]  shape: "rows": then N groups of 16 values, one per task, in batch order:
 --          id, type, queue, has_payload (0/1), payload, max_retry, run_at (µs or ""),
 --          delay (µs or ""), ignore_parent_failure (0/1), has_business_key (0/1),
 --          business_key, depends_on (JSON array of ids), timeout (ms or "" for none),
---          group ("" for none), trace_context ("" for none);
---          "shared": then one group of 15 whose every value but id and payload is every
+--          group ("" for none), trace_context ("" for none), priority (an integer);
+--          "shared": then one group of 16 whose every value but id and payload is every
 --          task's (has_business_key 0), then N groups of 3: id, has_payload (0/1), payload;
 --          after the tasks, optionally (back-pressure, `Submit.max_pending`): M, then M pairs
 --          queue, limit
@@ -25,9 +25,10 @@
 -- Touches: task:<id> HASH (write), task:<parent> HASH (read), children:<parent> SET,
 --          bkey:<key> LIST, stats HASH, idx:all / idx:type:<t> / idx:queue:<q> /
 --          idx:status:<s> / idx:group:<g> ZSET, queue:<q> ZSET, due:<n>:<q>:<type> ZSET,
---          types:<q> SET, blocked:<q> ZSET, signal:<q> channel (PUBLISH).
+--          pqueue:<p>:<q> ZSET, pdue:<p>:<n>:<q>:<type> ZSET, prios:<q> ZSET, types:<q> SET,
+--          blocked:<q> ZSET, signal:<q> channel (PUBLISH).
 
-local FIELDS = 15
+local FIELDS = 16
 
 local function read_rows(count)
   local batch = {}
@@ -39,6 +40,7 @@ local function read_rows(count)
       run_at = ARGV[a + 6], delay = ARGV[a + 7], ignore = ARGV[a + 8],
       has_key = ARGV[a + 9] == '1', key = ARGV[a + 10], depends_on = ARGV[a + 11],
       timeout = ARGV[a + 12], group = ARGV[a + 13], trace = ARGV[a + 14],
+      priority = ARGV[a + 15],
     }
   end
   return batch
@@ -54,7 +56,7 @@ local function read_shared(count)
       has_payload = ARGV[a + 1] == '1', payload = ARGV[a + 2], max_retry = ARGV[t + 5],
       run_at = ARGV[t + 6], delay = ARGV[t + 7], ignore = ARGV[t + 8],
       has_key = false, key = '', depends_on = ARGV[t + 11], timeout = ARGV[t + 12],
-      group = ARGV[t + 13], trace = ARGV[t + 14],
+      group = ARGV[t + 13], trace = ARGV[t + 14], priority = ARGV[t + 15],
     }
   end
   return batch
@@ -69,7 +71,7 @@ local function tasks_end(count)
 end
 
 -- Back-pressure: each limited queue the batch adds to (`adding`: queue -> tasks) may hold at
--- most its limit of waiting tasks -- pending and retrying (queue:<q>), blocked (blocked:<q>)
+-- most its limit of waiting tasks -- pending and retrying (`ready_count`), blocked (blocked:<q>)
 -- -- counting the batch's own. The limits are at ARGV[at..]; a call without any pays one look.
 local function check_room(adding, at)
   local m = ARGV[at]
@@ -80,7 +82,7 @@ local function check_room(adding, at)
     local queue, limit = ARGV[at + 2 * i - 1], tonumber(ARGV[at + 2 * i])
     local n = adding[queue]
     if n then
-      local waiting = redis.call('ZCARD', B .. 'queue:' .. queue) + redis.call('ZCARD', B .. 'blocked:' .. queue)
+      local waiting = ready_count(queue) + redis.call('ZCARD', B .. 'blocked:' .. queue)
       if waiting + n > limit then
         return { 'full', queue, limit, math.min(waiting, limit), n }  -- counted up to the limit, as SQL
       end
@@ -164,6 +166,9 @@ local function store(n)
   if n.trace ~= '' then
     redis.call('HSET', key, 'trace_context', n.trace)
   end
+  if n.priority ~= '0' then  -- absent: 0, as on every task stored before priorities
+    redis.call('HSET', key, 'priority', n.priority)
+  end
   if n.group ~= '' then
     redis.call('HSET', key, 'group', n.group)
     zset_later(B .. 'idx:group:' .. n.group, n.id, NOW_S)
@@ -185,8 +190,11 @@ local function store(n)
   zset_later(B .. 'idx:queue:' .. n.queue, n.id, NOW_S)
   recount({ id = n.id, type = n.type, queue = n.queue, created_at = NOW_S }, status)  -- the hash has its status
   if status == 'pending' then
-    zset_later(B .. 'queue:' .. n.queue, n.id, run_at)
-    zset_later(due_key(n.queue, n.type), n.id, run_at)
+    if n.priority ~= '0' then
+      note_priority(n.queue, n.priority)
+    end
+    zset_later(ready_key(n.queue, n.priority), n.id, run_at)
+    zset_later(due_key(n.queue, n.type, n.priority), n.id, run_at)
     signal(n.queue)
   elseif status == 'canceled' then
     redis.call('HSET', key, 'finished_at', NOW_S, 'last_error', err)
@@ -198,7 +206,7 @@ end
 -- shape of `submit_many`, or one task alone): every task arrives pending, due at the same
 -- time, in the same sets. The per-task work is the id check, one HSET and the set entries,
 -- with no table per task: the general path below costs a third more. The template of the
--- shared fields is at ARGV[4..18]; task i (0-based) has its id at ARGV[first + i * stride],
+-- shared fields is at ARGV[4..19]; task i (0-based) has its id at ARGV[first + i * stride],
 -- its has_payload flag (0/1) `flag` and its payload `payload` places after that.
 local function store_plain(count, first, stride, flag, payload)
   local t = 4  -- the template
@@ -223,7 +231,7 @@ local function store_plain(count, first, stride, flag, payload)
       'throttled', '0', 'lease_lost', '0', 'claims', '0', 'depends_on', '[]',
       'ignore_parent_failure', ignore, 'cancel_requested', '0', 'status', 'pending', ...)
   end
-  local timeout, group, trace = ARGV[t + 12], ARGV[t + 13], ARGV[t + 14]
+  local timeout, group, trace, priority = ARGV[t + 12], ARGV[t + 13], ARGV[t + 14], ARGV[t + 15]
   if timeout ~= '' then  -- the batch's timeout, set once here rather than tested per task
     local untimed = write
     write = function(id, ...)
@@ -235,6 +243,13 @@ local function store_plain(count, first, stride, flag, payload)
     write = function(id, ...)
       untraced(id, 'trace_context', trace, ...)
     end
+  end
+  if priority ~= '0' then  -- the batch's priority, likewise
+    local unprioritized = write
+    write = function(id, ...)
+      unprioritized(id, 'priority', priority, ...)
+    end
+    note_priority(queue, priority)
   end
   local indexes = { 'idx:all', 'idx:type:' .. task_type, 'idx:queue:' .. queue, 'idx:status:pending' }
   if group ~= '' then  -- the batch's group, likewise
@@ -261,8 +276,8 @@ local function store_plain(count, first, stride, flag, payload)
   for _, index in ipairs(indexes) do
     call_chunked('ZADD', B .. index, created)
   end
-  call_chunked('ZADD', B .. 'queue:' .. queue, due)
-  call_chunked('ZADD', due_key(queue, task_type), due)
+  call_chunked('ZADD', ready_key(queue, priority), due)
+  call_chunked('ZADD', due_key(queue, task_type, priority), due)
   redis.call('SADD', B .. 'types:' .. queue, task_type)
   count_status('pending:' .. task_type, count)
   signal(queue)

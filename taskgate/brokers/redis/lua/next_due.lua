@@ -6,15 +6,17 @@
 -- ARGV[2..] queues
 -- Returns  {"ok", now (µs), earliest run_at (µs) or ""}
 --
--- Touches (read only): queue:<q> ZSET.
+-- Touches (read only): queue:<q> ZSET, prios:<q> ZSET, pqueue:<p>:<q> ZSET.
 
 local earliest = nil
 for i = 2, #ARGV do
-  local head = redis.call('ZRANGE', B .. 'queue:' .. ARGV[i], 0, 0, 'WITHSCORES')
-  if head[2] then
-    local run_at = tonumber(head[2])
-    if not earliest or run_at < earliest then
-      earliest = run_at
+  for _, p in ipairs(priority_levels(ARGV[i])) do
+    local head = redis.call('ZRANGE', ready_key(ARGV[i], p), 0, 0, 'WITHSCORES')
+    if head[2] then
+      local run_at = tonumber(head[2])
+      if not earliest or run_at < earliest then
+        earliest = run_at
+      end
     end
   end
 end

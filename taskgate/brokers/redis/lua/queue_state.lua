@@ -17,10 +17,10 @@
 --          queue's (`queue_hold`), "" when it is not held
 --
 -- Touches (read only): queue:<q> ZSET, hold:<q> STRING, quota:<key> HASH, types:<q> SET,
--- due:<n>:<q>:<type> ZSET.
+-- due:<n>:<q>:<type> ZSET, prios:<q> ZSET, pqueue:<p>:<q> ZSET, pdue:<p>:<n>:<q>:<type> ZSET.
 
 local queue = ARGV[2]
-local reply = { 'ok', redis.call('ZCARD', B .. 'queue:' .. queue), queue_hold(queue) or '', '', '' }
+local reply = { 'ok', ready_count(queue), queue_hold(queue) or '', '', '' }
 if ARGV[3] ~= '' then
   local limit = tonumber(ARGV[4])
   local start, _, left = quota_window(B .. 'quota:' .. ARGV[3], limit, tonumber(ARGV[5]))
@@ -35,9 +35,12 @@ for name in string.gmatch(ARGV[7], '[^%z]+') do
 end
 local cutoff = int_str(NOW - tonumber(ARGV[6]))
 local unhandled = 0
+local levels = priority_levels(queue)
 for _, name in ipairs(redis.call('SMEMBERS', B .. 'types:' .. queue)) do
   if not handled[name] then
-    unhandled = unhandled + redis.call('ZCOUNT', due_key(queue, name), '-inf', cutoff)
+    for _, p in ipairs(levels) do
+      unhandled = unhandled + redis.call('ZCOUNT', due_key(queue, name, p), '-inf', cutoff)
+    end
   end
 end
 reply[6] = unhandled

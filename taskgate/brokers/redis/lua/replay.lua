@@ -88,6 +88,9 @@ local function copy(old_id, new_id, old, depends_on, first)
   if old.timeout_ms then
     redis.call('HSET', key, 'timeout_ms', old.timeout_ms)
   end
+  if old.priority then
+    redis.call('HSET', key, 'priority', old.priority)
+  end
   if old.group then
     redis.call('HSET', key, 'group', old.group)
     redis.call('ZADD', B .. 'idx:group:' .. old.group, NOW_S, new_id)
@@ -105,7 +108,7 @@ local function index(new_id, old, parents)
   redis.call('ZADD', B .. 'idx:all', NOW_S, new_id)
   redis.call('ZADD', B .. 'idx:type:' .. old.type, NOW_S, new_id)
   redis.call('ZADD', B .. 'idx:queue:' .. old.queue, NOW_S, new_id)
-  local t = { id = new_id, type = old.type, queue = old.queue, created_at = NOW_S }
+  local t = { id = new_id, type = old.type, queue = old.queue, created_at = NOW_S, priority = old.priority }
   local status, err = arrival_status(parents, old.ignore_parent_failure == '1')
   if status == 'pending' then
     make_ready(t, 'pending', NOW_S)
