@@ -64,9 +64,17 @@ def answer_if_held(tx: Tx, queue: str, claimed: Claimed) -> Claimed:
 
 
 def extend(tx: Tx, queue: str, until: datetime) -> None:
-    """Hold ``queue`` until ``until``, keeping a longer hold (makes the queue's row if need be)."""
+    """Hold ``queue`` until ``until``, keeping a longer hold (makes the queue's row if need be).
+
+    The row is locked first, whether or not the hold changes: an UPDATE that keeps a longer
+    hold matches no row and so would lock none, and a resume committed before this
+    transaction's next read of the hold would make it read none (the hold it answers must be
+    the one it left).
+    """
     table = table_of(tx.models.queue_limit)
     tx.conn.execute(tx.traits.insert_if_missing(table, {"queue": queue, "group_name": ""}))
+    row = (table.c.queue == queue, table.c.group_name == literal_column("''"))
+    tx.conn.execute(tx.traits.lock(select(table.c.held_until).where(*row)))
     tx.write(_statements(tx.models).extend, {"p_queue": queue, "p_until": until})
 
 

@@ -29,7 +29,15 @@ from taskgate.clock import ManualClock
 from taskgate.task import Status
 from taskgate.testing import steps
 from taskgate.testing.contract._fixtures import START, BrokerFactory
-from taskgate.testing.contract._support import TTL, ack_item, claim_one, new_task, submit
+from taskgate.testing.contract._support import (
+    RACE_ROUNDS,
+    TTL,
+    ack_item,
+    claim_one,
+    new_task,
+    race_pair,
+    submit,
+)
 
 __all__ = ["HoldContract"]
 
@@ -109,6 +117,19 @@ class HoldContract:
         assert broker.hold(Hold("q", for_=2 * hour)) == START + 2 * hour
         assert broker.hold(Hold("q")) == HELD_INDEFINITELY
         assert broker.hold(Hold("q", for_=hour)) == HELD_INDEFINITELY
+
+    def test_a_hold_racing_a_resume_answers_the_hold_it_left(self, broker_factory: BrokerFactory) -> None:
+        # A shorter hold keeps the longer one without changing the row: it must still answer a
+        # hold, never a resume that landed between its write and its read.
+        hour = timedelta(hours=1)
+        holder, resumer = broker_factory(), broker_factory()
+        for _ in range(RACE_ROUNDS * 4):
+            holder.hold(Hold("q", for_=2 * hour))
+            held, resumed = race_pair(
+                lambda: holder.hold(Hold("q", for_=hour)), lambda: resumer.hold(Hold("q", resume=True))
+            )
+            assert held.ok and resumed.ok, (held.error, resumed.error)
+            assert held.value in (START + hour, START + 2 * hour)
 
     def test_a_retry_holding_the_queue_holds_it_until_its_delay_ends(
         self, broker: Broker, clock: ManualClock
