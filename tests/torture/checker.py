@@ -107,6 +107,9 @@ class Violations:
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
     samples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    # What the limits' checks saw at their highest (non-vacuity: a limit never reached proves
+    # little): "workers:<queue>", "group_workers:<queue>" and "quota:<queue>" -> the peak.
+    peaks: dict[str, int] = field(default_factory=dict)
 
     def add(self, invariant: str, message: str) -> None:
         self.counts[invariant] += 1
@@ -248,6 +251,7 @@ def _concurrency(runs: list[Run], limits: Limits, found: Violations) -> None:
     for queue, limit in limits.workers.items():
         queue_runs = [r for r in runs if r.queue == queue]
         peak, when, at_peak = _sweep(queue_runs, limit, limits.tolerance_ns)
+        found.peaks[f"workers:{queue}"] = peak
         if peak > limit:
             who = ", ".join(f"{r.task_id}@{r.proc}#{r.claim}({r.outcome})" for r in at_peak)
             found.add(
@@ -262,6 +266,8 @@ def _concurrency(runs: list[Run], limits: Limits, found: Violations) -> None:
                 groups[r.group].append(r)
         for group, group_runs in sorted(groups.items()):
             peak, when, at_peak = _sweep(group_runs, limit, limits.tolerance_ns)
+            key = f"group_workers:{queue}"
+            found.peaks[key] = max(found.peaks.get(key, 0), peak)
             if peak > limit:
                 who = ", ".join(f"{r.task_id}@{r.proc}#{r.claim}({r.outcome})" for r in at_peak)
                 found.add(
@@ -277,6 +283,8 @@ def _quota(runs: list[Run], limits: Limits, found: Violations) -> None:
         for r in runs:
             if r.queue == queue and r.started_at is not None:
                 windows[math.floor(r.started_at / period)].add((r.task_id, r.claim))
+        found.peaks[f"quota:{queue}"] = max((len(s) for s in windows.values()), default=0)
+        found.peaks[f"quota_full_windows:{queue}"] = sum(1 for s in windows.values() if len(s) >= limit)
         for window, starts in sorted(windows.items()):
             if len(starts) > limit:
                 found.add(

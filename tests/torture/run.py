@@ -167,6 +167,7 @@ def run_backend(backend: str, profile: Profile, seed: int, inject_bug: str, root
             "settled": not unsettled,
             "settle_seconds": round(settle_seconds, 1),
             "wall_seconds": round(time.monotonic() - began, 1),
+            "peaks": violations.peaks,
             "violations": violations.counts,
             "violation_samples": dict(violations.samples),
             "total_violations": violations.total + (0 if producers_ok else 1),
@@ -194,6 +195,7 @@ def print_report(report: dict[str, Any]) -> None:
         f"   settled: {report['settled']} in {report['settle_seconds']} s; "
         f"run took {report['wall_seconds']} s; producers ok: {report['producers_ok']}"
     )
+    print("   limits at their peak: " + ", ".join(f"{k}={v}" for k, v in sorted(report["peaks"].items())))
     print("   violations: " + ", ".join(f"{k}={report['violations'][k]}" for k in INVARIANTS))
     for invariant, samples in report["violation_samples"].items():
         for sample in samples:

@@ -3,7 +3,8 @@
 Queues (one task type per queue, named alike):
 
 - ``free``: independent tasks and fan-in chains (a child ``depends_on`` two or three parents);
-- ``quota``: a hard quota of `QUOTA_LIMIT` starts per `QUOTA_PERIOD` window;
+- ``quota``: a hard quota of `QUOTA_LIMIT` starts per `QUOTA_PERIOD` window, submitted in
+  bursts larger than a window's quota;
 - ``shared``: shared ``workers``/``rps`` across processes and groups limited by
   ``group_workers``, with a few long tasks (longer than the lease: heartbeats keep them) that
   a partition turns into lease losses.
@@ -108,8 +109,9 @@ def plan(
         elif roll < 0.50:
             parents = [add("free") for _ in range(rng.randint(2, 3))]
             add("free", parents=parents)
-        elif roll < 0.65:
-            add("quota")
+        elif roll < 0.55:  # a burst: more than a window's quota at once, so the quota binds
+            for _ in range(rng.randint(6, 10)):
+                add("quota")
         else:
             add("shared", group=rng.choice([*GROUPS, None]), long_ok=True)
     return items
