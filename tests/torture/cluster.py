@@ -72,6 +72,8 @@ class Cluster:
     inject_bug: str = ""
     slots: list[WorkerSlot] = field(default_factory=list)
     producers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Workers that ended without being killed or told to stop: "name: exit status" (a finding).
+    unexpected_exits: list[str] = field(default_factory=list)
 
     def start_workers(self, count: int, skews: list[float]) -> None:
         for index in range(count):
@@ -101,6 +103,8 @@ class Cluster:
     def kill(self, slot: WorkerSlot) -> None:
         """SIGKILL the slot's worker; the kill is stamped once the process is gone."""
         assert slot.process is not None
+        if slot.process.poll() is not None:
+            self.unexpected_exits.append(f"{slot.name}: exit status {slot.process.returncode}")
         slot.process.send_signal(signal.SIGKILL)
         slot.process.wait()
         self.driver.record("kill", target=slot.name)
@@ -128,8 +132,9 @@ class Cluster:
         """Start any worker that is not running (after the faults end)."""
         for slot in self.slots:
             if slot.process is None or slot.process.poll() is not None:
-                if slot.process is not None:
-                    self.driver.record("kill", target=slot.name)  # it died on its own: a crash
+                if slot.process is not None:  # it died on its own: a crash
+                    self.unexpected_exits.append(f"{slot.name}: exit status {slot.process.returncode}")
+                    self.driver.record("kill", target=slot.name)
                 self.start_worker(slot, slot.skew)
 
     def stop_workers(self, timeout: float = 20.0) -> None:
@@ -141,8 +146,12 @@ class Cluster:
             if slot.process is None:
                 continue
             try:
-                slot.process.wait(timeout=timeout)
+                if slot.process.wait(timeout=timeout) != 0:
+                    self.unexpected_exits.append(
+                        f"{slot.name}: exit status {slot.process.returncode} on SIGTERM"
+                    )
             except subprocess.TimeoutExpired:
+                self.unexpected_exits.append(f"{slot.name}: still running {timeout:.0f} s after SIGTERM")
                 self.kill(slot)
             slot.process = None
             if slot.proxy is not None:

@@ -156,6 +156,11 @@ def run_backend(backend: str, profile: Profile, seed: int, inject_bug: str, root
             "replays": kinds.count("replay"),
             "cancels": kinds.count("cancel"),
             "runs": kinds.count("start"),
+            "producer_retries": kinds.count("fault_seen"),
+            # Tasks no producer recorded (a replay whose answer a fault swallowed): not lost, shown.
+            "unrecorded": len(
+                {t.id for t in tasks} - {e["id"] for e in events if e["e"] in ("submit", "replay")}
+            ),
             "events": len(events),
             "statuses": {
                 s: sum(1 for t in tasks if t.status == s) for s in sorted({t.status for t in tasks})
@@ -170,7 +175,8 @@ def run_backend(backend: str, profile: Profile, seed: int, inject_bug: str, root
             "peaks": violations.peaks,
             "violations": violations.counts,
             "violation_samples": dict(violations.samples),
-            "total_violations": violations.total + (0 if producers_ok else 1),
+            "unexpected_exits": cluster.unexpected_exits,
+            "total_violations": violations.total + (0 if producers_ok else 1) + len(cluster.unexpected_exits),
             "directory": str(directory),
         }
     finally:
@@ -186,7 +192,11 @@ def print_report(report: dict[str, Any]) -> None:
         f"{report['tasks']} tasks ({report['submitted']} submits, {report['replays']} replays, "
         f"{report['cancels']} cancels), {report['runs']} handler runs, {report['events']} events"
     )
-    print(f"   final: {report['statuses']}, lease_lost total {report['lease_lost']}")
+    print(
+        f"   final: {report['statuses']}, lease_lost total {report['lease_lost']}, "
+        f"producer calls retried after a fault: {report['producer_retries']}, "
+        f"tasks no producer recorded: {report['unrecorded']}"
+    )
     print(
         f"   faults: {report['faults']}"
         + (f" (failed: {report['fault_errors']})" if report["fault_errors"] else "")
@@ -195,6 +205,8 @@ def print_report(report: dict[str, Any]) -> None:
         f"   settled: {report['settled']} in {report['settle_seconds']} s; "
         f"run took {report['wall_seconds']} s; producers ok: {report['producers_ok']}"
     )
+    if report["unexpected_exits"]:
+        print(f"   workers that ended on their own: {report['unexpected_exits']}")
     print("   limits at their peak: " + ", ".join(f"{k}={v}" for k, v in sorted(report["peaks"].items())))
     print("   violations: " + ", ".join(f"{k}={report['violations'][k]}" for k in INVARIANTS))
     for invariant, samples in report["violation_samples"].items():
