@@ -9,17 +9,38 @@ worker cannot renew and must fence itself). SQLite gets kills only.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from .cluster import FAKETIME_LIBRARY, Cluster
-from .ledger import Ledger
+from .ledger import Ledger, mono_ns
 from .proxy import DOWN, UP
+from .workload import LEASE_TTL
 
 __all__ = ["Nemesis", "Profile"]
+
+
+def _long_run_started(ledger: Path) -> bool:
+    """Whether the worker of ``ledger`` started, in the last second, a run longer than the lease
+    that is still going."""
+    if not ledger.exists():
+        return False
+    events = [json.loads(line) for line in ledger.read_text().splitlines() if line.endswith("}")]
+    ended = {(e["id"], e["claim"]) for e in events if e["e"] == "end"}
+    now = mono_ns()
+    return any(
+        e["e"] == "start"
+        and e["hold"] > LEASE_TTL
+        and (e["id"], e["claim"]) not in ended
+        and now - e["mono"] < 1_000_000_000
+        for e in events
+    )
+
 
 SKEWS = (-4.0, -2.0, 2.0, 4.0)  # seconds; leases are 3 s, quota windows 1 s
 
@@ -41,18 +62,18 @@ class Profile:
 
 
 PROFILES = {
-    "short": Profile("short", tasks=300, duration=22, kills=3, restarts=1, proxy_faults=5, settle=60),
+    "short": Profile("short", tasks=300, duration=18, kills=3, restarts=1, proxy_faults=5, settle=60),
     "long": Profile("long", tasks=2200, duration=240, kills=24, restarts=4, proxy_faults=30, settle=180),
     "bug": Profile(
         "bug",
-        tasks=200,
-        duration=20,
+        tasks=150,
+        duration=15,
         kills=0,
         restarts=0,
         proxy_faults=0,
         settle=60,
         long_rate=0.15,
-        long_hold=10.0,
+        long_hold=8.0,
         bug_partitions=4,
     ),
 }
@@ -140,5 +161,17 @@ class Nemesis(threading.Thread):
         self.driver.record("fault", kind="half_open", target=slot.name, direction=direction, seconds=for_)
 
     def _partition(self) -> None:
-        # Requests stop reaching the store (answers would renew the lease): the lease is lost.
-        self._half_open(for_=7.0, direction=UP)
+        """Cut off, for longer than the lease, a worker that has just started a long run:
+        requests stop reaching the store (answers would still renew the lease), so the lease
+        is lost while the run has seconds to go."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not self._halt.is_set():
+            for slot in self.cluster.slots:
+                if slot.proxy is not None and _long_run_started(
+                    self.cluster.directory / f"{slot.name}.jsonl"
+                ):
+                    slot.proxy.half_open(UP, 7.0)
+                    self.driver.record("fault", kind="partition", target=slot.name, seconds=7.0)
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("no long run started within 20 s to partition")

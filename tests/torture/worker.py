@@ -34,7 +34,15 @@ def _handler(ledger: Ledger, inject_bug: str) -> Any:
     async def run(task: Task) -> dict[str, Any]:
         p = task.json()
         started = task.started_at.timestamp() if task.started_at is not None else None
-        ledger.record("start", id=task.id, q=task.queue, g=task.group, claim=task.claims, started_at=started)
+        ledger.record(
+            "start",
+            id=task.id,
+            q=task.queue,
+            g=task.group,
+            claim=task.claims,
+            started_at=started,
+            hold=p["hold"],
+        )
         outcome = "cancelled"
         try:
             if task.throttled < p["throttle"]:
