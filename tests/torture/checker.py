@@ -9,6 +9,8 @@ violation by invariant. The invariants:
   pending-while-due, retrying or blocked);
 - ``completed_twice``: a task's handler ends ``ok`` more than once only when lease losses
   explain it (``ok`` ends - 1 <= the task's ``lease_lost``, each from a different claim);
+- ``completed_unrun``: a completed task has a handler run that ended ``ok`` (its end is recorded
+  before the runtime reports the result, so no completion can come without one);
 - ``start_without_claim``: a handler's start carries a claim number in 1 .. the task's final
   ``claims``;
 - ``one_holder``: two runs of one task never overlap in time;
@@ -48,6 +50,7 @@ INVARIANTS = (
     "lost",
     "stuck",
     "completed_twice",
+    "completed_unrun",
     "start_without_claim",
     "one_holder",
     "workers",
@@ -201,6 +204,9 @@ def _runs_per_task(
     per_task: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         per_task[run.task_id].append(run)
+    for stored in by_id.values():
+        if stored.status == "completed" and not any(r.outcome == "ok" for r in per_task.get(stored.id, ())):
+            found.add("completed_unrun", f"{stored.id} is completed but no handler run of it ended ok")
     for task_id, task_runs in per_task.items():
         task = by_id.get(task_id)
         for run in task_runs:

@@ -119,6 +119,10 @@ def _completed_twice(h: History) -> None:
     h.set("a", claims=2)  # a second claim, but no lease was lost
 
 
+def _completed_unrun(h: History) -> None:
+    h.events = [{**e, "out": "error"} if e.get("id") == "e" and e["e"] == "end" else e for e in h.events]
+
+
 def _start_without_claim(h: History) -> None:
     h.set("e", claims=1)  # the ledger shows claim 2
 
@@ -166,6 +170,7 @@ CASES: dict[str, tuple[Callable[[History], None], str]] = {
     "lost": (_lost, "lost"),
     "stuck": (_stuck, "stuck"),
     "completed_twice": (_completed_twice, "completed_twice"),
+    "completed_unrun": (_completed_unrun, "completed_unrun"),
     "start_without_claim": (_start_without_claim, "start_without_claim"),
     "one_holder": (_one_holder, "one_holder"),
     "workers": (_workers, "workers"),
