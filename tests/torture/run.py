@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,96 +93,124 @@ def settle(broker: Broker, expected: set[str], bound: float) -> tuple[float, lis
     return time.monotonic() - began, waiting
 
 
+@dataclass
+class Final:
+    """What a run left: the store's tasks and counts once settled, and every ledger event."""
+
+    tasks: list[StoredTask]
+    counts: dict[str, dict[Any, int]]
+    events: list[dict[str, Any]]
+    settle_seconds: float
+    unsettled: list[Task]
+
+
 def run_backend(backend: str, profile: Profile, seed: int, inject_bug: str, root: Path) -> dict[str, Any]:
     """One backend's run; its report (see `print_report`)."""
     began = time.monotonic()
-    directory = root / backend
-    ledgers = directory / "ledgers"
+    ledgers = root / backend / "ledgers"
     ledgers.mkdir(parents=True)
-    store = open_store(backend, directory / "store")
+    store = open_store(backend, root / backend / "store")
     driver = Ledger(ledgers / "driver.jsonl", "driver")
     cluster = Cluster(store, ledgers, driver, inject_bug=inject_bug)
-    rng = random.Random(f"{seed}/nemesis/{backend}")
     try:
-        setup = open_broker(store.url(), **store.options)
-        _retrying(lambda: setup.list(Filter(limit=1)))  # tables made once, before the crowd
-        setup.close()
-        nemesis = Nemesis(cluster, profile, rng, driver)
-        skewed = [0.0, 2.5, 0.0] if nemesis.skew else []
-        cluster.start_workers(WORKERS, skewed)
-        nemesis.done["skew"] += sum(1 for s in skewed if s)
-        time.sleep(1.0)
-        per_producer = profile.tasks // PRODUCERS
-        cluster.start_producers(
-            PRODUCERS, seed, per_producer, profile.duration, profile.long_rate, profile.long_hold
+        nemesis = Nemesis(cluster, profile, random.Random(f"{seed}/nemesis/{backend}"), driver)
+        _start(cluster, nemesis, profile, seed)
+        _faults(cluster, nemesis, profile, began)
+        final = _settle(cluster, profile)
+        report = _report(final, cluster, nemesis, profile)
+        report.update(
+            backend=backend, seed=seed, inject_bug=inject_bug or None, directory=str(root / backend)
         )
-        nemesis.start()
-        for producer in cluster.producers:
-            producer.wait(timeout=profile.duration + 300)
-        nemesis.join(timeout=max(0.0, profile.duration * 1.2 - (time.monotonic() - began)))
-        nemesis.stop()
-        nemesis.join()
-        for slot in cluster.slots:
-            if slot.proxy is not None:
-                slot.proxy.heal()
-        cluster.ensure_workers()
-        driver.record("faults_end")
-        broker = open_broker(store.url(), **store.options)
-        try:
-            submitted = {e["id"] for e in read_ledgers(ledgers) if e["e"] in ("submit", "replay")}
-            settle_seconds, unsettled = settle(broker, submitted, profile.settle)
-            cluster.stop_workers()
-            tasks = [stored(t) for t in _retrying(lambda: broker.list(Filter()))]
-            counts = _retrying(broker.counts)
-        finally:
-            broker.close()
-        events = read_ledgers(ledgers)
-        violations = check(events, tasks, counts, limits())
-        if unsettled:  # stuck is what the bound found, not what the shutdown left
-            violations.counts["stuck"] = 0
-            violations.samples.pop("stuck", None)
-            for t in unsettled:
-                violations.add(
-                    "stuck", f"{t.id} ({t.queue}) still {t.status} {profile.settle:.0f} s after faults ended"
-                )
-        producers_ok = all(p.returncode == 0 for p in cluster.producers)
-        kinds = [e["e"] for e in events]
-        return {
-            "backend": backend,
-            "profile": profile.name,
-            "seed": seed,
-            "inject_bug": inject_bug or None,
-            "tasks": len(tasks),
-            "submitted": kinds.count("submit"),
-            "replays": kinds.count("replay"),
-            "cancels": kinds.count("cancel"),
-            "runs": kinds.count("start"),
-            "producer_retries": kinds.count("fault_seen"),
-            # Tasks no producer recorded (a replay whose answer a fault swallowed): not lost, shown.
-            "unrecorded": len(
-                {t.id for t in tasks} - {e["id"] for e in events if e["e"] in ("submit", "replay")}
-            ),
-            "events": len(events),
-            "statuses": {
-                s: sum(1 for t in tasks if t.status == s) for s in sorted({t.status for t in tasks})
-            },
-            "lease_lost": sum(t.lease_lost for t in tasks),
-            "faults": dict(sorted(nemesis.done.items())),
-            "fault_errors": nemesis.errors,
-            "producers_ok": producers_ok,
-            "settled": not unsettled,
-            "settle_seconds": round(settle_seconds, 1),
-            "wall_seconds": round(time.monotonic() - began, 1),
-            "peaks": violations.peaks,
-            "violations": violations.counts,
-            "violation_samples": dict(violations.samples),
-            "unexpected_exits": cluster.unexpected_exits,
-            "total_violations": violations.total + (0 if producers_ok else 1) + len(cluster.unexpected_exits),
-            "directory": str(directory),
-        }
+        report["wall_seconds"] = round(time.monotonic() - began, 1)
+        return report
     finally:
         cluster.stop_all()
         store.stop()
+
+
+def _start(cluster: Cluster, nemesis: Nemesis, profile: Profile, seed: int) -> None:
+    """Make the tables, start the workers (one skewed), then the producers."""
+    store = cluster.store
+    setup = open_broker(store.url(), **store.options)
+    _retrying(lambda: setup.list(Filter(limit=1)))  # tables made once, before the crowd
+    setup.close()
+    skewed = [0.0, 2.5, 0.0] if nemesis.skew else []
+    cluster.start_workers(WORKERS, skewed)
+    nemesis.done["skew"] += sum(1 for s in skewed if s)
+    time.sleep(1.0)  # every worker polls before the first submit
+    per_producer = profile.tasks // PRODUCERS
+    cluster.start_producers(
+        PRODUCERS, seed, per_producer, profile.duration, profile.long_rate, profile.long_hold
+    )
+
+
+def _faults(cluster: Cluster, nemesis: Nemesis, profile: Profile, began: float) -> None:
+    """Run the nemesis until the producers are done and its schedule ran; then heal everything."""
+    nemesis.start()
+    for producer in cluster.producers:
+        producer.wait(timeout=profile.duration + 300)
+    nemesis.join(timeout=max(0.0, profile.duration * 1.2 - (time.monotonic() - began)))
+    nemesis.stop()
+    nemesis.join()
+    for slot in cluster.slots:
+        if slot.proxy is not None:
+            slot.proxy.heal()
+    cluster.ensure_workers()
+    cluster.driver.record("faults_end")
+
+
+def _settle(cluster: Cluster, profile: Profile) -> Final:
+    """Let the workers finish everything (within the bound), stop them, read the store."""
+    broker = open_broker(cluster.store.url(), **cluster.store.options)
+    try:
+        events = read_ledgers(cluster.directory)
+        submitted = {e["id"] for e in events if e["e"] in ("submit", "replay")}
+        seconds, unsettled = settle(broker, submitted, profile.settle)
+        cluster.stop_workers()
+        tasks = [stored(t) for t in _retrying(lambda: broker.list(Filter()))]
+        counts = _retrying(broker.counts)
+    finally:
+        broker.close()
+    return Final(tasks, counts, read_ledgers(cluster.directory), seconds, unsettled)
+
+
+def _report(final: Final, cluster: Cluster, nemesis: Nemesis, profile: Profile) -> dict[str, Any]:
+    violations = check(final.events, final.tasks, final.counts, limits())
+    if final.unsettled:  # stuck is what the bound found, not what the shutdown left
+        violations.counts["stuck"] = 0
+        violations.samples.pop("stuck", None)
+        for t in final.unsettled:
+            violations.add(
+                "stuck", f"{t.id} ({t.queue}) still {t.status} {profile.settle:.0f} s after faults ended"
+            )
+    producers_ok = all(p.returncode == 0 for p in cluster.producers)
+    kinds = [e["e"] for e in final.events]
+    recorded = {e["id"] for e in final.events if e["e"] in ("submit", "replay")}
+    statuses = sorted({t.status for t in final.tasks})
+    return {
+        "profile": profile.name,
+        "tasks": len(final.tasks),
+        "submitted": kinds.count("submit"),
+        "replays": kinds.count("replay"),
+        "cancels": kinds.count("cancel"),
+        "runs": kinds.count("start"),
+        "producer_retries": kinds.count("fault_seen"),
+        # Tasks no producer recorded (a replay whose answer a fault swallowed): not lost, shown.
+        "unrecorded": len({t.id for t in final.tasks} - recorded),
+        "events": len(final.events),
+        "statuses": {s: sum(1 for t in final.tasks if t.status == s) for s in statuses},
+        "lease_lost": sum(t.lease_lost for t in final.tasks),
+        "faults": dict(sorted(nemesis.done.items())),
+        "fault_errors": nemesis.errors,
+        "producers_ok": producers_ok,
+        "settled": not final.unsettled,
+        "settle_seconds": round(final.settle_seconds, 1),
+        "peaks": violations.peaks,
+        "violations": violations.counts,
+        "violation_samples": dict(violations.samples),
+        "unexpected_exits": cluster.unexpected_exits,
+        "total_violations": violations.total + (0 if producers_ok else 1) + len(cluster.unexpected_exits),
+    }
 
 
 def print_report(report: dict[str, Any]) -> None:
