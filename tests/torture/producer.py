@@ -76,12 +76,15 @@ class Producer:
                 group=item.group,
             )
 
+        by_key = False
         try:
             task_id = await _retry(call, self.ledger, "submit")
         except TaskExistsError as exc:  # an earlier attempt's answer was lost, its task was not
-            task_id = exc.execution_id
+            task_id, by_key = exc.execution_id, True
         self.ids[item.ref] = task_id
-        self.ledger.record("submit", id=task_id, key=key, q=item.type, g=item.group, parents=parents)
+        self.ledger.record(
+            "submit", id=task_id, key=key, q=item.type, g=item.group, parents=parents, by_key=by_key
+        )
 
     async def cancel_one(self) -> None:
         task_id = self.rng.choice(list(self.ids.values()))

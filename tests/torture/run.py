@@ -195,6 +195,7 @@ def _report(final: Final, cluster: Cluster, nemesis: Nemesis, profile: Profile) 
         "cancels": kinds.count("cancel"),
         "runs": kinds.count("start"),
         "producer_retries": kinds.count("fault_seen"),
+        "submits_found_by_key": sum(1 for e in final.events if e["e"] == "submit" and e.get("by_key")),
         # Tasks no producer recorded (a replay whose answer a fault swallowed): not lost, shown.
         "unrecorded": len({t.id for t in final.tasks} - recorded),
         "events": len(final.events),
@@ -223,7 +224,8 @@ def print_report(report: dict[str, Any]) -> None:
     )
     print(
         f"   final: {report['statuses']}, lease_lost total {report['lease_lost']}, "
-        f"producer calls retried after a fault: {report['producer_retries']}, "
+        f"producer calls retried after a fault: {report['producer_retries']} "
+        f"({report['submits_found_by_key']} submits answered by their business key), "
         f"tasks no producer recorded: {report['unrecorded']}"
     )
     print(
