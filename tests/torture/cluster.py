@@ -43,7 +43,8 @@ TESTS = Path(__file__).resolve().parent.parent
 def _child(
     module: str, spec: dict[str, Any], log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    environment = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", module, json.dumps(spec)], env=environment, stdout=out, stderr=out
