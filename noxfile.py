@@ -1,4 +1,5 @@
-"""Sessions for taskgate: `nox -s tests` (the README's test command), `nox -s lint`, `nox -s bench`."""
+"""Sessions for taskgate: `nox -s tests` (the README's test command), `nox -s lint`, `nox -s bench`,
+`nox -s torture`."""
 
 from __future__ import annotations
 
@@ -34,3 +35,16 @@ def bench(session: nox.Session) -> None:
     """Run the benchmarks (not part of the tests); prints JSON lines and a table."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session(python=PYTHON_VERSIONS)
+def torture(session: nox.Session) -> None:
+    """The torture test (not part of the tests): a seeded workload on private servers under a
+    nemesis, then a checker of the invariants; exits non-zero on any violation.
+
+    ``nox -s torture -- --profile short|long --backend postgresql|mysql|redis|sqlite|all --seed N``
+    (default: short, all backends, a random seed, printed). ``--inject-bug ignore-lease-loss
+    --expect-violations`` checks the checker: it passes only if the planted bug is caught.
+    """
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "torture.run", *session.posargs, env={"PYTHONPATH": "tests"})

@@ -57,8 +57,15 @@ class MariaDBServer:
         return f"mysql+pymysql://root@127.0.0.1:{self.port}"
 
     def start(self) -> MariaDBServer:
-        """Make the data directory, start the server and wait until it answers."""
+        """Make the data directory (unless a `crash` left one), start the server and wait
+        until it answers (after a crash, InnoDB recovers from its redo log first)."""
         data = self.directory / "data"
+        if not data.exists():
+            self._install(data)
+        self._launch(data)
+        return self
+
+    def _install(self, data: Path) -> None:
         install = [
             _which("mariadb-install-db") or "mariadb-install-db",
             "--no-defaults",
@@ -69,6 +76,8 @@ class MariaDBServer:
             "--skip-name-resolve",
         ]
         subprocess.run(install, check=True, capture_output=True, timeout=120)
+
+    def _launch(self, data: Path) -> None:
         self.process = subprocess.Popen(
             [
                 _which("mariadbd") or "mariadbd",
@@ -92,13 +101,21 @@ class MariaDBServer:
         while True:
             try:
                 pymysql.connect(host="127.0.0.1", port=self.port, user="root", connect_timeout=2).close()
-                return self
+                return
             except pymysql.err.OperationalError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     log = (self.directory / "error.log").read_text(errors="replace")[-2000:]
                     self.stop()
                     raise RuntimeError(f"private MariaDB did not start: {log}") from None
                 time.sleep(0.05)
+
+    def crash(self) -> None:
+        """SIGKILL the server: no shutdown, only what InnoDB flushed survives (`start` again
+        recovers)."""
+        assert self.process is not None, "the server is not running"
+        self.process.kill()
+        self.process.wait(timeout=30)
+        self.process = None
 
     def stop(self) -> None:
         """End the server (its data directory goes with the temp dir)."""
