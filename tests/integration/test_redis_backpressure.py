@@ -5,31 +5,21 @@ Nothing breaks when such a task leaves blocked (a removal of a member not there 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
-from helpers.redis_servers import purge_keys
 
 from taskgate.brokers.base import NewTask
 from taskgate.brokers.params import Submit
 from taskgate.brokers.redis import RedisBroker
 from taskgate.brokers.redis.keys import KeySpace
-from taskgate.clock import ManualClock
 from taskgate.errors import QueueFullError
 from taskgate.task import Status
 from taskgate.testing import steps
 from taskgate.testing.contract._support import claim_one, new_task
 
-
-@pytest.fixture
-def broker(
-    redis_url: str, unique_prefix: str, client: redis.Redis, clock: ManualClock
-) -> Iterator[RedisBroker]:
-    opened = RedisBroker(redis_url, key_prefix=unique_prefix, clock=clock)
-    yield opened
-    opened.close()
-    purge_keys(client, KeySpace(unique_prefix).pattern())
+# The conftest's `broker` on Redis alone: a RedisBroker under the test's own key prefix, on
+# this module's clock, its keys deleted afterwards.
+pytestmark = pytest.mark.parametrize("backend", ["redis"])
 
 
 def _limited(broker: RedisBroker, task: NewTask, limit: int) -> Status:

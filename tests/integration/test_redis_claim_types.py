@@ -4,12 +4,10 @@ against ``queue:<queue>`` -- so it stays right beside a build that keeps only th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
-from helpers.redis_servers import purge_keys
 
 from taskgate.brokers.params import Claim, QueueQuery, Unhandled
 from taskgate.brokers.redis import RedisBroker
@@ -27,14 +25,9 @@ def clock() -> ManualClock:
     return ManualClock(START)
 
 
-@pytest.fixture
-def broker(
-    redis_url: str, unique_prefix: str, client: redis.Redis, clock: ManualClock
-) -> Iterator[RedisBroker]:
-    opened = RedisBroker(redis_url, key_prefix=unique_prefix, clock=clock)
-    yield opened
-    opened.close()
-    purge_keys(client, KeySpace(unique_prefix).pattern())
+# The conftest's `broker` on Redis alone: a RedisBroker under the test's own key prefix, on
+# this module's clock, its keys deleted afterwards.
+pytestmark = pytest.mark.parametrize("backend", ["redis"])
 
 
 @pytest.fixture

@@ -5,12 +5,10 @@ tasks of priority 0; another priority has its own sets (``pqueue:<p>:<queue>``),
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
-from helpers.redis_servers import purge_keys
 
 from taskgate.brokers.params import Claim, QueueQuery
 from taskgate.brokers.redis import RedisBroker
@@ -28,14 +26,9 @@ def clock() -> ManualClock:
     return ManualClock(START)
 
 
-@pytest.fixture
-def broker(
-    redis_url: str, unique_prefix: str, client: redis.Redis, clock: ManualClock
-) -> Iterator[RedisBroker]:
-    opened = RedisBroker(redis_url, key_prefix=unique_prefix, clock=clock)
-    yield opened
-    opened.close()
-    purge_keys(client, KeySpace(unique_prefix).pattern())
+# The conftest's `broker` on Redis alone: a RedisBroker under the test's own key prefix, on
+# this module's clock, its keys deleted afterwards.
+pytestmark = pytest.mark.parametrize("backend", ["redis"])
 
 
 @pytest.fixture
