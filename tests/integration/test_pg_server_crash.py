@@ -15,9 +15,10 @@ from datetime import timedelta
 import pytest
 from helpers.pg_servers import PostgresServer, postgres_binaries
 
-from taskgate.brokers.params import Claim, Complete
+from taskgate.brokers.params import Claim, Complete, Heartbeat, SharedLimits
 from taskgate.brokers.sql import SQLBroker
 from taskgate.clock import ManualClock
+from taskgate.errors import LeaseLostError
 from taskgate.task import Status
 from taskgate.testing import steps
 from taskgate.testing.contract._support import new_task
@@ -61,5 +62,34 @@ def test_acks_carried_on_a_claim_survive_a_server_crash(server: PostgresServer) 
     try:
         for lease in held:  # answered as completed: still completed after the crash
             assert broker.get(lease.task.id).status is Status.COMPLETED
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("shared", [None, SharedLimits(workers=1)], ids=["plain", "shared-workers"])
+def test_a_claim_a_crash_undoes_puts_its_task_back_as_it_was(
+    server: PostgresServer, shared: SharedLimits | None
+) -> None:
+    """A claim does not wait for the disk: a crash may undo it. Its task is then pending with
+    the claims it had, its slot free, its holder's heartbeat answers lease lost -- so the task
+    runs again as the same claim number, and nothing is lost (the torture checker's
+    ``undo_window``)."""
+    broker = SQLBroker(server.url, clock=ManualClock())
+    try:
+        (task,) = steps.enqueue(broker, [new_task()])
+        (held,) = broker.claim(Claim("q", 1, TTL, shared=shared)).leases
+        assert held.task.claims == 1
+    finally:
+        broker.close()
+    server.crash()  # at once: the WAL writer has not woken since
+    server.start()
+    broker = SQLBroker(server.url, clock=ManualClock())
+    try:
+        back = broker.get(task.id)
+        assert (back.status, back.claims) == (Status.PENDING, 0)
+        with pytest.raises(LeaseLostError):
+            broker.heartbeat(Heartbeat(task.id, held.token, TTL, slot_queue="q" if shared else None))
+        (again,) = broker.claim(Claim("q", 1, TTL, shared=shared)).leases
+        assert (again.task.id, again.task.claims) == (task.id, 1)
     finally:
         broker.close()

@@ -23,6 +23,15 @@ violation by invariant. The invariants:
 - ``counts``: ``broker.counts()`` equals a recount of the listed tasks;
 - ``failed_without_error``: every failed task carries ``last_error``.
 
+A server crash may undo the last claims a store committed without waiting for its disk
+(PostgreSQL's plain claims: `Limits.undo_window_ns`). Their tasks are pending again with the
+claim count as before, so the re-run repeats the undone run's claim number -- the proof the
+store forgot it. Such a run is undone when a restart began at most ``undo_window_ns`` after it
+started and ended before the repeat started; it must end within `Limits.lease_ttl_ns` of the
+server's return (its next heartbeat finds the lease gone). An undone run's ``ok`` end does not
+count as a completion, it may overlap its re-run, and the limits count it only until the server
+is back (its slot went with the crash): the documented at-least-once of a server crash.
+
 Tolerances: every process stamps events with the same host clock (the raw CLOCK_MONOTONIC,
 unaffected by the workers' clock skew), so ordering across processes needs none: a run's
 start is recorded after its claim and its end before its slot goes back, so each recorded
@@ -36,6 +45,7 @@ stores on other hosts; the torture run uses 0.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import defaultdict
@@ -43,7 +53,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FINAL", "INVARIANTS", "Limits", "Run", "StoredTask", "check", "runs_from"]
+__all__ = [
+    "FINAL",
+    "INVARIANTS",
+    "Limits",
+    "Run",
+    "StoredTask",
+    "check",
+    "restarts",
+    "runs_from",
+    "undone_runs",
+]
 
 FINAL = frozenset({"completed", "failed", "canceled"})
 INVARIANTS = (
@@ -87,6 +107,10 @@ class Limits:
     group_workers: Mapping[str, int] = field(default_factory=dict)
     quotas: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     tolerance_ns: int = 0
+    # How long before a server crash a claim may still be undone by it (0: the store loses no
+    # commit it answered), and the lease an undone run's worker must notice the loss within.
+    undo_window_ns: int = 0
+    lease_ttl_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -172,9 +196,10 @@ def check(
     found = Violations()
     by_id = {t.id: t for t in tasks}
     runs = runs_from(events)
+    undone = undone_runs(runs, restarts(events), limits)
     _lost_and_stuck(events, tasks, by_id, found)
-    _runs_per_task(runs, by_id, found, limits.tolerance_ns)
-    _concurrency(runs, limits, found)
+    _runs_per_task(runs, by_id, found, limits.tolerance_ns, undone)
+    _concurrency([_until_back(r, undone) for r in runs], limits, found)
     _quota(runs, limits, found)
     _parents(runs, by_id, found, limits.tolerance_ns)
     _counts(tasks, counts, found)
@@ -182,6 +207,50 @@ def check(
         if t.status == "failed" and not t.last_error:
             found.add("failed_without_error", f"{t.id} failed with no last_error")
     return found
+
+
+def restarts(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """The server restarts of a run as (crash began, server back) mono stamps, from the
+    driver's ``fault`` / ``fault_end`` events of kind ``restart``."""
+    began: list[int] = []
+    spans = []
+    for e in events:
+        if e.get("kind") != "restart":
+            continue
+        if e["e"] == "fault":
+            began.append(e["mono"])
+        elif e["e"] == "fault_end" and began:
+            spans.append((began.pop(0), e["mono"]))
+    return spans
+
+
+def undone_runs(runs: list[Run], spans: Sequence[tuple[int, int]], limits: Limits) -> dict[Run, int]:
+    """The runs whose claim a server crash undid (see the module doc), each with the stamp of
+    the server's return."""
+    if not limits.undo_window_ns:
+        return {}
+    by_claim: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    for run in runs:
+        by_claim[(run.task_id, run.claim)].append(run)
+    undone: dict[Run, int] = {}
+    for same in by_claim.values():
+        same.sort(key=lambda r: r.start)
+        for earlier, later in itertools.pairwise(same):
+            for began, back in spans:
+                if (
+                    began - limits.undo_window_ns <= earlier.start <= back
+                    and later.start >= began
+                    and earlier.end <= back + limits.lease_ttl_ns
+                ):
+                    undone[earlier] = back
+                    break
+    return undone
+
+
+def _until_back(run: Run, undone: Mapping[Run, int]) -> Run:
+    """``run`` as the store's limits count it: an undone run only until the server is back."""
+    back = undone.get(run)
+    return run if back is None else dataclasses.replace(run, end=min(run.end, back))
 
 
 def _lost_and_stuck(
@@ -199,7 +268,11 @@ def _lost_and_stuck(
 
 
 def _runs_per_task(
-    runs: list[Run], by_id: Mapping[str, StoredTask], found: Violations, tolerance: int
+    runs: list[Run],
+    by_id: Mapping[str, StoredTask],
+    found: Violations,
+    tolerance: int,
+    undone: Mapping[Run, int],
 ) -> None:
     per_task: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
@@ -215,7 +288,7 @@ def _runs_per_task(
                 found.add(
                     "start_without_claim", f"{task_id} started by {run.proc} as claim {run.claim} ({final})"
                 )
-        ok = [r for r in task_runs if r.outcome == "ok"]
+        ok = [r for r in task_runs if r.outcome == "ok" and r not in undone]
         lease_lost = task.lease_lost if task is not None else 0
         if len(ok) > 1 and (len(ok) - 1 > lease_lost or len({r.claim for r in ok}) < len(ok)):
             claims = sorted(r.claim for r in ok)
@@ -225,7 +298,7 @@ def _runs_per_task(
             )
         task_runs.sort(key=lambda r: r.start)
         for earlier, later in itertools.pairwise(task_runs):
-            if later.start + tolerance < earlier.end:
+            if later.start + tolerance < earlier.end and earlier not in undone:
                 found.add(
                     "one_holder",
                     f"{task_id}: claim {later.claim} in {later.proc} started "

@@ -25,19 +25,20 @@ from taskgate import Filter, Task
 from taskgate.brokers import open_broker
 from taskgate.brokers.base import Broker
 
-from .checker import INVARIANTS, Limits, StoredTask, check
+from .checker import INVARIANTS, Limits, StoredTask, check, restarts, runs_from, undone_runs
 from .cluster import Cluster
 from .ledger import Ledger, read_ledgers
 from .nemesis import PROFILES, Nemesis, Profile
 from .stores import BACKENDS, open_store
-from .workload import QUEUES
+from .workload import LEASE_TTL, QUEUES
 
 WORKERS, PRODUCERS = 3, 2
 BUGS = ("ignore-lease-loss",)
 
 
-def limits() -> Limits:
-    """The workload's limits as the checker reads them."""
+def limits(undo_window: float = 0.0) -> Limits:
+    """The workload's limits as the checker reads them, on a store whose server crash may undo
+    the claims of its last ``undo_window`` seconds (`Store.undo_window`)."""
     return Limits(
         workers={name: q.workers for name, q in QUEUES.items() if q.shared_limits},
         group_workers={name: q.group_workers for name, q in QUEUES.items() if q.group_workers},
@@ -46,6 +47,8 @@ def limits() -> Limits:
             for name, q in QUEUES.items()
             if q.quota_limit and q.period is not None
         },
+        undo_window_ns=round(undo_window * 1e9),
+        lease_ttl_ns=round(LEASE_TTL * 1e9),
     )
 
 
@@ -175,7 +178,9 @@ def _settle(cluster: Cluster, profile: Profile) -> Final:
 
 
 def _report(final: Final, cluster: Cluster, nemesis: Nemesis, profile: Profile) -> dict[str, Any]:
-    violations = check(final.events, final.tasks, final.counts, limits())
+    checked = limits(cluster.store.undo_window)
+    violations = check(final.events, final.tasks, final.counts, checked)
+    undone = undone_runs(runs_from(final.events), restarts(final.events), checked)
     if final.unsettled:  # stuck is what the bound found, not what the shutdown left
         violations.counts["stuck"] = 0
         violations.samples.pop("stuck", None)
@@ -201,6 +206,7 @@ def _report(final: Final, cluster: Cluster, nemesis: Nemesis, profile: Profile) 
         "events": len(final.events),
         "statuses": {s: sum(1 for t in final.tasks if t.status == s) for s in statuses},
         "lease_lost": sum(t.lease_lost for t in final.tasks),
+        "claims_undone": len(undone),
         "faults": dict(sorted(nemesis.done.items())),
         "fault_errors": nemesis.errors,
         "producers_ok": producers_ok,
@@ -224,6 +230,7 @@ def print_report(report: dict[str, Any]) -> None:
     )
     print(
         f"   final: {report['statuses']}, lease_lost total {report['lease_lost']}, "
+        f"claims undone by a server crash: {report['claims_undone']}, "
         f"producer calls retried after a fault: {report['producer_retries']} "
         f"({report['submits_found_by_key']} submits answered by their business key), "
         f"tasks no producer recorded: {report['unrecorded']}"

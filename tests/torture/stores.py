@@ -27,6 +27,8 @@ class Store:
 
     name = "sqlite"
     has_server = False
+    # How long before a server crash a claim it answered may still be undone by it (seconds).
+    undo_window = 0.0
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -49,6 +51,9 @@ class PostgresStore(Store):
     """A private PostgreSQL (``helpers.pg_servers.PostgresServer``)."""
 
     name, has_server = "postgresql", True
+    # A plain claim commits without waiting for the disk (`taskgate.brokers.sql.leases`); the WAL
+    # writer flushes it within 3 x wal_writer_delay (200 ms by default).
+    undo_window = 1.0
 
     def __init__(self, directory: Path) -> None:
         super().__init__(directory)

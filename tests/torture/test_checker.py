@@ -212,3 +212,54 @@ def test_a_tolerance_forgives_overlaps_within_it() -> None:
         check(events, tasks, counts, dataclasses.replace(LIMITS, tolerance_ns=5 * MS)).counts["one_holder"]
         == 0
     )
+
+
+UNDOING = dataclasses.replace(LIMITS, undo_window_ns=20 * MS, lease_ttl_ns=30 * MS)
+
+
+def _claim_undone_by_a_crash(history: History, *, restart: bool = True, first_end: int = 135) -> None:
+    """Task ``u`` on the shared queue (``workers=2``): claim 1 starts 5 ms before the server
+    crashes (a restart from 125 to 130 ms), the store forgets that claim, and after the restart
+    another worker claims ``u`` again -- as claim 1 once more. The first run ends ok at
+    ``first_end`` (its ack refused: the lease is gone). Task ``s`` runs on the same queue
+    throughout: with both runs of ``u`` it would be 3 at once, unless the first run's slot went
+    with the crash."""
+    if restart:
+        for event, at in (("fault", 125), ("fault_end", 130)):
+            history.events.append({"e": event, "proc": "driver", "mono": at * MS, "kind": "restart"})
+    for task_id, group in (("u", "g3"), ("s", "g4")):
+        history.submit(task_id, "shared", group)
+        history.set(task_id, status="completed", claims=1)
+    history.run("s", "w2.1", 1, 119, 160)
+    history.run("u", "w1.2", 1, 120, first_end)
+    history.run("u", "w0.1", 1, 131, 150)
+
+
+def _check(history: History, limits: Limits) -> set[str]:
+    events = sorted(history.events, key=lambda e: e["mono"])
+    found = check(events, list(history.tasks.values()), history.counts(), limits).counts
+    return {k for k, n in found.items() if n}
+
+
+def test_a_claim_a_server_crash_undid_explains_its_repeat_its_overlap_and_its_slot() -> None:
+    history = History()
+    _claim_undone_by_a_crash(history)
+    assert _check(history, UNDOING) == set()
+
+
+def test_a_repeated_claim_without_a_restart_is_caught() -> None:
+    history = History()
+    _claim_undone_by_a_crash(history, restart=False)
+    assert _check(history, UNDOING) == {"completed_twice", "one_holder", "workers", "group_workers"}
+
+
+def test_a_store_that_loses_no_claim_is_allowed_no_repeat() -> None:
+    history = History()
+    _claim_undone_by_a_crash(history)
+    assert _check(history, LIMITS) == {"completed_twice", "one_holder", "workers", "group_workers"}
+
+
+def test_an_undone_run_that_outlives_its_lease_after_the_restart_is_caught() -> None:
+    history = History()
+    _claim_undone_by_a_crash(history, first_end=161)  # the server was back at 130; lease 30 ms
+    assert _check(history, UNDOING) == {"completed_twice", "one_holder", "workers", "group_workers"}
