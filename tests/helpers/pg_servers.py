@@ -102,38 +102,46 @@ class PostgresServer:
                 time.sleep(0.02)
 
     def crash(self) -> None:
-        """SIGKILL the postmaster and every backend and helper process at once."""
+        """SIGKILL the postmaster and every backend and helper process at once.
+
+        Not by process group: each child of the postmaster makes itself a group (and session)
+        leader, so killing the postmaster's group leaves the backends running -- attached to
+        the shared memory (a start then refuses) and still able to commit. Every process of
+        this server works in its data directory, so that finds them all; the postmaster is
+        stopped first, so it forks none while they are listed.
+        """
         assert self.process is not None, "the server is not running"
-        group = self.process.pid
-        os.killpg(group, signal.SIGKILL)
+        postmaster = self.process.pid
+        os.kill(postmaster, signal.SIGSTOP)
+        deadline = time.monotonic() + _START_DEADLINE
+        while (pids := _working_in(self.data)) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass  # it ended meanwhile
+            time.sleep(0.01)
         self.process.wait()
         self.process = None
-        # The backends die with the postmaster, though not all at the same instant: a start
-        # meanwhile would find one still attached to the old shared memory and refuse.
-        deadline = time.monotonic() + _START_DEADLINE
-        while _running_in(group) and time.monotonic() < deadline:
-            time.sleep(0.01)
 
     def stop(self) -> None:
         """Stop the server (if running) and delete its files."""
         if self.process is not None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
-            self.process = None
+            self.crash()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _running_in(group: int) -> bool:
-    """Whether a process of process group ``group`` is still running (zombies hold nothing)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def _working_in(directory: Path) -> list[int]:
+    """The live processes (zombies hold nothing) whose working directory is ``directory``."""
+    target = os.path.realpath(directory)
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if os.readlink(proc / "cwd") != target:
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
-            continue  # it ended meanwhile
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == group and state != "Z":
-            return True
-    return False
+            continue  # it ended meanwhile, or is not ours to read
+        if state != "Z":
+            found.append(int(proc.name))
+    return found

@@ -8,10 +8,16 @@ still in the server's buffers when the crash comes, and is lost.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from helpers.pg_servers import PostgresServer, postgres_binaries
 
@@ -93,3 +99,48 @@ def test_a_claim_a_crash_undoes_puts_its_task_back_as_it_was(
         assert (again.task.id, again.task.claims) == (task.id, 1)
     finally:
         broker.close()
+
+
+def test_a_crash_kills_every_backend_so_the_server_starts_again_at_once(server: PostgresServer) -> None:
+    """Backends leave the postmaster's process group; a crash that killed only the group left
+    them attached to the shared memory, and the start right after it refused to run."""
+    sessions = [psycopg.connect(f"host=127.0.0.1 port={server.port} user=postgres") for _ in range(4)]
+    backends = [session.info.backend_pid for session in sessions]
+    # Busy backends (a long query checks for the postmaster's death only when it ends) as well
+    # as idle ones.
+    busy = [threading.Thread(target=_count_for_a_while, args=(session,)) for session in sessions[:2]]
+    for thread in busy:
+        thread.start()
+    while _busy(server) < 2:
+        time.sleep(0.01)
+    server.crash()
+    assert [pid for pid in backends if _alive(pid)] == []
+    for thread in busy:
+        thread.join()
+    server.start()
+    with psycopg.connect(f"host=127.0.0.1 port={server.port} user=postgres") as session:
+        assert session.execute("SELECT 1").fetchone() == (1,)
+    for session in sessions:
+        session.close()
+
+
+def _count_for_a_while(session: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(psycopg.OperationalError):  # the crash ends it
+        session.execute("DO $$ BEGIN FOR i IN 1..2000000000 LOOP END LOOP; END $$")
+
+
+def _busy(server: PostgresServer) -> int:
+    with psycopg.connect(f"host=127.0.0.1 port={server.port} user=postgres") as session:
+        row = session.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DO %' AND state = 'active'"
+            " AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
