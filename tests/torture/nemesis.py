@@ -118,7 +118,7 @@ class Nemesis(threading.Thread):
             try:
                 getattr(self, f"_{kind}")()
                 self.done[kind] += 1
-            except Exception as exc:  # a fault that failed is reported, not fatal
+            except Exception as exc:  # a fault that failed is reported (and fails the run), the rest go on
                 self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
                 self.driver.record("fault_error", kind=kind, error=str(exc)[:300])
 

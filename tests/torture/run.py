@@ -216,7 +216,12 @@ def _report(final: Final, cluster: Cluster, nemesis: Nemesis, profile: Profile) 
         "violations": violations.counts,
         "violation_samples": dict(violations.samples),
         "unexpected_exits": cluster.unexpected_exits,
-        "total_violations": violations.total + (0 if producers_ok else 1) + len(cluster.unexpected_exits),
+        # A fault that failed (a server that did not come back, say) leaves the run proving less
+        # than its report claims: it fails the run too.
+        "total_violations": violations.total
+        + (0 if producers_ok else 1)
+        + len(cluster.unexpected_exits)
+        + len(nemesis.errors),
     }
 
 
