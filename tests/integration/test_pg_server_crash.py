@@ -50,9 +50,22 @@ def server() -> Iterator[PostgresServer]:
         pg.stop()
 
 
-def test_acks_carried_on_a_claim_survive_a_server_crash(server: PostgresServer) -> None:
+@contextlib.contextmanager
+def _broker(server: PostgresServer) -> Iterator[SQLBroker]:
     broker = SQLBroker(server.url, clock=ManualClock())
     try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def _crash_and_start(server: PostgresServer) -> None:
+    server.crash()  # at once: the WAL writer has not woken since
+    server.start()
+
+
+def test_acks_carried_on_a_claim_survive_a_server_crash(server: PostgresServer) -> None:
+    with _broker(server) as broker:
         steps.enqueue(broker, [new_task() for _ in range(4)])
         held = steps.claim(broker, "q", 3, TTL)
         for lease in held:  # a write that waits for the disk: the claim before it is durable too
@@ -60,16 +73,10 @@ def test_acks_carried_on_a_claim_survive_a_server_crash(server: PostgresServer) 
         acks = tuple(Complete(lease.task.id, lease.token, b"done") for lease in held)
         claimed = broker.claim(Claim("q", 1, TTL, acks=acks))
         assert claimed.acked == [None] * 3 and claimed.failed is None and len(claimed.leases) == 1
-    finally:
-        broker.close()
-    server.crash()  # at once: the WAL writer has not woken since
-    server.start()
-    broker = SQLBroker(server.url, clock=ManualClock())
-    try:
+    _crash_and_start(server)
+    with _broker(server) as broker:
         for lease in held:  # answered as completed: still completed after the crash
             assert broker.get(lease.task.id).status is Status.COMPLETED
-    finally:
-        broker.close()
 
 
 @pytest.mark.parametrize("shared", [None, SharedLimits(workers=1)], ids=["plain", "shared-workers"])
@@ -80,25 +87,18 @@ def test_a_claim_a_crash_undoes_puts_its_task_back_as_it_was(
     the claims it had, its slot free, its holder's heartbeat answers lease lost -- so the task
     runs again as the same claim number, and nothing is lost (the torture checker's
     ``undo_window``)."""
-    broker = SQLBroker(server.url, clock=ManualClock())
-    try:
+    with _broker(server) as broker:
         (task,) = steps.enqueue(broker, [new_task()])
         (held,) = broker.claim(Claim("q", 1, TTL, shared=shared)).leases
         assert held.task.claims == 1
-    finally:
-        broker.close()
-    server.crash()  # at once: the WAL writer has not woken since
-    server.start()
-    broker = SQLBroker(server.url, clock=ManualClock())
-    try:
+    _crash_and_start(server)
+    with _broker(server) as broker:
         back = broker.get(task.id)
         assert (back.status, back.claims) == (Status.PENDING, 0)
         with pytest.raises(LeaseLostError):
             broker.heartbeat(Heartbeat(task.id, held.token, TTL, slot_queue="q" if shared else None))
         (again,) = broker.claim(Claim("q", 1, TTL, shared=shared)).leases
         assert (again.task.id, again.task.claims) == (task.id, 1)
-    finally:
-        broker.close()
 
 
 def test_a_crash_kills_every_backend_so_the_server_starts_again_at_once(server: PostgresServer) -> None:
