@@ -27,8 +27,9 @@ A server crash may undo the last claims a store committed without waiting for it
 (PostgreSQL's plain claims: `Limits.undo_window_ns`). Their tasks are pending again with the
 claim count as before, so the re-run repeats the undone run's claim number -- the proof the
 store forgot it. Such a run is undone when a restart began at most ``undo_window_ns`` after it
-started and ended before the repeat started; it must end within `Limits.lease_ttl_ns` of the
-server's return (its next heartbeat finds the lease gone). An undone run's ``ok`` end does not
+started (and before the server was back), the repeat started after the restart began, and the
+run ended within `Limits.lease_ttl_ns` of the server's return (its next heartbeat finds the
+lease gone; one that runs on longer is not forgiven). An undone run's ``ok`` end does not
 count as a completion, it may overlap its re-run, and the limits count it only until the server
 is back (its slot went with the crash): the documented at-least-once of a server crash.
 
