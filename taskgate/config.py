@@ -380,6 +380,7 @@ class Config:
             "lease_lost_max",
             "throttled_max",
             "retention",
+            "schedules",
         }
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
@@ -400,11 +401,18 @@ class Config:
         options = {
             k: data[k] for k in ("max_retry", "lease_lost_max", "throttled_max", "retention") if k in data
         }
+        raw_schedules = data.get("schedules") or []
+        if not isinstance(raw_schedules, list):
+            raise ConfigError(f"config.schedules must be a list of mappings, got {raw_schedules!r}")
+        schedules = [
+            Schedule.from_mapping(body, where=f"schedules[{i}]") for i, body in enumerate(raw_schedules)
+        ]
         return cls(
             broker=broker,
             queues=queues,
             routes=dict(routes),
             default_queue=default,
             on_state_change=on_state_change,
+            schedules=schedules,
             **options,
         )

@@ -190,6 +190,24 @@ class Schedule:
     def __hash__(self) -> int:
         return hash((self.name, self.cron, self.type, self.timezone))
 
+    @classmethod
+    def from_mapping(cls, data: object, *, where: str = "schedule") -> Schedule:
+        """Build from a mapping of the constructor's keywords (``name``, ``cron`` and ``type``
+        required; ``payload``, ``timezone``, ``catch_up`` and submit options optional), as an
+        app's YAML gives it (`Config.from_mapping`'s ``schedules``)."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
+        odd = sorted(repr(k) for k in data if not isinstance(k, str))
+        if odd:
+            raise ConfigError(f"{where}: keys must be strings, got {', '.join(odd)}")
+        missing = [k for k in ("name", "cron", "type") if k not in data]
+        if missing:
+            raise ConfigError(f"{where}: {', '.join(repr(k) for k in missing)} required")
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
     def ticks(self) -> Cron:
         """The schedule's tick instants (`Cron`)."""
         return Cron(self.cron, self.timezone)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from taskgate import Config, ConfigError, Gate, QueueConfig
+from taskgate import Config, ConfigError, Gate, QueueConfig, Schedule
 from taskgate.brokers.base import Capabilities
 from taskgate.brokers.memory import MemoryBroker
 
@@ -144,6 +144,30 @@ def test_from_mapping_reads_the_seed_yaml_shape() -> None:
     assert conf.queue_for("generate") == "llm"
 
 
+def test_from_mapping_reads_schedules() -> None:
+    data = {
+        "queues": {"llm": {"workers": 1}},
+        "schedules": [
+            {"name": "nightly", "cron": "0 3 * * *", "type": "llm", "timezone": "Europe/Berlin"},
+            {
+                "name": "digest",
+                "cron": "*/15 * * * *",
+                "type": "llm",
+                "payload": {"kind": "digest"},
+                "catch_up": True,
+                "max_retry": 2,
+                "priority": 5,
+            },
+        ],
+    }
+    conf = Config.from_mapping(data, broker=BROKER)
+    assert list(conf.schedules) == [
+        Schedule("nightly", "0 3 * * *", "llm", timezone="Europe/Berlin"),
+        Schedule("digest", "*/15 * * * *", "llm", {"kind": "digest"}, catch_up=True, max_retry=2, priority=5),
+    ]
+    assert dict(conf.schedules[1].submit_options) == {"max_retry": 2, "priority": 5}
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
@@ -155,6 +179,22 @@ def test_from_mapping_reads_the_seed_yaml_shape() -> None:
         ({"queues": ["llm"]}, r"config\.queues must be a mapping"),
         ({"routes": "llm"}, r"config\.routes must be a mapping"),
         ({"default_queue": 3}, r"default_queue must be a mapping"),
+        ({"schedules": {"name": "x"}}, r"config\.schedules must be a list of mappings"),
+        ({"schedules": ["nightly"]}, r"schedules\[0\] must be a mapping"),
+        ({"schedules": [{"name": "n", "type": "llm"}]}, r"schedules\[0\]: 'cron' required"),
+        ({"schedules": [{"name": "n", "cron": "0 3 * * *", "type": "llm", 1: 2}]}, r"keys must be strings"),
+        (
+            {"schedules": [{"name": "n", "cron": "0 25 * * *", "type": "llm"}]},
+            r"schedules\[0\]: schedule 'n': .*0 25",
+        ),
+        (
+            {"schedules": [{"name": "n", "cron": "0 3 * * *", "type": "llm", "timezone": "Mars/Base"}]},
+            r"schedules\[0\]: schedule 'n': unknown time zone 'Mars/Base'",
+        ),
+        (
+            {"schedules": [{"name": "n", "cron": "0 3 * * *", "type": "llm", "business_key": "k"}]},
+            r"schedules\[0\]: schedule 'n': business_key cannot be given",
+        ),
     ],
 )
 def test_from_mapping_errors_say_where(data: dict[str, Any], match: str) -> None:
@@ -189,11 +229,40 @@ _queue_keys = st.sampled_from(
 )
 _queue_bodies = st.one_of(_values, st.dictionaries(_queue_keys, _values, max_size=6))
 _top_keys = st.sampled_from(
-    ["queues", "routes", "default_queue", "max_retry", "lease_lost_max", "throttled_max", "other"]
+    [
+        "queues",
+        "routes",
+        "default_queue",
+        "max_retry",
+        "lease_lost_max",
+        "throttled_max",
+        "schedules",
+        "other",
+    ]
+)
+_schedule_keys = st.sampled_from(
+    [
+        "name",
+        "cron",
+        "type",
+        "payload",
+        "timezone",
+        "catch_up",
+        "max_retry",
+        "priority",
+        "business_key",
+        "bogus",
+    ]
+)
+_schedule_values = st.one_of(
+    _values, st.sampled_from(["n", "0 3 * * *", "*/5 * * * * *", "llm", "Europe/Berlin", "61 * * * *"])
+)
+_schedules = st.lists(
+    st.one_of(_values, st.dictionaries(_schedule_keys, _schedule_values, max_size=7)), max_size=3
 )
 _configs = st.dictionaries(
     _top_keys,
-    st.one_of(_values, st.dictionaries(st.text(max_size=6), _queue_bodies, max_size=3)),
+    st.one_of(_values, _schedules, st.dictionaries(st.text(max_size=6), _queue_bodies, max_size=3)),
     max_size=5,
 )
 
