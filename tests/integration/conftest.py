@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from helpers.redis_servers import purge_prefix
+from helpers.redis_servers import RedisServer, have_redis_server, purge_prefix
 from sql_sessions import Server, server_for
 
 from taskgate import ManualClock
@@ -68,6 +69,20 @@ def client(redis_url: str) -> Iterator[Any]:
 
 
 EVERY_BACKEND = ["memory", "sqlite", "postgresql", "mysql", "redis"]
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, for what must not touch the tests running beside it
+    on the shared one: killing every connection, counting them, deleting the function library."""
+    if not have_redis_server():
+        message = "redis-server not installed: cannot start a private server"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(params=EVERY_BACKEND)

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import pytest
 import redis
-from helpers.redis_servers import free_port, purge_keys
+from helpers.redis_servers import RedisServer, free_port, purge_keys
 from redis.crc import key_slot
 
 from taskgate.brokers.base import FailureKind, Lease, NewTask, QuotaSpec
@@ -174,22 +174,33 @@ def _library_loaded(client: redis.Redis) -> bool:
     return bool(client.function_list(library=function_library().name))
 
 
-def test_the_scripts_survive_their_library_being_deleted(open_broker: Factory, client: redis.Redis) -> None:
-    broker = open_broker(clock=ManualClock())
-    steps.enqueue(broker, [NewTask(id="a", type="t", queue="q")])
-    # As after a restart of a server without persistence: the next FCALL finds no function.
-    client.function_delete(function_library().name)
-    assert [lease.task.id for lease in steps.claim(broker, "q", 1, TTL)] == ["a"]
-
-
-def test_a_library_another_process_loaded_is_used_as_it_is(open_broker: Factory, client: redis.Redis) -> None:
-    if _library_loaded(client):
+# The library is the server's: deleting it on the shared one would pull it from under the tests
+# running beside these.
+def test_the_scripts_survive_their_library_being_deleted(private_redis: RedisServer) -> None:
+    broker = RedisBroker(private_redis.url, clock=ManualClock())
+    client = redis.Redis.from_url(private_redis.url)
+    try:
+        steps.enqueue(broker, [NewTask(id="a", type="t", queue="q")])
+        # As after a restart of a server without persistence: the next FCALL finds no function.
         client.function_delete(function_library().name)
-    ScriptBook(client).load()
-    ScriptBook(client).load()  # a second process loading it at the same time
-    broker = open_broker(clock=ManualClock())
-    assert steps.enqueue(broker, [NewTask(id="a", type="t", queue="q")])[0].status is Status.PENDING
-    assert _library_loaded(client)
+        assert [lease.task.id for lease in steps.claim(broker, "q", 1, TTL)] == ["a"]
+    finally:
+        broker.close()
+        client.close()
+
+
+def test_a_library_another_process_loaded_is_used_as_it_is(private_redis: RedisServer) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    broker = RedisBroker(private_redis.url, clock=ManualClock())
+    try:
+        assert not _library_loaded(client)
+        ScriptBook(client).load()
+        ScriptBook(client).load()  # a second process loading it at the same time
+        assert steps.enqueue(broker, [NewTask(id="a", type="t", queue="q")])[0].status is Status.PENDING
+        assert _library_loaded(client)
+    finally:
+        broker.close()
+        client.close()
 
 
 def test_the_library_registers_every_script_under_its_own_name(client: redis.Redis) -> None:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import os
 import select
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import anyio
 import anyio.lowlevel
 import pytest
 import redis
 from gate_helpers import GUARD, make_gate
-from helpers.redis_servers import purge_keys
+from helpers.redis_servers import RedisServer, purge_keys
 from helpers.split_calls import CountsSplits, LateLeases, drive
 
 from taskgate import QueueConfig, Status, Task
@@ -186,40 +187,51 @@ def test_what_is_not_split_sends_nothing(broker: CountingSplits, redis_url: str)
 
 
 def test_an_idle_connection_the_server_closed_is_dropped_before_it_takes_a_request(
-    broker: CountingSplits, client: redis.Redis
+    private_redis: RedisServer,
 ) -> None:
-    _ready(broker)
-    client.client_kill_filter(_type="normal", skipme=True)
-    task = new_task()
-    # The dead connection is noticed before any request goes into it: nothing is sent.
-    assert broker.split(broker.submit, _quiet([task])) is None
-    with pytest.raises(TaskNotFoundError):
-        broker.get(task.id)
-    broker.submit(_quiet([task]))  # the thread path reconnects, and opens a new loop connection
-    again = broker.split(broker.claim, Claim("q", 1, TTL))
-    assert again is not None
-    assert [lease.task.id for lease in drive(again).leases] == [task.id]
+    broker = CountingSplits(private_redis.url)
+    client = redis.Redis.from_url(private_redis.url)
+    try:
+        _ready(broker)
+        client.client_kill_filter(_type="normal", skipme=True)
+        task = new_task()
+        # The dead connection is noticed before any request goes into it: nothing is sent.
+        assert broker.split(broker.submit, _quiet([task])) is None
+        with pytest.raises(TaskNotFoundError):
+            broker.get(task.id)
+        broker.submit(_quiet([task]))  # the thread path reconnects, and opens a new loop connection
+        again = broker.split(broker.claim, Claim("q", 1, TTL))
+        assert again is not None
+        assert [lease.task.id for lease in drive(again).leases] == [task.id]
+    finally:
+        broker.close()
+        client.close()
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + GUARD
+    while not condition():
+        assert time.monotonic() < deadline, "never came true"
+        time.sleep(0.005)  # another process's state: nothing to wait on but asking again
 
 
 def _loop_clients(client: redis.Redis) -> int:
     return sum(1 for info in client.client_list() if info.get("name") == LOOP_CLIENT_NAME)
 
 
-def test_closing_the_broker_closes_its_event_loop_connections(
-    redis_url: str, unique_prefix: str, client: redis.Redis
-) -> None:
-    before = _loop_clients(client)
-    broker = RedisBroker(redis_url, key_prefix=unique_prefix)
+def test_closing_the_broker_closes_its_event_loop_connections(private_redis: RedisServer) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    broker = RedisBroker(private_redis.url)
     try:
         _ready(broker)
-        assert _loop_clients(client) == before + 1
+        assert _loop_clients(client) == 1
         broker.close()
-        assert _loop_clients(client) == before
+        _until(lambda: _loop_clients(client) == 0)  # the server sees the close a moment later
         with pytest.raises(BrokerError, match="closed"):
             broker.split(broker.claim, Claim("q", 1, TTL))
     finally:
         broker.close()
-        purge_keys(client, KeySpace(unique_prefix).pattern())
+        client.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -241,20 +253,26 @@ def test_a_forked_child_never_uses_its_parent_s_event_loop_connections(broker: C
 
 
 def test_a_server_without_the_function_library_answers_would_block_having_run_nothing(
-    broker: CountingSplits, client: redis.Redis
+    private_redis: RedisServer,
 ) -> None:
     from taskgate.brokers.nowait import WouldBlock
 
-    _ready(broker)
-    client.function_delete(function_library().name)
-    task = new_task()
-    call = broker.split(broker.submit, _quiet([task]))
-    assert call is not None
-    with pytest.raises(WouldBlock):
-        drive(call)
-    with pytest.raises(TaskNotFoundError):
-        broker.get(task.id)
-    assert broker.submit(_quiet([task])).statuses == [Status.PENDING]  # the thread path loads it again
+    broker = CountingSplits(private_redis.url)
+    client = redis.Redis.from_url(private_redis.url)
+    try:
+        _ready(broker)
+        client.function_delete(function_library().name)
+        task = new_task()
+        call = broker.split(broker.submit, _quiet([task]))
+        assert call is not None
+        with pytest.raises(WouldBlock):
+            drive(call)
+        with pytest.raises(TaskNotFoundError):
+            broker.get(task.id)
+        assert broker.submit(_quiet([task])).statuses == [Status.PENDING]  # the thread path loads it again
+    finally:
+        broker.close()
+        client.close()
 
 
 # -- the runtime's side ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from gate_helpers import GUARD
+from helpers.sql_databases import mysql_database
 from sqlalchemy import create_engine, event, text
 
 from taskgate.brokers.base import NewTask
@@ -217,3 +218,48 @@ def test_claim_reap_counts_and_history_use_indexes_on_postgresql(postgresql_url:
     finally:
         broker.close()
         engine.dispose()
+
+
+def test_mysql_a_schema_being_made_holds_up_no_other_database_on_the_server(mysql_url: str) -> None:
+    """MySQL's locks are the server's: one named after the prefix alone made every database's
+    brokers wait while any one of them made its schema."""
+    engine = create_engine(normalize_url(mysql_url))
+    creator = threading.current_thread()
+    committing, go_on = threading.Event(), threading.Event()
+
+    def hold_commit(conn: Any) -> None:
+        if threading.current_thread() is creator and not go_on.is_set():
+            committing.set()
+            assert go_on.wait(GUARD)
+
+    event.listen(engine, "commit", hold_commit)
+    other: list[SQLBroker | BaseException] = []
+
+    def prepare_another_database(url: str) -> None:
+        try:
+            assert committing.wait(GUARD)  # the first holds its schema lock from here on
+            broker = SQLBroker(url)
+            broker.counts()  # the first call prepares the schema
+            other.append(broker)
+        except BaseException as exc:
+            other.append(exc)
+        finally:
+            go_on.set()
+
+    with mysql_database() as other_url:
+        first = SQLBroker(engine)
+        thread = threading.Thread(target=prepare_another_database, args=(other_url,))
+        thread.start()
+        try:
+            first.counts()  # its schema transaction's commits wait until the other database is ready
+            thread.join(GUARD)
+            assert len(other) == 1 and isinstance(other[0], SQLBroker), other
+            assert committing.is_set()
+        finally:
+            go_on.set()
+            thread.join(GUARD)
+            first.close()
+            for broker in other:
+                if isinstance(broker, SQLBroker):
+                    broker.close()
+            engine.dispose()

@@ -298,9 +298,15 @@ class MySQLTraits(Traits):
     def schema_transaction(self, engine: Engine, name: str) -> Iterator[Connection]:
         """``GET_LOCK`` (the session's): MySQL DDL commits implicitly, so a transaction cannot
         serialise it. Released only once the transaction has committed: released before, the
-        next process would miss the version row this one wrote and write it again."""
+        next process would miss the version row this one wrote and write it again.
+
+        Its name is the server's (PostgreSQL's advisory locks are the database's), so it is
+        made of the database's name and ``name``, hashed to fit the 64 characters a lock name
+        may have: schemas of other databases on the server are made meanwhile, not after.
+        """
+        lock = func.sha1(func.concat(func.database(), ".", name))
         with engine.connect() as conn:
-            got = conn.execute(select(func.get_lock(name, 60))).scalar()
+            got = conn.execute(select(func.get_lock(lock, 60))).scalar()
             conn.commit()  # the lock outlives the transaction its statement began
             if got != 1:
                 raise TimeoutError(f"could not take MySQL lock {name!r} within 60 s to create the schema")
@@ -308,7 +314,7 @@ class MySQLTraits(Traits):
                 with conn.begin():
                     yield conn
             finally:
-                conn.execute(select(func.release_lock(name)))
+                conn.execute(select(func.release_lock(lock)))
 
     def value_limit(self, conn: Connection) -> ValueLimit:
         """``max_allowed_packet``, and the largest value whose encoding (`_ENCODED_PER_BYTE`)
