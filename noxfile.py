@@ -15,11 +15,10 @@ def tests(session: nox.Session) -> None:
     """Run the whole test suite against every backend: memory, SQLite, PostgreSQL, MariaDB, Redis.
 
     Server backends use the local servers; outside CI an unreachable server skips its tests,
-    with CI=true it fails them. The tests run in one process per core, at most four (the shared
-    servers' connection limits); ``nox -s tests -- -n 0`` runs them in one.
+    with CI=true it fails them.
     """
     session.install("-e", ".[test]")
-    session.run("pytest", "-n", "auto", "--maxprocesses", "4", *session.posargs)
+    session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON_VERSIONS)

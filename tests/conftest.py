@@ -8,7 +8,7 @@ unique names (PostgreSQL through pytest-postgresql's janitor), so overlapping ru
 from __future__ import annotations
 
 import secrets
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from helpers.sql_databases import (
@@ -54,16 +54,3 @@ def redis_url() -> str:
 def unique_prefix() -> str:
     """A short random identifier-safe prefix for keys or tables of one test."""
     return f"t{secrets.token_hex(4)}_"
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Captured output as text any process can carry: some tests log exception texts with lone
-    surrogates on purpose, and pytest-xdist's workers cannot send those to the main process."""
-    report = yield
-    report.sections = [
-        (title, text.encode("utf-8", "backslashreplace").decode("utf-8")) for title, text in report.sections
-    ]
-    return report
