@@ -138,6 +138,8 @@ class Violations:
     # What the limits' checks saw at their highest (non-vacuity: a limit never reached proves
     # little): "workers:<queue>", "group_workers:<queue>" and "quota:<queue>" -> the peak.
     peaks: dict[str, int] = field(default_factory=dict)
+    # Runs whose claim a server crash undid (`undone_runs`): forgiven, and reported.
+    undone: int = 0
 
     def add(self, invariant: str, message: str) -> None:
         self.counts[invariant] += 1
@@ -198,6 +200,7 @@ def check(
     by_id = {t.id: t for t in tasks}
     runs = runs_from(events)
     undone = undone_runs(runs, restarts(events), limits)
+    found.undone = len(undone)
     _lost_and_stuck(events, tasks, by_id, found)
     _runs_per_task(runs, by_id, found, limits.tolerance_ns, undone)
     _concurrency([_until_back(r, undone) for r in runs], limits, found)

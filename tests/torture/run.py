@@ -25,7 +25,7 @@ from taskgate import Filter, Task
 from taskgate.brokers import open_broker
 from taskgate.brokers.base import Broker
 
-from .checker import INVARIANTS, Limits, StoredTask, check, restarts, runs_from, undone_runs
+from .checker import INVARIANTS, Limits, StoredTask, check
 from .cluster import Cluster
 from .ledger import Ledger, read_ledgers
 from .nemesis import PROFILES, Nemesis, Profile
@@ -178,9 +178,7 @@ def _settle(cluster: Cluster, profile: Profile) -> Final:
 
 
 def _report(final: Final, cluster: Cluster, nemesis: Nemesis, profile: Profile) -> dict[str, Any]:
-    checked = limits(cluster.store.undo_window)
-    violations = check(final.events, final.tasks, final.counts, checked)
-    undone = undone_runs(runs_from(final.events), restarts(final.events), checked)
+    violations = check(final.events, final.tasks, final.counts, limits(cluster.store.undo_window))
     if final.unsettled:  # stuck is what the bound found, not what the shutdown left
         violations.counts["stuck"] = 0
         violations.samples.pop("stuck", None)
@@ -206,7 +204,7 @@ def _report(final: Final, cluster: Cluster, nemesis: Nemesis, profile: Profile) 
         "events": len(final.events),
         "statuses": {s: sum(1 for t in final.tasks if t.status == s) for s in statuses},
         "lease_lost": sum(t.lease_lost for t in final.tasks),
-        "claims_undone": len(undone),
+        "claims_undone": violations.undone,
         "faults": dict(sorted(nemesis.done.items())),
         "fault_errors": nemesis.errors,
         "producers_ok": producers_ok,

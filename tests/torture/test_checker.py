@@ -245,6 +245,8 @@ def test_a_claim_a_server_crash_undid_explains_its_repeat_its_overlap_and_its_sl
     history = History()
     _claim_undone_by_a_crash(history)
     assert _check(history, UNDOING) == set()
+    events = sorted(history.events, key=lambda e: e["mono"])
+    assert check(events, list(history.tasks.values()), history.counts(), UNDOING).undone == 1
 
 
 def test_a_repeated_claim_without_a_restart_is_caught() -> None:
