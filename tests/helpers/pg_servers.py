@@ -87,7 +87,7 @@ class PostgresServer:
             user=self._user,
             stdout=log,
             stderr=log,
-            start_new_session=True,  # its own process group: `crash` kills every process in it
+            start_new_session=True,  # no signal meant for the test process (Ctrl-C) reaches it
         )
         log.close()
         deadline = time.monotonic() + _START_DEADLINE
